@@ -1,0 +1,1 @@
+"""The on-node agent: supervises the training process and watches preemption signals."""

@@ -1,0 +1,182 @@
+"""The agent's life on one node: register, fetch the workdir, run setup and run, report the end."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import structlog
+
+from runner.client import Client, ClientError
+from runner.logconfig import configure_logging
+
+from .config import AgentConfig, AgentConfigError, load_agent_config
+from .control import ControlServer
+from .logship import LogShipper
+from .supervisor import Supervisor
+
+log = structlog.get_logger(__name__)
+REGISTER_PATIENCE_SECONDS = 300.0
+
+
+def run_agent(config_path: Path) -> int:
+    try:
+        config = load_agent_config(config_path)
+    except AgentConfigError as exc:
+        print(f"error: {exc}")
+        return 2
+    configure_logging(config.scratch_dir.parent / "agent.jsonl")
+    return Agent(config).run()
+
+
+class Agent:
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.client = Client(config.controller_url, config.token, timeout=10)
+        self.cancelled = threading.Event()
+        self.shutdown = threading.Event()
+        self.progress: dict = {}
+        self.current: Supervisor | None = None
+        self.phase = "starting"
+
+    def run(self) -> int:
+        assignment = self._register()
+        if assignment is None:
+            return 1
+        self.assignment = assignment
+        log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"])
+        offset = self.client.get("/v1/agent/logs/offset")["offset"]
+        local_log = open(self.config.scratch_dir / "job.log", "ab")
+        self.shipper = LogShipper(self.client, offset, local_copy=local_log).start()
+        self.control = ControlServer(self.config.scratch_dir / "control.sock", self._on_control).start()
+        signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        try:
+            reason, code, message = self._run_job()
+        finally:
+            self.control.close()
+        flushed = self.shipper.close(timeout=60)
+        if not flushed:
+            log.error("some output could not reach the controller", kept_in=str(self.config.scratch_dir / "job.log"))
+        self._report_exit(reason, code, message)
+        return 0
+
+    # --- lifecycle ----------------------------------------------------------
+    def _register(self) -> dict | None:
+        deadline = time.monotonic() + REGISTER_PATIENCE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                return self.client.post("/v1/agent/register")
+            except ClientError as exc:
+                if exc.status in (401, 403, 409):
+                    log.error("registration refused", error=str(exc))
+                    return None
+                log.warning("controller not reachable yet", error=str(exc))
+                time.sleep(2)
+        return None
+
+    def _run_job(self) -> tuple[str, int | None, str | None]:
+        workdir = self._prepare_workdir()
+        env = self._environment()
+        setup = self.assignment.get("setup")
+        if setup:
+            self.phase = "setup"
+            code = self._run_command(setup, workdir, env)
+            if self.cancelled.is_set():
+                return "cancelled", code, None
+            if code != 0:
+                return "failed", code, f"setup failed with exit code {code}"
+        self.phase = "running"
+        code = self._run_command(self.assignment["run"], workdir, env)
+        if self.cancelled.is_set():
+            return "cancelled", code, None
+        return ("succeeded" if code == 0 else "failed"), code, None
+
+    def _run_command(self, command: str, workdir: Path, env: dict) -> int:
+        self.current = Supervisor(command, str(workdir), env, self.shipper)
+        self.current.start()
+        code = self.current.wait()
+        log.info("process exited", code=code, phase=self.phase)
+        return code
+
+    def _prepare_workdir(self) -> Path:
+        workdir = self.config.scratch_dir / "work"
+        workdir.mkdir(parents=True, exist_ok=True)
+        if self.assignment.get("has_workdir") and not any(workdir.iterdir()):
+            data = self.client.get("/v1/agent/workdir")
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                tar.extractall(workdir, filter="data")
+        return workdir
+
+    def _environment(self) -> dict[str, str]:
+        checkpoint = self.assignment["checkpoint"]
+        local_dir = checkpoint["local_dir"] or str(self.config.scratch_dir / "checkpoints")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        env.update(self.assignment.get("env") or {})
+        env.update({
+            "RUNNER_JOB_ID": self.assignment["job_id"],
+            "RUNNER_ATTEMPT": str(self.assignment["attempt"]),
+            "RUNNER_CHECKPOINT_DIR": local_dir,
+            "RUNNER_CHECKPOINT_URL": checkpoint["durable_url"],
+            "RUNNER_CONTROL": str(self.config.scratch_dir / "control.sock"),
+            "PYTHONUNBUFFERED": "1",
+        })
+        if checkpoint.get("interval") and checkpoint["interval"] != "auto":
+            env["RUNNER_CHECKPOINT_INTERVAL"] = str(checkpoint["interval"])
+        env["RUNNER_CHECKPOINT_KEEP"] = str(checkpoint.get("keep", 3))
+        return env
+
+    def _report_exit(self, reason: str, code: int | None, message: str | None) -> None:
+        for _ in range(30):
+            try:
+                self.client.post("/v1/agent/exit", {"reason": reason, "exit_code": code, "message": message})
+                log.info("exit reported", reason=reason, code=code)
+                return
+            except ClientError as exc:
+                if exc.status and exc.status < 500:
+                    log.error("exit report refused", error=str(exc))
+                    return
+                log.warning("exit report failed; retrying", error=str(exc))
+                time.sleep(2)
+
+    # --- control --------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        while not self.shutdown.is_set():
+            try:
+                reply = self.client.post("/v1/agent/heartbeat", {"phase": self.phase, "progress": self.progress})
+            except ClientError as exc:
+                log.warning("heartbeat failed", error=str(exc))
+                reply = {"action": "continue"}
+            if reply["action"] in ("cancel", "shutdown") and not self.cancelled.is_set():
+                log.info("stopping the job", why=reply["action"])
+                self.cancelled.set()
+                if self.current is not None:
+                    threading.Thread(target=self.current.stop, args=(self.config.stop_grace_seconds,),
+                                     daemon=True).start()
+            self.shutdown.wait(self.config.heartbeat_seconds)
+
+    def _on_control(self, message: dict) -> None:
+        op = message.get("op")
+        if op == "committed":
+            self.progress["checkpoint_step"] = message.get("step")
+            self._event("checkpoint", {k: message.get(k) for k in ("step", "manifest", "durable", "seconds", "bytes")})
+        elif op == "restored":
+            self.progress["restored_step"] = message.get("step")
+            self._event("restored", {"message": f"training resumed from step {message.get('step')}"})
+
+    def _event(self, kind: str, data: dict) -> None:
+        try:
+            self.client.post("/v1/agent/events", {"kind": kind, "data": data})
+        except ClientError as exc:
+            log.warning("event not delivered", kind=kind, error=str(exc))
+
+    def _on_sigterm(self) -> None:
+        """The node is shutting down (systemd, or GCP's ACPI soft-off): pass it on to the job."""
+        log.warning("SIGTERM: stopping the job")
+        if self.current is not None:
+            self.current.signal(signal.SIGTERM)

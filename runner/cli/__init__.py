@@ -1,0 +1,1 @@
+"""The `runner` command line: one module per command group, one error catch at the top (main.py)."""

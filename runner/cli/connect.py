@@ -1,0 +1,109 @@
+"""Finding the controller: RUNNER_SERVER/RUNNER_TOKEN, then config.yaml, else a local one started on demand."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..client import Client, ClientError, ControllerUnreachable
+from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, load_config, runner_home
+
+START_TIMEOUT_SECONDS = 30.0
+
+
+def connect(start_if_needed: bool = True) -> Client:
+    """A client for the configured controller, starting a local one when none is configured."""
+    home = runner_home()
+    config = load_config(home)
+    url = os.environ.get("RUNNER_SERVER") or config.get("server")
+    token = os.environ.get("RUNNER_TOKEN") or config.get("token")
+    if url:
+        if not token:
+            token = _read_token(home)
+        if not token:
+            raise ClientError(f"no token for {url}: set RUNNER_TOKEN (the admin token of that controller)")
+        return Client(url, token)
+    client = _local_client(home)
+    if client is not None:
+        return client
+    if not start_if_needed:
+        raise ControllerUnreachable(f"no local controller is running for {home}")
+    return _start_local(home)
+
+
+def _read_token(home: Path) -> str | None:
+    try:
+        return (home / ADMIN_TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _local_client(home: Path) -> Client | None:
+    """A client for the local controller of ``home`` if it is up and answering."""
+    try:
+        info = json.loads((home / CONTROLLER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    token = _read_token(home)
+    if not token:
+        return None
+    client = Client(info["url"], token, timeout=5)
+    try:
+        client.get("/v1/health")
+    except ClientError:
+        return None
+    client.timeout = 30
+    return client
+
+
+def _start_local(home: Path) -> Client:
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "controller.log"
+    # Nodes know the controller by URL: reuse the last port so a restarted controller keeps its nodes.
+    port = _last_port(home)
+    process = _spawn_server(home, port, log_path)
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        client = _local_client(home)
+        if client is not None:
+            click.echo(f"Started a local controller at {client.url} (data in {home}); "
+                       "`runner server stop` stops it.", err=True)
+            return client
+        if process.poll() is not None and port and "already in use" in _last_line(log_path):
+            port = 0  # someone else took the old port: any free one will do
+            process = _spawn_server(home, port, log_path)
+        elif process.poll() is not None:
+            raise ControllerUnreachable(f"the local controller exited at start: {_last_line(log_path)} "
+                                        f"(full log: {log_path})")
+        time.sleep(0.1)
+    raise ControllerUnreachable(f"the local controller did not answer within {START_TIMEOUT_SECONDS:.0f}s; "
+                                f"see {log_path}")
+
+
+def _spawn_server(home: Path, port: int, log_path: Path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "runner.cli.main", "server", "--data-dir", str(home), "--port", str(port)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
+def _last_port(home: Path) -> int:
+    try:
+        return int((home / LAST_PORT_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no log"

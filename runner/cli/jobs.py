@@ -1,0 +1,134 @@
+"""Job commands: submit, validate, jobs, status, logs, restarts, cancel, preempt, offers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..spec import format_duration, load_job_file
+from .connect import connect
+from .follow import follow_job, follow_logs
+from .render import money, print_json, print_table
+from .workdir import pack_workdir
+
+
+@click.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--follow", is_flag=True, help="Stream state changes and output until the job ends.")
+@click.option("--json", "as_json", is_flag=True, help="Print {\"id\": ...}.")
+def submit(job_file: Path, follow: bool, as_json: bool):
+    """Validate and submit a job file; print the job id."""
+    spec = load_job_file(job_file)
+    client = connect()
+    upload = client.request("PUT", "/v1/workdirs", data=pack_workdir(Path(spec.workdir)),
+                            headers={"content-type": "application/gzip"})
+    body = spec.model_dump()
+    body.pop("workdir")
+    job_id = client.post("/v1/jobs", {"spec": body, "workdir_digest": upload["digest"]})["id"]
+    if as_json:
+        print_json({"id": job_id})
+    else:
+        click.echo(job_id)
+    if follow:
+        state = follow_job(client, job_id)
+        click.echo(f"[runner] job {job_id} {state}", err=True)
+        raise SystemExit(0 if state == "SUCCEEDED" else 1)
+
+
+@click.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+def validate(job_file: Path):
+    """Check a job file without submitting it."""
+    spec = load_job_file(job_file)
+    click.echo(f"{job_file}: valid (job {spec.name!r})")
+
+
+@click.command("jobs")
+@click.option("--json", "as_json", is_flag=True)
+def list_jobs(as_json: bool):
+    """One row per job."""
+    jobs = connect().get("/v1/jobs")
+    if as_json:
+        return print_json(jobs)
+    print_table(
+        ["ID", "NAME", "STATE", "ATTEMPTS", "PREEMPTIONS", "STEP", "COST", "AGE"],
+        [[j["id"], j["name"], j["state"], j["attempts"], j["preemptions"], j["step"], money(j["cost_usd"]),
+          format_duration(j["age_seconds"])] for j in jobs],
+        empty="No jobs yet: `runner submit JOB.yaml` starts one.",
+    )
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+def status(job_id: str, as_json: bool):
+    """One job in full, with its current attempt and node."""
+    job = connect().get(f"/v1/jobs/{job_id}")
+    if as_json:
+        return print_json(job)
+    current = job["current_attempt"] or {}
+    node = job.get("node") or {}
+    lines = [
+        ("id", job["id"]), ("name", job["name"]), ("state", job["state"]), ("message", job["message"]),
+        ("attempts", job["attempts"]), ("preemptions", job["preemptions"]), ("failures", job["failures"]),
+        ("step", job["step"]), ("cost", money(job["cost_usd"])), ("age", format_duration(job["age_seconds"])),
+        ("attempt", current.get("attempt")),
+        ("where", " ".join(str(current.get(k)) for k in ("cloud", "zone", "instance_type")) if current else None),
+        ("price", f"{money(current.get('price_per_hour'))}/h {'spot' if current.get('spot') else 'on-demand'}"
+         if current else None),
+        ("node", f"{node.get('id')} ({node.get('state')}, last heartbeat {node.get('last_heartbeat')})"
+         if node else None),
+        ("run", job["spec"]["run"]),
+    ]
+    for key, value in lines:
+        if value is not None:
+            click.echo(f"{key + ':':<13}{value}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--attempt", type=int, help="Only this attempt.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+def logs(job_id: str, attempt: int | None, follow: bool):
+    """The job's output, every attempt, each under a separator line."""
+    follow_logs(connect(), job_id, attempt, follow)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+def restarts(job_id: str, as_json: bool):
+    """The restart log: one row per attempt."""
+    rows = connect().get(f"/v1/jobs/{job_id}/restarts")
+    if as_json:
+        return print_json(rows)
+    print_table(
+        ["ATTEMPT", "ZONE", "TYPE", "PRICE/H", "STARTED", "ENDED", "REASON", "NOTICE", "SAVED", "RESUMED",
+         "LOST", "COST", "EXIT"],
+        [[r["attempt"], r["zone"], r["instance_type"], money(r["price_per_hour"]), r["started_at"],
+          r["ended_at"], r["end_reason"], (r["notice"] or {}).get("source"), r["checkpoint_step"],
+          r["resumed_from_step"], None if r["lost_seconds"] is None else f"{r['lost_seconds']:.1f}s",
+          money(r["cost_usd"]), r["exit_code"]] for r in rows],
+        empty="No attempts yet.",
+    )
+
+
+@click.command()
+@click.argument("job_id")
+def cancel(job_id: str):
+    """Stop the job and release its node."""
+    result = connect().post(f"/v1/jobs/{job_id}/cancel")
+    if result["changed"]:
+        click.echo(f"cancelling {job_id}")
+    else:
+        click.echo(f"{job_id} already ended ({result['state']})")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--notice", type=click.Choice(["aws", "gcp", "azure"]), default="aws", show_default=True)
+def preempt(job_id: str, notice: str):
+    """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss."""
+    result = connect().post(f"/v1/jobs/{job_id}/preempt", {"notice": notice})
+    click.echo(f"sent a {notice} notice to node {result['node']}; it is reclaimed in {result['grace_seconds']:.1f}s")

@@ -1,0 +1,85 @@
+"""The `runner` entry point: commands are registered here; errors are caught once, here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from ..client import ClientError
+from ..home import ConfigError
+from ..spec import SpecError
+from .agent import agent
+from .jobs import cancel, list_jobs, logs, preempt, restarts, status, submit, validate
+from .server import server
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@click.version_option(package_name="runner")
+def cli(debug: bool):
+    """Fault-tolerant GPU training on spot instances."""
+    if debug:
+        os.environ["RUNNER_DEBUG"] = "1"
+
+
+for command in (submit, validate, list_jobs, status, logs, restarts, cancel, preempt, server, agent):
+    cli.add_command(command)
+
+try:
+    from .offers import offers
+
+    cli.add_command(offers)
+except ImportError:  # pragma: no cover - the catalog ships with the package
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = "--debug" in (argv or sys.argv) or os.environ.get("RUNNER_DEBUG") == "1"
+    try:
+        cli.main(args=argv, prog_name="runner", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    except SpecError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    except ClientError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the one catch-all: a plain line, the traceback only with --debug
+        if debug:
+            traceback.print_exc()
+        message = _known_error(exc)
+        click.echo(f"error: {message}" + ("" if debug else " (run with --debug for details)"), err=True)
+        return 1
+    return 0
+
+
+def _known_error(exc: Exception) -> str:
+    from ..controller.daemon import ServerError
+    from ..state import DatabaseError
+
+    if isinstance(exc, (ServerError, DatabaseError)):
+        return str(exc)
+    from .workdir import WorkdirTooLarge
+
+    if isinstance(exc, WorkdirTooLarge):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

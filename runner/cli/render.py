@@ -1,0 +1,31 @@
+"""Output for people (tables) and for scripts (--json)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+
+def print_json(value) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+def print_table(columns: list[str], rows: list[list], empty: str = "") -> None:
+    if not rows and empty:
+        click.echo(empty)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*["-" if cell is None else str(cell) for cell in row])
+    console = Console(width=None if sys.stdout.isatty() else 250, highlight=False)
+    console.print(table)
+
+
+def money(value: float | None) -> str:
+    return "-" if value is None else f"${value:.4f}" if value < 1 else f"${value:.2f}"

@@ -1,0 +1,41 @@
+"""`runner server` (the controller daemon) and `runner server stop`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..home import runner_home
+from ..logconfig import configure_logging
+
+
+@click.group(invoke_without_command=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8470, show_default=True, type=int, help="0 picks a free port.")
+@click.option("--db", "db_url", help="Database URL (default: sqlite:///DATA_DIR/runner.db).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: $RUNNER_HOME.")
+@click.pass_context
+def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None):
+    """Run the controller: HTTP API, scheduler and reconciler."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..controller.daemon import ServerSettings, serve
+
+    data_dir = (data_dir or runner_home()).expanduser()
+    configure_logging(data_dir / "controller.jsonl")
+    serve(ServerSettings(data_dir=data_dir, host=host, port=port, db_url=db_url, config_home=runner_home()))
+
+
+@server.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: $RUNNER_HOME.")
+def stop(data_dir: Path | None):
+    """Stop the local controller started for this RUNNER_HOME."""
+    from ..controller.daemon import stop_running
+
+    data_dir = (data_dir or runner_home()).expanduser()
+    stopped = stop_running(data_dir)
+    if stopped:
+        click.echo(f"stopped the controller at {stopped['url']} (pid {stopped['pid']})")
+    else:
+        click.echo(f"no controller is running for {data_dir}")

@@ -1,0 +1,161 @@
+"""Endpoints for agents (node tokens): register, heartbeat, logs, events, exit, workdir.
+
+The job is always taken from the token's node row, never from the request body.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import FileResponse
+from pydantic import BaseModel
+
+from ..scheduler.attempts import end_attempt
+from ..scheduler.states import PROVISIONING, RUNNING
+from ..scheduler.transitions import transition
+from ..state.store import NODE_RUNNING
+from .auth import Principal, require_node
+
+router = APIRouter(prefix="/v1/agent")
+
+
+def _state(request: Request):
+    return request.app.state.controller
+
+
+def _current(state, who: Principal) -> tuple[dict, dict | None]:
+    """The node's job and its attempt if that attempt is still the job's running one."""
+    node = who.node
+    job = state.store.job(node["job_id"])
+    attempt = state.store.current_attempt(node["job_id"])
+    if attempt is None or attempt["attempt"] != node["attempt"]:
+        return job, None
+    return job, attempt
+
+
+@router.post("/register")
+def register(request: Request, who: Principal = Depends(require_node)):
+    """The node's assignment: what to run, where to checkpoint, what to resume from."""
+    state = _state(request)
+    job, attempt = _current(state, who)
+    if attempt is None:
+        raise HTTPException(409, "this node's attempt has ended; shut down")
+    now = time.time()
+    with state.store.db.transaction() as tx:
+        state.store.update_node(tx, who.node["id"], registered_at=now, last_heartbeat=now)
+        state.store.mark_attempt_running(tx, job["id"], attempt["attempt"], now)
+        if state.store.job(job["id"], tx)["state"] == PROVISIONING:
+            transition(tx, job["id"], RUNNING, now=now, message=f"attempt {attempt['attempt']} running")
+    spec = job["spec"]
+    return {
+        "job_id": job["id"],
+        "attempt": attempt["attempt"],
+        "name": job["name"],
+        "setup": spec["setup"],
+        "run": spec["run"],
+        "env": spec["env"],
+        "has_workdir": bool(spec.get("workdir_digest")),
+        "checkpoint": {
+            "local_dir": spec["checkpoint"]["local_dir"],
+            "durable_url": spec["checkpoint"]["durable_url"] or state.default_checkpoint_url(job["id"]),
+            "interval": spec["checkpoint"]["interval"],
+            "keep": spec["checkpoint"]["keep"],
+            "resume": job["checkpoint"],
+        },
+        "resume_drill": spec["recovery"]["resume_drill"],
+    }
+
+
+@router.get("/workdir")
+def workdir(request: Request, who: Principal = Depends(require_node)):
+    state = _state(request)
+    digest = state.store.job(who.node["job_id"])["spec"].get("workdir_digest")
+    path = state.workdirs / f"{digest}.tar.gz"
+    if not digest or not path.exists():
+        raise HTTPException(404, "this job has no workdir")
+    return FileResponse(path, media_type="application/gzip")
+
+
+class Heartbeat(BaseModel):
+    phase: str = "running"
+    progress: dict | None = None
+
+
+@router.post("/heartbeat")
+def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(require_node)):
+    """Record liveness and progress; the reply tells the agent to continue, cancel, or shut down."""
+    state = _state(request)
+    job, attempt = _current(state, who)
+    with state.store.db.transaction() as tx:
+        state.store.update_node(tx, who.node["id"], last_heartbeat=time.time(),
+                                progress={"phase": body.phase, **(body.progress or {})})
+    if attempt is None or who.node["state"] != NODE_RUNNING:
+        return {"action": "shutdown"}
+    if job["cancel_requested"]:
+        return {"action": "cancel"}
+    return {"action": "continue"}
+
+
+class LogChunk(BaseModel):
+    offset: int
+    data_b64: str
+
+
+@router.post("/logs")
+def logs(body: LogChunk, request: Request, who: Principal = Depends(require_node)):
+    """Append output of this node's attempt; reply with the offset to send next."""
+    state = _state(request)
+    data = base64.b64decode(body.data_b64)
+    size = state.logs.append(who.node["job_id"], who.node["attempt"], body.offset, data)
+    return {"offset": size}
+
+
+@router.get("/logs/offset")
+def log_offset(request: Request, who: Principal = Depends(require_node)):
+    return {"offset": _state(request).logs.size(who.node["job_id"], who.node["attempt"])}
+
+
+class AgentEvent(BaseModel):
+    kind: str  # notice | checkpoint | restored | message
+    data: dict = {}
+
+
+@router.post("/events")
+def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(require_node)):
+    state = _state(request)
+    job_id, attempt = who.node["job_id"], who.node["attempt"]
+    with state.store.db.transaction() as tx:
+        if body.kind == "notice":
+            state.store.set_attempt_notice(tx, job_id, attempt, body.data)
+            state.store.add_event(tx, job_id, "notice", f"{body.data.get('source')} {body.data.get('action')} "
+                                  f"notice, deadline {body.data.get('deadline')}", attempt=attempt)
+        elif body.kind == "checkpoint":
+            if not body.data.get("durable"):
+                return {"accepted": False}  # only a checkpoint on the durable tier survives the node
+            checkpoint = {**body.data, "attempt": attempt, "time": body.data.get("time", time.time())}
+            accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
+            return {"accepted": accepted}
+        else:
+            state.store.add_event(tx, job_id, body.kind, str(body.data.get("message", body.data)), attempt=attempt)
+    return {"accepted": True}
+
+
+class ExitReport(BaseModel):
+    exit_code: int | None = None
+    reason: str  # succeeded | failed | preempted | cancelled | drill
+    message: str | None = None
+    drill: dict | None = None
+
+
+@router.post("/exit")
+def exit_report(body: ExitReport, request: Request, who: Principal = Depends(require_node)):
+    """The job's process ended: close the attempt and move the job on."""
+    state = _state(request)
+    if body.reason not in ("succeeded", "failed", "preempted", "cancelled", "drill"):
+        raise HTTPException(422, f"reason: {body.reason!r} is not an end reason")
+    new_state = end_attempt(state.store, who.node["job_id"], who.node["attempt"], body.reason,
+                            exit_code=body.exit_code, drill=body.drill, message=body.message)
+    state.scheduler.nudge.set()
+    return {"state": new_state}

@@ -1,0 +1,188 @@
+"""Endpoints for the CLI (admin token): jobs, logs, restarts, cancel, chaos, offers."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel
+
+from .. import wire
+from ..scheduler.states import TERMINAL
+from ..spec import SpecError, validate_job
+from ..state.store import NODE_RUNNING
+from .auth import Principal, require_admin, require_job_access
+
+router = APIRouter(prefix="/v1")
+MAX_WORKDIR_BYTES = 256 << 20
+
+
+def _state(request: Request):
+    return request.app.state.controller
+
+
+def _job_or_404(state, job_id: str) -> dict:
+    job = state.store.job(job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id!r}; `runner jobs` lists the jobs")
+    return job
+
+
+@router.get("/health")
+def health(request: Request, who: Principal = Depends(require_admin)):
+    return {"ok": True, "data_dir": str(_state(request).data_dir)}
+
+
+@router.put("/workdirs")
+async def upload_workdir(request: Request, who: Principal = Depends(require_admin)):
+    """Store a gzipped tarball of a job's workdir, addressed by its sha256."""
+    body = await request.body()
+    if len(body) > MAX_WORKDIR_BYTES:
+        raise HTTPException(413, f"workdir is {len(body) >> 20} MiB packed; the limit is 256 MiB")
+    digest = hashlib.sha256(body).hexdigest()
+    folder = _state(request).workdirs
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{digest}.tar.gz"
+    if not target.exists():
+        tmp = target.with_suffix(f".{secrets.token_hex(4)}.tmp")
+        tmp.write_bytes(body)
+        tmp.replace(target)
+    return {"digest": digest, "bytes": len(body)}
+
+
+class SubmitRequest(BaseModel):
+    spec: dict
+    workdir_digest: str | None = None
+
+
+@router.post("/jobs", status_code=201)
+def submit(body: SubmitRequest, request: Request, who: Principal = Depends(require_admin)):
+    state = _state(request)
+    try:
+        spec = validate_job(body.spec, "job")
+    except SpecError as exc:
+        raise HTTPException(422, "\n".join(exc.problems)) from None
+    if body.workdir_digest and not (state.workdirs / f"{body.workdir_digest}.tar.gz").exists():
+        raise HTTPException(422, "workdir_digest: upload the workdir first (PUT /v1/workdirs)")
+    problem = unsatisfiable(state, spec)
+    if problem:
+        raise HTTPException(422, problem)
+    job_id = f"{spec.name[:40]}-{secrets.token_hex(3)}"
+    stored = spec.model_dump()
+    stored["workdir_digest"] = body.workdir_digest
+    with state.store.db.transaction() as tx:
+        state.store.insert_job(tx, job_id, spec.name, stored, "PENDING", time.time())
+    state.scheduler.nudge.set()
+    return {"id": job_id}
+
+
+def unsatisfiable(state, spec) -> str | None:
+    """Why no configured provider can ever run this job, or None."""
+    from ..scheduler.policy import explain_unsatisfiable
+
+    offers = [o for p in state.scheduler.providers.values() for o in p.offers()]
+    return explain_unsatisfiable(offers, spec.resources)
+
+
+@router.get("/jobs")
+def list_jobs(request: Request, who: Principal = Depends(require_admin)):
+    store = _state(request).store
+    return [wire.job_summary(job, store.attempts(job["id"])) for job in store.jobs()]
+
+
+@router.get("/jobs/{job_id}")
+def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_access)):
+    state = _state(request)
+    job = _job_or_404(state, job_id)
+    summary = wire.job_summary(job, state.store.attempts(job_id))
+    summary["spec"] = {k: v for k, v in job["spec"].items() if k != "env"}  # env may hold secrets
+    summary["spec"]["env"] = sorted(job["spec"].get("env", {}))
+    nodes = state.store.nodes(job_id=job_id)
+    summary["node"] = ({"id": nodes[-1]["id"], "state": nodes[-1]["state"], "zone": nodes[-1]["offer"]["zone"],
+                        "last_heartbeat": wire.iso(nodes[-1]["last_heartbeat"]), "progress": nodes[-1]["progress"]}
+                       if nodes else None)
+    return summary
+
+
+@router.get("/jobs/{job_id}/restarts")
+def restarts(job_id: str, request: Request, who: Principal = Depends(require_job_access)):
+    state = _state(request)
+    _job_or_404(state, job_id)
+    return [wire.restart_row(a) for a in state.store.attempts(job_id)]
+
+
+@router.get("/jobs/{job_id}/events")
+def events(job_id: str, request: Request, after: int = 0, who: Principal = Depends(require_job_access)):
+    state = _state(request)
+    _job_or_404(state, job_id)
+    return [{**e, "time": wire.iso(e["time"])} for e in state.store.events(job_id, after)]
+
+
+@router.get("/jobs/{job_id}/logs")
+def logs(job_id: str, request: Request, attempt: int, offset: int = 0,
+         who: Principal = Depends(require_job_access)):
+    """A slice of one attempt's output; ``complete`` once the attempt has ended and all of it was read."""
+    state = _state(request)
+    job = _job_or_404(state, job_id)
+    attempts = {a["attempt"]: a for a in state.store.attempts(job_id)}
+    if attempt not in attempts:
+        raise HTTPException(404, f"job {job_id} has no attempt {attempt} (it has {len(attempts)})")
+    data = state.logs.read(job_id, attempt, offset)
+    ended = attempts[attempt]["end_reason"] != "running" or job["state"] in TERMINAL
+    size = state.logs.size(job_id, attempt)
+    return {"attempt": attempt, "offset": offset + len(data), "data": data.decode("utf-8", "replace"),
+            "complete": ended and offset + len(data) >= size}
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel(job_id: str, request: Request, who: Principal = Depends(require_admin)):
+    state = _state(request)
+    with state.store.db.transaction() as tx:
+        job = state.store.job(job_id, tx)
+        if job is None:
+            raise HTTPException(404, f"no job {job_id!r}; `runner jobs` lists the jobs")
+        if job["state"] in TERMINAL:
+            return {"id": job_id, "state": job["state"], "changed": False}
+        if not job["cancel_requested"]:
+            tx.execute("UPDATE jobs SET cancel_requested = ? WHERE id = ?", (time.time(), job_id))
+    state.scheduler.nudge.set()
+    return {"id": job_id, "state": job["state"], "changed": True}
+
+
+class PreemptRequest(BaseModel):
+    notice: str = "aws"
+
+
+@router.post("/jobs/{job_id}/preempt")
+def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal = Depends(require_admin)):
+    """Chaos for the local provider: a notice through the node's metadata server, then the node's loss."""
+    state = _state(request)
+    _job_or_404(state, job_id)
+    if body.notice not in ("aws", "gcp", "azure"):
+        raise HTTPException(422, f"notice: {body.notice!r} is not one of aws, gcp, azure")
+    nodes = state.store.nodes((NODE_RUNNING,), job_id=job_id)
+    if not nodes:
+        raise HTTPException(409, f"job {job_id} has no running node to preempt")
+    node = nodes[-1]
+    provider = state.scheduler.providers[node["provider"]]
+    if not hasattr(provider, "inject_notice"):
+        raise HTTPException(409, f"the {node['provider']} provider cannot inject notices; only local can")
+    grace = provider.inject_notice(node["id"], body.notice)
+    with state.store.db.transaction() as tx:
+        state.store.update_node(tx, node["id"], terminate_at=time.time() + grace)
+        state.store.add_event(tx, job_id, "chaos", f"{body.notice} notice sent to {node['id']}; "
+                              f"node reclaimed in {grace:.1f}s", attempt=node["attempt"])
+    return {"node": node["id"], "notice": body.notice, "grace_seconds": grace}
+
+
+@router.get("/offers")
+def offers(request: Request, accelerators: str | None = None, cloud: str | None = None,
+           on_demand: bool = False, who: Principal = Depends(require_admin)):
+    """Offers of the configured providers that fit the filters, cheapest first."""
+    from ..scheduler.policy import filter_offers
+
+    providers = _state(request).scheduler.providers.values()
+    every = [o for p in providers for o in p.offers()]
+    return [o.to_json() for o in filter_offers(every, accelerators=accelerators, cloud=cloud, on_demand=on_demand)]

@@ -1,0 +1,47 @@
+"""The controller's HTTP application: routers for the CLI and for agents over shared state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from ..scheduler.reconciler import SchedulerContext
+from ..state import Store
+from .logstore import LogStore
+
+
+@dataclass
+class ControllerState:
+    store: Store
+    admin_token: str
+    data_dir: Path
+    logs: LogStore
+    scheduler: SchedulerContext
+
+    @property
+    def workdirs(self) -> Path:
+        return self.data_dir / "workdirs"
+
+    def default_checkpoint_url(self, job_id: str) -> str:
+        return (self.data_dir / "checkpoints" / job_id).resolve().as_uri()
+
+
+def create_app(state: ControllerState) -> FastAPI:
+    from . import agent_api, api
+
+    app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None)
+    app.state.controller = state
+    app.include_router(api.router)
+    app.include_router(agent_api.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=422)
+
+    return app

@@ -1,0 +1,81 @@
+"""Bearer tokens: one admin token for the CLI, one token per node that reaches only its own job."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import Depends, HTTPException, Request
+
+from ..state.store import NODE_TERMINATED
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_or_create_admin_token(path: Path) -> str:
+    """The admin token kept at ``path`` with mode 0600, created on first start."""
+    if path.exists():
+        token = path.read_text().strip()
+        if token:
+            return token
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: str  # "admin" or "node"
+    node: dict | None = None
+
+    @property
+    def job_id(self) -> str | None:
+        return self.node["job_id"] if self.node else None
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer TOKEN'",
+                            headers={"WWW-Authenticate": "Bearer"})
+    return token.strip()
+
+
+def principal(request: Request) -> Principal:
+    """Who is calling: the admin, or a node whose node row is not terminated."""
+    token = _bearer(request)
+    state = request.app.state.controller
+    if hmac.compare_digest(token, state.admin_token):
+        return Principal("admin")
+    node = state.store.node_by_token_hash(hash_token(token))
+    if node is None or node["state"] == NODE_TERMINATED:
+        raise HTTPException(401, "invalid token")
+    return Principal("node", node)
+
+
+def require_admin(who: Principal = Depends(principal)) -> Principal:
+    if who.kind != "admin":
+        raise HTTPException(403, "a node token cannot do this")
+    return who
+
+
+def require_node(who: Principal = Depends(principal)) -> Principal:
+    if who.kind != "node":
+        raise HTTPException(403, "only a node's own token can do this")
+    return who
+
+
+def require_job_access(job_id: str, who: Principal = Depends(principal)) -> Principal:
+    """The admin reaches every job; a node reaches only its own."""
+    if who.kind == "node" and who.job_id != job_id:
+        raise HTTPException(403, "this node's token does not reach that job")
+    return who

@@ -1,0 +1,143 @@
+"""``runner server``: one controller per data dir, serving the API and running the reconciler."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import uvicorn
+
+from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, load_config
+from ..providers.local import LocalProvider
+from ..providers.local.processes import process_start_ticks
+from ..scheduler.reconciler import Reconciler, SchedulerContext
+from ..state import Store, open_database
+from .app import ControllerState, create_app
+from .auth import hash_token, load_or_create_admin_token
+from .logstore import LogStore
+
+log = structlog.get_logger(__name__)
+
+
+class ServerError(Exception):
+    """The controller cannot start; the message says why and what to do."""
+
+
+@dataclass
+class ServerSettings:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8470
+    db_url: str | None = None
+    config_home: Path | None = None
+
+
+def acquire_lock(data_dir: Path):
+    """Hold the data dir's lock for the life of the process: a second controller is refused."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        running = _read_controller_file(data_dir)
+        where = f" at {running['url']} (pid {running['pid']})" if running else ""
+        raise ServerError(f"another controller is already serving {data_dir}{where}; "
+                          "stop it with `runner server stop` or use another --data-dir") from None
+    return handle
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ServerError(f"port {port} on {host} is already in use; pick another with --port "
+                              "(or stop the process using it)") from None
+        raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)
+    return sock
+
+
+def build_providers(data_dir: Path, config: dict) -> dict:
+    clouds = config.get("clouds") or {"local": {}}
+    providers = {}
+    if "local" in clouds:
+        local = clouds["local"] or {}
+        providers["local"] = LocalProvider(data_dir, zones=local.get("zones"),
+                                           time_scale=float(local.get("time_scale", 1.0)))
+    return providers
+
+
+def serve(settings: ServerSettings) -> None:
+    """Run until SIGTERM or SIGINT; leave the database consistent and nodes running."""
+    data_dir = settings.data_dir.resolve()
+    lock = acquire_lock(data_dir)
+    sock = bind(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    config = load_config(settings.config_home or data_dir)
+    store = Store(open_database(settings.db_url or f"sqlite:///{data_dir / 'runner.db'}"))
+    admin_token = load_or_create_admin_token(data_dir / ADMIN_TOKEN_FILE)
+    scheduler = SchedulerContext(store=store, providers=build_providers(data_dir, config),
+                                 controller_url=url, token_hasher=hash_token)
+    state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
+                            logs=LogStore(data_dir / "logs"), scheduler=scheduler)
+    reconciler = Reconciler(scheduler)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_config=None, access_log=False,
+                                           timeout_graceful_shutdown=5))
+    _write_controller_file(data_dir, url)
+    reconciler.start()
+    log.info("controller serving", url=url, data_dir=str(data_dir), pid=os.getpid())
+    try:
+        server.run(sockets=[sock])
+    finally:
+        reconciler.stop()
+        (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)
+        lock.close()
+        log.info("controller stopped")
+
+
+def _write_controller_file(data_dir: Path, url: str) -> None:
+    (data_dir / LAST_PORT_FILE).write_text(url.rsplit(":", 1)[1])
+    tmp = data_dir / (CONTROLLER_FILE + ".tmp")
+    tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    tmp.replace(data_dir / CONTROLLER_FILE)
+
+
+def _read_controller_file(data_dir: Path) -> dict | None:
+    try:
+        return json.loads((data_dir / CONTROLLER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stop_running(data_dir: Path, timeout: float = 15.0) -> dict | None:
+    """SIGTERM the controller serving ``data_dir`` and wait for it to exit; None if none was running."""
+    running = _read_controller_file(data_dir)
+    if not running:
+        return None
+    try:
+        os.kill(running["pid"], signal.SIGTERM)
+    except ProcessLookupError:
+        (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)
+        return None
+    done = threading.Event()
+    for _ in range(int(timeout * 10)):
+        if process_start_ticks(running["pid"]) is None:
+            done.set()
+            break
+        done.wait(0.1)
+    if not done.is_set():
+        raise ServerError(f"controller pid {running['pid']} did not stop within {timeout:.0f}s")
+    return running

@@ -1,0 +1,40 @@
+"""RUNNER_HOME: where the CLI keeps its config, and the local controller its data, token and pid."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(Exception):
+    """config.yaml cannot be used; the message names the file and the key."""
+
+
+def runner_home() -> Path:
+    return Path(os.environ.get("RUNNER_HOME") or Path.home() / ".runner").expanduser()
+
+
+def load_config(home: Path | None = None) -> dict:
+    """``$RUNNER_HOME/config.yaml`` as a dict ({} when absent)."""
+    path = (home or runner_home()) / "config.yaml"
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping with keys such as server: and clouds:")
+    unknown = set(data) - {"server", "token", "clouds"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: server, token, clouds)")
+    return data
+
+
+# Files of a local controller under its data dir.
+ADMIN_TOKEN_FILE = "admin-token"
+CONTROLLER_FILE = "controller.json"  # {"url", "pid"} of the running controller
+LOCK_FILE = "controller.lock"
+LAST_PORT_FILE = "controller.port"  # the port the local controller last served on

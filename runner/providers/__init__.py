@@ -1,0 +1,1 @@
+"""Providers: where nodes come from (local simulated market, AWS, GCP)."""

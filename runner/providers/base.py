@@ -1,0 +1,57 @@
+"""The provider interface: a handful of methods every cloud implements the same way."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from .offers import Offer
+
+
+@dataclass(frozen=True)
+class NodeBootstrap:
+    """What a new node needs to find the controller: never cloud credentials."""
+
+    controller_url: str
+    node_id: str
+    token: str
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    node_id: str
+    job_id: str
+    attempt: int
+    offer: Offer
+    spot: bool
+    bootstrap: NodeBootstrap
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What the provider's API says about a node: ``alive`` or gone, and why when it knows."""
+
+    alive: bool
+    reason: str | None = None  # e.g. "preempted", "terminated", "not-found"
+
+
+class Provider(ABC):
+    """Launch, describe and terminate nodes. ``launch`` and ``terminate`` are idempotent."""
+
+    name: str
+
+    @abstractmethod
+    def offers(self) -> list[Offer]:
+        """Every offer this provider can launch, with current prices."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest) -> str:
+        """Start a node (or find the one already started for ``request.node_id``); return its ref."""
+
+    @abstractmethod
+    def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
+        """Whether the node still exists, according to the provider's own API."""
+
+    @abstractmethod
+    def terminate(self, node_id: str, provider_ref: str | None) -> None:
+        """Release the node; no error if it is already gone."""

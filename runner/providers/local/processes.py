@@ -1,0 +1,65 @@
+"""Process bookkeeping for simulated nodes: identity that survives pid reuse, and killing a session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None if it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] == "Z":  # a zombie is gone for our purposes
+        return None
+    return int(fields[19])
+
+
+def process_ref(pid: int) -> str:
+    """A reference to a process that stays unique if the pid is reused later."""
+    return f"{pid}:{process_start_ticks(pid)}"
+
+
+def ref_alive(ref: str | None) -> bool:
+    if not ref:
+        return False
+    pid, ticks = ref.split(":")
+    return str(process_start_ticks(int(pid))) == ticks
+
+
+def session_members(sid: int) -> list[int]:
+    """Every live process whose session id is ``sid`` (the node and everything it started)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def kill_session(sid: int, timeout: float = 5.0) -> None:
+    """SIGKILL every process of a session, as a power-off would, and wait until they are gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        members = session_members(sid)
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)

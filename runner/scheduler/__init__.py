@@ -1,0 +1,1 @@
+"""Scheduling: job states and transitions, per-state workers, and the offer policy."""

@@ -1,0 +1,196 @@
+"""The reconciler: small workers, one per kind of pending work, each load → decide → apply.
+
+Every step is idempotent and keyed on rows written *before* the side effect (a node row exists
+before its launch), so the controller can be killed at any moment and, once restarted, neither
+loses nor duplicates a job, an attempt or a node.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from ..providers.base import LaunchRequest, NodeBootstrap, Provider
+from ..providers.errors import ProviderError
+from ..providers.offers import Offer
+from ..spec import Resources
+from ..state import Store
+from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
+from . import placement
+from .attempts import end_attempt
+from .policy import BackoffBook
+from .states import CANCELLED, PENDING, PROVISIONING, RECOVERING, TERMINAL
+from .transitions import transition
+
+log = structlog.get_logger(__name__)
+
+CANCEL_GRACE_SECONDS = 15.0  # how long the agent gets to stop the job and flush logs on cancel
+
+
+@dataclass
+class SchedulerContext:
+    store: Store
+    providers: dict[str, Provider]
+    controller_url: str
+    token_hasher: "callable"
+    nudge: threading.Event = field(default_factory=threading.Event)
+    backoff: BackoffBook = field(default_factory=BackoffBook)
+
+
+class Reconciler:
+    """Runs the workers in a loop until stopped; ``ctx.nudge`` wakes it early."""
+
+    def __init__(self, ctx: SchedulerContext, interval: float = 0.5):
+        self.ctx = ctx
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self.ctx.nudge.set()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a worker bug must not stop the controller; it retries next tick
+                log.exception("reconciler tick failed")
+            self.ctx.nudge.wait(self.interval)
+            self.ctx.nudge.clear()
+
+    def tick(self) -> None:
+        finish_launches(self.ctx)
+        watch_running_nodes(self.ctx)
+        apply_cancellations(self.ctx)
+        release_nodes(self.ctx)
+        launch_pending_jobs(self.ctx)
+
+
+def launch_pending_jobs(ctx: SchedulerContext) -> None:
+    """PENDING and RECOVERING jobs with no live node get a node row and an attempt, then a launch."""
+    store = ctx.store
+    for job in store.jobs((PENDING, RECOVERING)):
+        if job["cancel_requested"] or store.nodes(job_id=job["id"]):
+            continue
+        resources = Resources.model_validate(job["spec"]["resources"])
+        avoid = placement.recent_preempted_zones(store.attempts(job["id"]))
+        offers = [o for p in ctx.providers.values() for o in p.offers()]
+        choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time())
+        if choice is None:
+            continue  # every fitting offer is backed off; try again later
+        offer, spot = choice
+        node_id = f"n-{secrets.token_hex(6)}"
+        token = secrets.token_urlsafe(32)
+        with store.db.transaction() as tx:
+            fresh = store.job(job["id"], tx)
+            if fresh["state"] != job["state"] or tx.one(
+                "SELECT 1 FROM nodes WHERE job_id = ? AND state != ?", (job["id"], NODE_TERMINATED)
+            ):
+                continue
+            resumed = (fresh["checkpoint"] or {}).get("step", 0)
+            attempt = store.insert_attempt(tx, job["id"], node_id, offer.to_json(), spot, resumed, time.time())
+            store.insert_node(tx, node_id, job["id"], attempt, offer.cloud, ctx.token_hasher(token),
+                              offer.to_json(), spot, time.time())
+        _launch(ctx, store.node(node_id), token)
+
+
+def finish_launches(ctx: SchedulerContext) -> None:
+    """Nodes left in ``launching`` by a controller that died mid-launch are launched again (idempotently)."""
+    for node in ctx.store.nodes((NODE_LAUNCHING,)):
+        _launch(ctx, node, token=None)
+
+
+def _launch(ctx: SchedulerContext, node: dict, token: str | None) -> None:
+    store = ctx.store
+    provider = ctx.providers[node["provider"]]
+    if token is None:  # re-launch after a restart: the old token is only known hashed, so issue a new one
+        token = secrets.token_urlsafe(32)
+        with store.db.transaction() as tx:
+            store.update_node(tx, node["id"], token_hash=ctx.token_hasher(token))
+    offer = Offer(**node["offer"])
+    request = LaunchRequest(node["id"], node["job_id"], node["attempt"], offer, node["spot"],
+                            NodeBootstrap(ctx.controller_url, node["id"], token))
+    key = (offer.cloud, offer.zone, offer.instance_type)
+    try:
+        ref = provider.launch(request)
+    except ProviderError as exc:
+        ctx.backoff.record_failure(key, time.time())
+        with store.db.transaction() as tx:
+            store.update_node(tx, node["id"], state=NODE_TERMINATED, terminated_at=time.time())
+            tx.execute("DELETE FROM attempts WHERE job_id = ? AND attempt = ? AND end_reason = 'running'",
+                       (node["job_id"], node["attempt"]))
+            store.add_event(tx, node["job_id"], "launch-failed",
+                            f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}")
+        log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
+        return
+    ctx.backoff.record_success(key, time.time())
+    with store.db.transaction() as tx:
+        store.update_node(tx, node["id"], state=NODE_RUNNING, provider_ref=ref)
+        job = store.job(node["job_id"], tx)
+        if job["state"] in (PENDING, RECOVERING):
+            transition(tx, job["id"], PROVISIONING, now=time.time(),
+                       message=f"attempt {node['attempt']} on {offer.instance_type} in {offer.zone}")
+
+
+def watch_running_nodes(ctx: SchedulerContext) -> None:
+    """A node the provider's API says is gone ends its attempt as preempted (after a notice) or lost."""
+    store = ctx.store
+    for node in store.nodes((NODE_RUNNING,)):
+        provider = ctx.providers[node["provider"]]
+        if node["terminate_at"] and node["terminate_at"] <= time.time():
+            provider.terminate(node["id"], node["provider_ref"])  # the simulated spot market reclaims it
+        status = provider.describe(node["id"], node["provider_ref"])
+        if status.alive:
+            continue
+        reason = "preempted" if status.reason == "preempted" else "lost"
+        end_attempt(store, node["job_id"], node["attempt"], reason,
+                    message=f"node {node['id']} is gone ({status.reason})")
+        with store.db.transaction() as tx:
+            store.update_node(tx, node["id"], state=NODE_TERMINATING)
+        ctx.nudge.set()
+
+
+def apply_cancellations(ctx: SchedulerContext) -> None:
+    """Cancelled jobs: the agent stops the job first; after a grace period the node is released anyway."""
+    store = ctx.store
+    for job in store.jobs():
+        if not job["cancel_requested"] or job["state"] in TERMINAL:
+            continue
+        current = store.current_attempt(job["id"])
+        waited = time.time() - float(job["cancel_requested"])
+        if current and waited < CANCEL_GRACE_SECONDS and store.nodes((NODE_RUNNING,), job_id=job["id"]):
+            continue  # the agent hears about it on its next heartbeat
+        if current:
+            end_attempt(store, job["id"], current["attempt"], "cancelled")
+        else:
+            with store.db.transaction() as tx:
+                if store.job(job["id"], tx)["state"] not in TERMINAL:
+                    transition(tx, job["id"], CANCELLED, now=time.time(), message="cancelled by the user")
+                    for node in tx.all("SELECT id FROM nodes WHERE job_id = ? AND state IN (?, ?)",
+                                       (job["id"], NODE_LAUNCHING, NODE_RUNNING)):
+                        store.update_node(tx, node["id"], state=NODE_TERMINATING)
+
+
+def release_nodes(ctx: SchedulerContext) -> None:
+    """Nodes marked for release are terminated through their provider, then recorded as terminated."""
+    store = ctx.store
+    for node in store.nodes((NODE_TERMINATING,)):
+        try:
+            ctx.providers[node["provider"]].terminate(node["id"], node["provider_ref"])
+        except ProviderError as exc:
+            log.warning("terminate failed; will retry", node=node["id"], error=str(exc))
+            continue
+        with store.db.transaction() as tx:
+            store.update_node(tx, node["id"], state=NODE_TERMINATED, terminated_at=time.time())
+        log.info("node released", node=node["id"], job=node["job_id"])

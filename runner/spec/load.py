@@ -1,0 +1,79 @@
+"""Loading a job file: YAML parsing, schema validation, messages that name the key."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import SpecError
+from .schema import JobSpec
+
+
+def load_job_file(path: str | os.PathLike) -> JobSpec:
+    """Read and validate a job file; ``workdir`` comes back absolute."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(str(path), ["file not found"]) from None
+    except OSError as exc:
+        raise SpecError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    spec = parse_job(text, source=str(path))
+    workdir = (path.parent / spec.workdir).resolve()
+    if not workdir.is_dir():
+        raise SpecError(str(path), [f"workdir: {spec.workdir!r} is not a folder (resolved to {workdir})"])
+    return spec.model_copy(update={"workdir": str(workdir)})
+
+
+def parse_job(text: str, source: str = "job") -> JobSpec:
+    """Validate job-file text (YAML or JSON)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise SpecError(source, [f"{where}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    return validate_job(data, source)
+
+
+def validate_job(data: Any, source: str = "job") -> JobSpec:
+    """Validate already-parsed job data."""
+    if not isinstance(data, dict):
+        raise SpecError(source, ["the job file must be a mapping of keys such as name: and run:"])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(source, [_describe(err) for err in exc.errors()]) from None
+
+
+def _describe(err: dict) -> str:
+    loc = [str(part) for part in err["loc"] if not isinstance(part, int)]
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".") or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key{_suggestion(loc)}"
+    if kind == "missing":
+        return f"{key}: required key is missing"
+    message = err["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    value = err.get("input")
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
+        return f"{key}: {message} (got {value!r})"
+    return f"{key}: {message}"
+
+
+def _suggestion(loc: list[str]) -> str:
+    """'(did you mean ...)' for a misspelt key, looked up in the model that owns it."""
+    model: type[BaseModel] = JobSpec
+    for part in loc[:-1]:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"

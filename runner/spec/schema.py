@@ -1,0 +1,143 @@
+"""The job file's schema (CONTRACT §2), one pydantic model per section.
+
+The same models generate docs/job-schema.json for editors (``python -m runner.spec.jsonschema``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .durations import parse_duration
+
+CLOUDS = ("local", "aws", "gcp", "azure")
+MAX_RESUME_DRILL_SECONDS = 15 * 60
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):([1-9][0-9]*)$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Section):
+    """What a node must offer."""
+
+    cloud: Optional[list[Literal["local", "aws", "gcp", "azure"]]] = Field(
+        default=None, description="Clouds to use; default: every configured cloud."
+    )
+    accelerators: Optional[str] = Field(default=None, description="NAME:COUNT, e.g. T4:1; omit for CPU only.")
+    cpus: Optional[int] = Field(default=None, ge=1, description="Minimum vCPUs.")
+    memory_gb: Optional[float] = Field(default=None, gt=0, description="Minimum memory in GiB.")
+    regions: Optional[list[str]] = Field(default=None, min_length=1, description="Allowed regions.")
+    spot_policy: Literal["spot", "on-demand", "auto"] = Field(
+        default="spot", description="spot, on-demand, or auto (spot, falling back to on-demand)."
+    )
+    max_price_per_hour: Optional[float] = Field(default=None, gt=0, description="USD cap per node-hour.")
+
+    @field_validator("cloud", mode="before")
+    @classmethod
+    def _one_cloud_as_list(cls, value):
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerator_format(cls, value):
+        if value is not None and not _ACCELERATOR.match(value):
+            raise ValueError(f"{value!r} is not NAME:COUNT (for example T4:1 or A100:8)")
+        return value
+
+    def accelerator(self) -> tuple[str, int] | None:
+        """The accelerator name and count, or None for CPU only."""
+        if not self.accelerators:
+            return None
+        name, count = self.accelerators.rsplit(":", 1)
+        return name, int(count)
+
+
+class CheckpointSpec(_Section):
+    """Where and how often the training process checkpoints."""
+
+    local_dir: Optional[str] = Field(default=None, description="Fast node-local tier.")
+    durable_url: Optional[str] = Field(default=None, description="Any fsspec URL (s3://, gs://, file://).")
+    interval: Union[str, float] = Field(default="auto", description="auto, or a duration such as 30s, 10m, 1h.")
+    keep: int = Field(default=3, ge=1, description="Committed checkpoints kept.")
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value):
+        if value == "auto":
+            return value
+        if parse_duration(value) <= 0:
+            raise ValueError("must be 'auto' or a positive duration such as 10m")
+        return value
+
+
+class RecoverySpec(_Section):
+    """How many relaunches a job gets, and when the resume drill runs."""
+
+    max_preemptions: int = Field(default=50, ge=0, description="Relaunches after a preemption.")
+    max_failures: int = Field(default=2, ge=0, description="Relaunches after the job's own non-zero exit.")
+    resume_drill: Union[str, float] = Field(default="10m", description="When to prove resume works (≤ 15m), or 'off'.")
+
+    @field_validator("resume_drill")
+    @classmethod
+    def _drill(cls, value):
+        if value in ("off", False):
+            return "off"
+        seconds = parse_duration(value)
+        if seconds > MAX_RESUME_DRILL_SECONDS:
+            raise ValueError(f"{value!r} is later than the 15m limit; use at most 15m, or 'off'")
+        if seconds <= 0:
+            raise ValueError("must be a positive duration such as 10m, or 'off'")
+        return value
+
+    def resume_drill_seconds(self) -> float | None:
+        """Seconds after the start at which the drill runs, or None when off."""
+        return None if self.resume_drill == "off" else parse_duration(self.resume_drill)
+
+
+class JobSpec(_Section):
+    """A job file."""
+
+    name: str = Field(description="Lowercase letters, digits and '-', 1-63 characters.")
+    workdir: str = Field(default=".", description="Folder shipped to every node; default: the job file's folder.")
+    setup: Optional[str] = Field(default=None, description="Shell command run once per node before run.")
+    run: str = Field(description="Shell command that trains.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    resources: Resources = Field(default_factory=Resources)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value):
+        if not 1 <= len(value) <= 63 or not _NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid name: use 1-63 lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, value):
+        if not value.strip():
+            raise ValueError("must be a non-empty shell command")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_as_strings(cls, value):
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                    raise ValueError(f"{key!r} is not a valid environment variable name")
+                if isinstance(item, (dict, list)) or item is None:
+                    raise ValueError(f"{key}: value must be a string, number or boolean")
+                out[key] = str(item).lower() if isinstance(item, bool) else str(item)
+            return out
+        return value

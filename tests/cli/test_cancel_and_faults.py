@@ -1,0 +1,96 @@
+"""Cancel, lost nodes and a controller killed mid-job."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from conftest import Controller, write_job
+
+LONG_JOB = """
+name: long
+run: python -c "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"
+resources: {cloud: [local]}
+recovery: {resume_drill: "off"}
+"""
+
+
+def _pid_from_logs(runner, job_id: str) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for line in runner("logs", job_id).stdout.splitlines():
+            if line.startswith("pid "):
+                return int(line.split()[1])
+        time.sleep(0.3)
+    raise AssertionError("the job never printed its pid")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cancel_kills_the_process_group_and_releases_the_node(tmp_path, runner, controller, home):
+    """`cancel` stops the running job's processes, ends it CANCELLED and deletes the node's scratch."""
+    job_id = runner.json("submit", str(write_job(tmp_path / "job", LONG_JOB)))["id"]
+    pid = _pid_from_logs(runner, job_id)
+    assert runner("cancel", job_id).returncode == 0
+    runner.wait_for(job_id, lambda j: j["state"] == "CANCELLED", what="cancel")
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+    (row,) = runner.json("restarts", job_id)
+    assert row["end_reason"] == "cancelled"
+    time.sleep(1)
+    assert not any(home.glob("nodes/*/scratch"))
+
+
+def test_lost_node_is_relaunched_with_end_reason_lost(tmp_path, runner, controller, home):
+    """A node that vanishes without a notice ends its attempt as lost and the job gets a new node."""
+    from runner.providers.local.processes import kill_session
+
+    job_id = runner.json("submit", str(write_job(tmp_path / "job", LONG_JOB)))["id"]
+    _pid_from_logs(runner, job_id)
+    (ref_file,) = home.glob("nodes/*/ref")
+    kill_session(int(ref_file.read_text().split(":")[0]))
+    job = runner.wait_for(job_id, lambda j: j["attempts"] == 2 and j["state"] == "RUNNING", what="relaunch")
+    rows = runner.json("restarts", job_id)
+    assert rows[0]["end_reason"] == "lost" and rows[1]["end_reason"] == "running"
+    assert job["preemptions"] == 1
+
+
+def test_controller_killed_mid_job_loses_and_duplicates_nothing(tmp_path, runner, controller, home):
+    """SIGKILL of the controller during a running job: after a restart the same attempt finishes, once."""
+    job = write_job(tmp_path / "job", """
+name: survive
+run: for i in $(seq 1 20); do echo "tick $i"; sleep 0.25; done
+resources: {cloud: [local]}
+recovery: {resume_drill: "off"}
+""")
+    job_id = runner.json("submit", str(job))["id"]
+    runner.wait_for(job_id, lambda j: j["state"] == "RUNNING", what="running")
+    controller.kill()
+    time.sleep(1.5)  # the job keeps running and buffering output while the controller is down
+    port = int(controller.url.rsplit(":", 1)[1])
+    restarted = Controller(home).start(port)  # nodes know the controller by its URL
+    runner.env.update({"RUNNER_SERVER": restarted.url})
+    try:
+        runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=90, what="success")
+        rows = runner.json("restarts", job_id)
+        assert len(rows) == 1 and rows[0]["end_reason"] == "succeeded"
+        logs = runner("logs", job_id).stdout
+        assert all(logs.count(f"tick {i}\n") == 1 for i in range(1, 21))
+        assert len(list(home.glob("nodes/*"))) == 1
+    finally:
+        restarted.stop()
+
+
+def test_controller_down_exits_3_and_says_how_to_start_it(tmp_path, runner):
+    """With RUNNER_SERVER pointing at nothing, commands exit 3 and name the fix."""
+    result = runner("jobs", env={"RUNNER_SERVER": "http://127.0.0.1:9", "RUNNER_TOKEN": "x"})
+    assert result.returncode == 3
+    assert "runner server" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,116 @@
+"""A job's life through the CLI against a real controller: submit, follow, logs, restarts, failures."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import write_job
+
+ECHO_JOB = """
+name: hello
+run: python count.py
+resources: {cloud: [local]}
+recovery: {resume_drill: "off"}
+"""
+COUNT = "import sys, time\nfor i in range(3):\n    print(f'line {i}', flush=True); time.sleep(0.2)\nprint('to stderr', file=sys.stderr)\n"
+
+
+def test_submit_follow_streams_output_and_exits_zero(tmp_path, runner, controller):
+    """`submit --follow` prints the job's output and exits 0 when the job succeeds."""
+    job = write_job(tmp_path / "job", ECHO_JOB, {"count.py": COUNT})
+    result = runner("submit", str(job), "--follow")
+    assert result.returncode == 0, result.stderr
+    assert "line 0" in result.stdout and "line 2" in result.stdout and "to stderr" in result.stdout
+    assert "SUCCEEDED" in result.stderr
+
+
+def test_jobs_and_status_json_have_contract_fields(tmp_path, runner, controller):
+    """`jobs --json` and `status --json` carry the contract's fields."""
+    job = write_job(tmp_path / "job", ECHO_JOB, {"count.py": COUNT})
+    job_id = runner.json("submit", str(job))["id"]
+    runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="success")
+    listed = runner.json("jobs")
+    assert [j["id"] for j in listed] == [job_id]
+    for record in (listed[0], runner.json("status", job_id)):
+        for key in ("id", "name", "state", "attempts", "preemptions", "step", "cost_usd"):
+            assert key in record
+        assert record["state"] == "SUCCEEDED" and record["attempts"] == 1 and record["name"] == "hello"
+
+
+def test_restart_log_row_has_contract_fields(tmp_path, runner, controller):
+    """A finished attempt appears in `restarts --json` with where it ran, why it ended and its cost."""
+    job = write_job(tmp_path / "job", ECHO_JOB, {"count.py": COUNT})
+    job_id = runner.json("submit", str(job))["id"]
+    runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="success")
+    (row,) = runner.json("restarts", job_id)
+    assert row["attempt"] == 1 and row["cloud"] == "local" and row["zone"].startswith("local-")
+    assert row["end_reason"] == "succeeded" and row["exit_code"] == 0
+    assert row["resumed_from_step"] == 0 and row["cost_usd"] >= 0 and row["price_per_hour"] > 0
+    assert row["started_at"].endswith("Z") and row["ended_at"].endswith("Z")
+
+
+def test_failed_job_relaunches_up_to_max_failures_and_keeps_every_attempts_logs(tmp_path, runner, controller):
+    """A job that exits non-zero is relaunched max_failures times, then FAILED, with all output kept."""
+    job = write_job(tmp_path / "job", """
+name: flaky
+run: echo "attempt $RUNNER_ATTEMPT of $RUNNER_JOB_ID"; exit 3
+resources: {cloud: [local]}
+recovery: {max_failures: 1, resume_drill: "off"}
+""")
+    result = runner("submit", str(job), "--follow")
+    assert result.returncode == 1
+    job_id = runner.json("jobs")[0]["id"]
+    rows = runner.json("restarts", job_id)
+    assert [r["end_reason"] for r in rows] == ["failed", "failed"]
+    assert [r["exit_code"] for r in rows] == [3, 3]
+    assert runner.json("status", job_id)["state"] == "FAILED"
+    logs = runner("logs", job_id).stdout
+    assert "===== attempt 1" in logs and "===== attempt 2" in logs
+    assert f"attempt 1 of {job_id}" in logs and f"attempt 2 of {job_id}" in logs
+    only_second = runner("logs", job_id, "--attempt", "2").stdout
+    assert "attempt 1 of" not in only_second and "attempt 2 of" in only_second
+
+
+def test_setup_failure_fails_the_attempt_and_names_setup(tmp_path, runner, controller):
+    """A failing setup command ends the attempt as failed with a message naming setup."""
+    job = write_job(tmp_path / "job", """
+name: bad-setup
+setup: echo installing; exit 7
+run: echo never
+resources: {cloud: [local]}
+recovery: {max_failures: 0, resume_drill: "off"}
+""")
+    job_id = runner.json("submit", str(job))["id"]
+    runner.wait_for(job_id, lambda j: j["state"] == "FAILED", what="failure")
+    (row,) = runner.json("restarts", job_id)
+    assert row["exit_code"] == 7 and "setup failed" in row["message"]
+    assert "never" not in runner("logs", job_id).stdout
+
+
+def test_job_sees_runner_variables_and_its_env(tmp_path, runner, controller):
+    """The job's process gets the RUNNER_* variables and the job file's env."""
+    job = write_job(tmp_path / "job", """
+name: env-check
+run: env | grep -E '^(RUNNER_|GREETING)' | sort
+env: {GREETING: hi}
+resources: {cloud: [local]}
+recovery: {resume_drill: "off"}
+""")
+    assert runner("submit", str(job), "--follow").returncode == 0
+    job_id = runner.json("jobs")[0]["id"]
+    out = runner("logs", job_id).stdout
+    for name in ("RUNNER_JOB_ID=" + job_id, "RUNNER_ATTEMPT=1", "RUNNER_CHECKPOINT_DIR=", "RUNNER_CHECKPOINT_URL=",
+                 "RUNNER_CONTROL=", "GREETING=hi"):
+        assert name in out
+
+
+def test_unknown_job_is_a_clear_error(runner, controller):
+    """Asking for a job that does not exist exits 1 naming the id."""
+    result = runner("status", "nope-123")
+    assert result.returncode == 1
+    assert "nope-123" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_jobs_json_is_a_list_even_when_empty(runner, controller):
+    """`jobs --json` prints a JSON list."""
+    assert json.loads(runner("jobs", "--json").stdout) == []

@@ -1,0 +1,130 @@
+"""Shared fixtures: a RUNNER_HOME per test, the CLI as a subprocess, a real controller on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Runner:
+    """Drives the real `runner` CLI in a subprocess with this test's RUNNER_HOME."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        self.env.update({"RUNNER_HOME": str(home), "PYTHONUNBUFFERED": "1"})
+
+    def __call__(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "runner.cli.main", *args], capture_output=True, text=True,
+                              timeout=timeout, env={**self.env, **(env or {})}, cwd=self.home)
+
+    def json(self, *args: str, **kwargs):
+        result = self(*args, "--json", **kwargs)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def wait_for(self, job_id: str, predicate, timeout: float = 60, what: str = "condition") -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.json("status", job_id)
+            if predicate(job):
+                return job
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}; job is {job}")
+
+
+class Controller:
+    """A `runner server` process on a free loopback port."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self.process: subprocess.Popen | None = None
+
+    def start(self, port: int = 0) -> "Controller":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        env["RUNNER_HOME"] = str(self.home)
+        (self.home / "controller.json").unlink(missing_ok=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "runner.cli.main", "server", "--data-dir", str(self.home), "--port", str(port)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"controller exited: {self.process.stdout.read().decode()}")
+            try:
+                info = json.loads((self.home / "controller.json").read_text())
+                requests.get(info["url"] + "/v1/health", headers=self.headers(), timeout=2).raise_for_status()
+                self.url = info["url"]
+                return self
+            except (OSError, ValueError, requests.RequestException):
+                time.sleep(0.1)
+        raise AssertionError("controller did not start")
+
+    @property
+    def token(self) -> str:
+        return (self.home / "admin-token").read_text().strip()
+
+    def headers(self, token: str | None = None) -> dict:
+        return {"Authorization": f"Bearer {token or self.token}"}
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(20)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+
+def kill_nodes(home: Path) -> None:
+    """Kill every simulated node left under ``home`` (a test must not leak processes)."""
+    from runner.providers.local.processes import kill_session, ref_alive
+
+    for ref_file in home.glob("nodes/*/ref"):
+        ref = ref_file.read_text()
+        if ref_alive(ref):
+            kill_session(int(ref.split(":")[0]))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    (path / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
+    yield path
+    kill_nodes(path)
+
+
+@pytest.fixture
+def runner(home: Path) -> Runner:
+    return Runner(home)
+
+
+@pytest.fixture
+def controller(home: Path, runner: Runner):
+    ctl = Controller(home).start()
+    runner.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
+    yield ctl
+    ctl.stop()
+    kill_nodes(home)
+
+
+def write_job(folder: Path, text: str, files: dict[str, str] | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in (files or {}).items():
+        (folder / name).write_text(content)
+    path = folder / "job.yaml"
+    path.write_text(text)
+    return path
