@@ -28,4 +28,8 @@ def print_table(columns: list[str], rows: list[list], empty: str = "") -> None:
 
 
 def money(value: float | None) -> str:
-    return "-" if value is None else f"${value:.4f}" if value < 1 else f"${value:.2f}"
+    if value is None:
+        return "-"
+    if 0 < value < 0.0001:
+        return "<$0.0001"
+    return f"${value:.4f}" if value < 1 else f"${value:.2f}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -79,6 +80,19 @@ def build_providers(data_dir: Path, config: dict) -> dict:
     return providers
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after shutting down, which would skip our cleanup: handle it ourselves."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def serve(settings: ServerSettings) -> None:
     """Run until SIGTERM or SIGINT; leave the database consistent and nodes running."""
     data_dir = settings.data_dir.resolve()
@@ -94,7 +108,7 @@ def serve(settings: ServerSettings) -> None:
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
                             logs=LogStore(data_dir / "logs"), scheduler=scheduler)
     reconciler = Reconciler(scheduler)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_config=None, access_log=False,
+    server = _Server(uvicorn.Config(create_app(state), log_config=None, access_log=False,
                                            timeout_graceful_shutdown=5))
     _write_controller_file(data_dir, url)
     reconciler.start()
