@@ -6,6 +6,7 @@ import io
 import os
 import signal
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,6 +35,14 @@ def run_agent(config_path: Path) -> int:
     return Agent(config).run()
 
 
+def control_socket_path(scratch_dir: Path, node_id: str) -> Path:
+    """The control socket in the scratch folder, or under /tmp when that path is too long for AF_UNIX."""
+    path = scratch_dir / "control.sock"
+    if len(str(path).encode()) < 100:
+        return path
+    return Path(tempfile.gettempdir()) / f"runner-{node_id}.sock"
+
+
 class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
@@ -53,18 +62,27 @@ class Agent:
         offset = self.client.get("/v1/agent/logs/offset")["offset"]
         local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.shipper = LogShipper(self.client, offset, local_copy=local_log).start()
-        self.control = ControlServer(self.config.scratch_dir / "control.sock", self._on_control).start()
+        self.control = self._start_control_channel()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         try:
             reason, code, message = self._run_job()
         finally:
-            self.control.close()
+            if self.control is not None:
+                self.control.close()
         flushed = self.shipper.close(timeout=60)
         if not flushed:
             log.error("some output could not reach the controller", kept_in=str(self.config.scratch_dir / "job.log"))
         self._report_exit(reason, code, message)
         return 0
+
+    def _start_control_channel(self) -> ControlServer | None:
+        path = control_socket_path(self.config.scratch_dir, self.config.node_id)
+        try:
+            return ControlServer(path, self._on_control).start()
+        except OSError as exc:
+            log.error("control channel unavailable; the job gets signals only", path=str(path), error=str(exc))
+            return None
 
     # --- lifecycle ----------------------------------------------------------
     def _register(self) -> dict | None:
@@ -123,9 +141,10 @@ class Agent:
             "RUNNER_ATTEMPT": str(self.assignment["attempt"]),
             "RUNNER_CHECKPOINT_DIR": local_dir,
             "RUNNER_CHECKPOINT_URL": checkpoint["durable_url"],
-            "RUNNER_CONTROL": str(self.config.scratch_dir / "control.sock"),
             "PYTHONUNBUFFERED": "1",
         })
+        if self.control is not None:
+            env["RUNNER_CONTROL"] = str(self.control.path)
         if checkpoint.get("interval") and checkpoint["interval"] != "auto":
             env["RUNNER_CHECKPOINT_INTERVAL"] = str(checkpoint["interval"])
         env["RUNNER_CHECKPOINT_KEEP"] = str(checkpoint.get("keep", 3))

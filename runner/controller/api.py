@@ -185,4 +185,8 @@ def offers(request: Request, accelerators: str | None = None, cloud: str | None 
 
     providers = _state(request).scheduler.providers.values()
     every = [o for p in providers for o in p.offers()]
-    return [o.to_json() for o in filter_offers(every, accelerators=accelerators, cloud=cloud, on_demand=on_demand)]
+    try:
+        fitting = filter_offers(every, accelerators=accelerators, cloud=cloud, on_demand=on_demand)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return [o.to_json() for o in fitting]

@@ -18,8 +18,13 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def load_or_create_admin_token(path: Path) -> str:
-    """The admin token kept at ``path`` with mode 0600, created on first start."""
+def node_token(secret: str, node_id: str) -> str:
+    """A node's token: derived from the controller's node secret, so only the hash needs storing."""
+    return hmac.new(secret.encode(), node_id.encode(), hashlib.sha256).hexdigest()
+
+
+def load_or_create_secret(path: Path) -> str:
+    """A secret kept at ``path`` with mode 0600 (the admin token, the node secret), created on first start."""
     if path.exists():
         token = path.read_text().strip()
         if token:

@@ -16,13 +16,13 @@ from pathlib import Path
 import structlog
 import uvicorn
 
-from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, load_config
+from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config
 from ..providers.local import LocalProvider
 from ..providers.local.processes import process_start_ticks
 from ..scheduler.reconciler import Reconciler, SchedulerContext
 from ..state import Store, open_database
 from .app import ControllerState, create_app
-from .auth import hash_token, load_or_create_admin_token
+from .auth import hash_token, load_or_create_secret, node_token
 from .logstore import LogStore
 
 log = structlog.get_logger(__name__)
@@ -102,9 +102,11 @@ def serve(settings: ServerSettings) -> None:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     config = load_config(settings.config_home or data_dir)
     store = Store(open_database(settings.db_url or f"sqlite:///{data_dir / 'runner.db'}"))
-    admin_token = load_or_create_admin_token(data_dir / ADMIN_TOKEN_FILE)
-    scheduler = SchedulerContext(store=store, providers=build_providers(data_dir, config),
-                                 controller_url=url, token_hasher=hash_token)
+    admin_token = load_or_create_secret(data_dir / ADMIN_TOKEN_FILE)
+    node_secret = load_or_create_secret(data_dir / NODE_SECRET_FILE)
+    scheduler = SchedulerContext(store=store, providers=build_providers(data_dir, config), controller_url=url,
+                                 node_token=lambda node_id: node_token(node_secret, node_id),
+                                 token_hasher=hash_token)
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
                             logs=LogStore(data_dir / "logs"), scheduler=scheduler)
     reconciler = Reconciler(scheduler)

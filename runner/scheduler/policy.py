@@ -150,8 +150,11 @@ def explain_unsatisfiable(offers: Iterable[Offer], resources: Resources) -> str 
         return None
     for name in BLAME_ORDER:
         only = [offer for offer, failed in scored if failed == [name]]
-        if name == "accelerators" and wanted is not None:
-            only = [o for o in only if (o.accelerator or "").upper() == wanted[0].upper()] or only
+        if name == "accelerators":
+            if any(_accelerators_match(o, wanted) for o in offers):
+                continue  # the accelerators are offered; what keeps them out is something else
+            if wanted is not None:
+                only = [o for o in only if (o.accelerator or "").upper() == wanted[0].upper()] or only
         if only:
             where = _describe(min(only, key=lambda o: _cheapness(o, resources)), resources.spot_policy)
             cheapest = "the cheapest is" if name == "max_price_per_hour" else "the cheapest offer without it is"
@@ -173,7 +176,7 @@ def _known_accelerators(offers: list[Offer]) -> list[str]:
     try:
         from ..providers.catalog import known_accelerators
         names.update(known_accelerators())
-    except Exception:  # noqa: BLE001 - the catalog only widens the list of names
+    except (ImportError, ValueError):  # a missing or broken catalog only narrows the list of names
         pass
     unique = {n.upper(): n for n in sorted(names)}
     return sorted(unique.values(), key=str.upper)
@@ -224,7 +227,7 @@ def _describe(offer: Offer, spot_policy: str) -> str:
 
 
 def _money(value: float) -> str:
-    return f"{value:.2f}" if round(value, 2) == value else f"{value:.4f}".rstrip("0")
+    return f"{value:.2f}" if round(value, 2) == value else f"{value:.4g}"
 
 
 # --- backoff ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import structlog
 
@@ -36,7 +37,8 @@ class SchedulerContext:
     store: Store
     providers: dict[str, Provider]
     controller_url: str
-    token_hasher: "callable"
+    node_token: Callable[[str], str]  # node id -> that node's token (derived, so a restart can re-derive it)
+    token_hasher: Callable[[str], str]
     nudge: threading.Event = field(default_factory=threading.Event)
     backoff: BackoffBook = field(default_factory=BackoffBook)
 
@@ -86,12 +88,13 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
         resources = Resources.model_validate(job["spec"]["resources"])
         avoid = placement.recent_preempted_zones(store.attempts(job["id"]))
         offers = [o for p in ctx.providers.values() for o in p.offers()]
-        choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time())
+        choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
+                                  waiting_since=job["updated_at"])
         if choice is None:
             continue  # every fitting offer is backed off; try again later
         offer, spot = choice
         node_id = f"n-{secrets.token_hex(6)}"
-        token = secrets.token_urlsafe(32)
+        token = ctx.node_token(node_id)
         with store.db.transaction() as tx:
             fresh = store.job(job["id"], tx)
             if fresh["state"] != job["state"] or tx.one(
@@ -102,22 +105,19 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
             attempt = store.insert_attempt(tx, job["id"], node_id, offer.to_json(), spot, resumed, time.time())
             store.insert_node(tx, node_id, job["id"], attempt, offer.cloud, ctx.token_hasher(token),
                               offer.to_json(), spot, time.time())
-        _launch(ctx, store.node(node_id), token)
+        _launch(ctx, store.node(node_id))
 
 
 def finish_launches(ctx: SchedulerContext) -> None:
     """Nodes left in ``launching`` by a controller that died mid-launch are launched again (idempotently)."""
     for node in ctx.store.nodes((NODE_LAUNCHING,)):
-        _launch(ctx, node, token=None)
+        _launch(ctx, node)
 
 
-def _launch(ctx: SchedulerContext, node: dict, token: str | None) -> None:
+def _launch(ctx: SchedulerContext, node: dict) -> None:
     store = ctx.store
     provider = ctx.providers[node["provider"]]
-    if token is None:  # re-launch after a restart: the old token is only known hashed, so issue a new one
-        token = secrets.token_urlsafe(32)
-        with store.db.transaction() as tx:
-            store.update_node(tx, node["id"], token_hash=ctx.token_hasher(token))
+    token = ctx.node_token(node["id"])
     offer = Offer(**node["offer"])
     request = LaunchRequest(node["id"], node["job_id"], node["attempt"], offer, node["spot"],
                             NodeBootstrap(ctx.controller_url, node["id"], token))

@@ -114,3 +114,20 @@ def test_unknown_job_is_a_clear_error(runner, controller):
 def test_jobs_json_is_a_list_even_when_empty(runner, controller):
     """`jobs --json` prints a JSON list."""
     assert json.loads(runner("jobs", "--json").stdout) == []
+
+
+def test_unknown_accelerator_is_refused_at_submit_listing_known_ones(tmp_path, runner, controller):
+    """A job asking for an accelerator no cloud has exits 2 and lists the known names."""
+    job = write_job(tmp_path / "j", "name: big\nrun: x\nresources: {accelerators: 'H200:3'}\n")
+    result = runner("submit", str(job))
+    assert result.returncode == 2
+    assert "H200" in result.stderr and "T4" in result.stderr and "A100" in result.stderr
+    assert runner.json("jobs") == []
+
+
+def test_price_cap_below_every_offer_is_refused_naming_the_cap(tmp_path, runner, controller):
+    """max_price_per_hour below every fitting offer exits 2 naming it and the cheapest offer."""
+    job = write_job(tmp_path / "j", "name: cheap\nrun: x\nresources: {accelerators: 'T4:1', max_price_per_hour: 0.01}\n")
+    result = runner("submit", str(job))
+    assert result.returncode == 2
+    assert "max_price_per_hour" in result.stderr and "cheapest" in result.stderr

@@ -45,8 +45,9 @@ def refresh_spot_prices(ec2_client, offers: Iterable[Offer], *, now: datetime | 
         return offers
     refreshed, fallbacks = apply_spot_prices(offers, newest_prices(history), region)
     if fallbacks:
+        absurd_first = sorted(fallbacks, key=lambda note: note.endswith("no price reported"))
         log.warning("spot prices missing or absurd; using the catalog's", region=region, count=len(fallbacks),
-                    examples=fallbacks[:WARN_EXAMPLES])
+                    examples=absurd_first[:WARN_EXAMPLES])
     return refreshed
 
 

@@ -6,20 +6,23 @@ Terminating a node kills its whole session at once, as a power-off would.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import structlog
 import yaml
 
 from ..base import LaunchRequest, NodeStatus, Provider
+from ..errors import ProviderError
 from ..offers import Offer
-from .processes import kill_session, process_ref, ref_alive
+from .processes import kill_session, process_ref
 
 log = structlog.get_logger(__name__)
 
@@ -53,52 +56,72 @@ class LocalProvider(Provider):
 
     def launch(self, request: LaunchRequest) -> str:
         node_dir = self.node_dir(request.node_id)
-        ref_file = node_dir / "ref"
         with self._lock:
-            if ref_file.exists() and ref_alive(ref_file.read_text()):
-                return ref_file.read_text()  # launched before a controller restart: adopt it
-            if ref_file.exists():
-                raise RuntimeError(f"node {request.node_id} was launched before and is gone")
-            scratch = node_dir / "scratch"
-            scratch.mkdir(parents=True, exist_ok=True)
-            config = node_dir / "agent.yaml"
-            _write_private(config, yaml.safe_dump({
-                "controller_url": request.bootstrap.controller_url,
-                "node_id": request.node_id,
-                "token": request.bootstrap.token,
-                "scratch_dir": str(scratch),
-                "cloud": "local",
-                "zone": request.offer.zone,
-            }))
-            out = open(node_dir / "node.log", "ab")
+            node_dir.mkdir(parents=True, exist_ok=True)
+            lock_fd = _try_lock(node_dir / "alive.lock")
+            if lock_fd is None:  # a node process holds it: launched before a controller restart, adopt it
+                return self._wait_for_ref(node_dir)
+            try:
+                if (node_dir / "ref").exists():
+                    raise ProviderError(f"node {request.node_id} was launched before and is gone")
+                return self._spawn(request, node_dir, lock_fd)
+            finally:
+                os.close(lock_fd)  # the node process keeps its inherited copy of the lock
+
+    def _spawn(self, request: LaunchRequest, node_dir: Path, lock_fd: int) -> str:
+        scratch = node_dir / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        _write_private(node_dir / "agent.yaml", yaml.safe_dump({
+            "controller_url": request.bootstrap.controller_url,
+            "node_id": request.node_id,
+            "token": request.bootstrap.token,
+            "scratch_dir": str(scratch),
+            "cloud": "local",
+            "zone": request.offer.zone,
+        }))
+        with open(node_dir / "node.log", "ab") as out:
+            # The lock fd is inherited: the node holds it from its first instant until it dies.
             child = subprocess.Popen(
                 [sys.executable, "-m", "runner.providers.local.node", str(node_dir)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, env=_node_environment(),
+                start_new_session=True, pass_fds=(lock_fd,), env=_node_environment(),
             )
-            out.close()
-            self._children[request.node_id] = child
-            ref = process_ref(child.pid)
-            ref_file.write_text(ref)
-            log.info("node launched", node=request.node_id, zone=request.offer.zone, pid=child.pid)
-            return ref
+        self._children[request.node_id] = child
+        ref = process_ref(child.pid)
+        (node_dir / "ref").write_text(ref)
+        log.info("node launched", node=request.node_id, zone=request.offer.zone, pid=child.pid)
+        return ref
+
+    def _wait_for_ref(self, node_dir: Path, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (node_dir / "ref").exists():
+                return (node_dir / "ref").read_text()
+            time.sleep(0.05)
+        raise ProviderError(f"node {node_dir.name} is alive but never recorded its process")
 
     def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
         child = self._children.get(node_id)
         if child is not None and child.poll() is not None:
             self._children.pop(node_id, None)
-        if ref_alive(provider_ref):
+        lock_fd = _try_lock(self.node_dir(node_id) / "alive.lock")
+        if lock_fd is None:
             return NodeStatus(alive=True)
+        os.close(lock_fd)
         reason = "preempted" if (self.node_dir(node_id) / "preempted").exists() else "not-found"
         return NodeStatus(alive=False, reason=reason)
 
     def terminate(self, node_id: str, provider_ref: str | None) -> None:
-        if provider_ref and ref_alive(provider_ref):
+        node_dir = self.node_dir(node_id)
+        if provider_ref is None and (node_dir / "ref").exists():
+            provider_ref = (node_dir / "ref").read_text()
+        if provider_ref:
+            # Everything in the node's session dies, even processes that outlived the node process.
             kill_session(int(provider_ref.split(":")[0]))
         child = self._children.pop(node_id, None)
         if child is not None:
             child.wait(timeout=10)
-        shutil.rmtree(self.node_dir(node_id) / "scratch", ignore_errors=True)
+        shutil.rmtree(node_dir / "scratch", ignore_errors=True)
 
     # --- chaos ------------------------------------------------------------
     def grace_seconds(self, cloud: str) -> float:
@@ -114,6 +137,17 @@ class LocalProvider(Provider):
         (self.node_dir(node_id) / "preempted").write_text(cloud)
         log.info("notice injected", node=node_id, cloud=cloud, grace_seconds=grace)
         return grace
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive lock on ``path``, or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _write_private(path: Path, text: str) -> None:
