@@ -35,6 +35,7 @@ def load_config(home: Path | None = None) -> dict:
 
 # Files of a local controller under its data dir.
 ADMIN_TOKEN_FILE = "admin-token"
+NODE_SECRET_FILE = "node-secret"  # node tokens are derived from it
 CONTROLLER_FILE = "controller.json"  # {"url", "pid"} of the running controller
 LOCK_FILE = "controller.lock"
 LAST_PORT_FILE = "controller.port"  # the port the local controller last served on
