@@ -93,9 +93,10 @@ class FakeScheduledEvents(FakeMetadataServer):
                                         "For more information refer to aka.ms/azureimds",
                                "newest-versions": ["2021-02-01", "2020-07-01"]})
         if request.path.rstrip("/") == INSTANCE_PATH:
+            vm_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, self.vm_name))
             return _json(200, {"compute": {"azEnvironment": "AzurePublicCloud", "location": self.location,
-                                           "name": self.vm_name, "vmSize": self.vm_size,
-                                           "priority": "Spot", "vmId": str(uuid.uuid5(uuid.NAMESPACE_DNS, self.vm_name))}})
+                                           "name": self.vm_name, "vmSize": self.vm_size, "priority": "Spot",
+                                           "vmId": vm_id}})
         if request.method == "POST":
             return self._start_requests(request)
         if request.method != "GET":

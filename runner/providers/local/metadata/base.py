@@ -15,7 +15,9 @@ Admin requests are neither counted nor subject to faults.
 from __future__ import annotations
 
 import json
+import select
 import socket
+import sys
 import threading
 from dataclasses import dataclass, field
 from email.message import Message
@@ -53,6 +55,9 @@ class Response:
 
     def encoded(self) -> bytes:
         return self.body.encode() if isinstance(self.body, str) else self.body
+
+
+DROP = Response(0)  # sentinel: hold the connection and never answer
 
 
 @dataclass
@@ -104,9 +109,8 @@ class FakeMetadataServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
-        self._httpd = ThreadingHTTPServer(self._address, _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+        self._httpd = _Server(self._address, _handler_for(self))
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5},
                                         name=f"fake-{self.cloud}-metadata", daemon=True)
         self._thread.start()
         return self
@@ -118,7 +122,13 @@ class FakeMetadataServer:
         port = self.port
         self._stopping.set()
         self._wake_waiters()
-        self._httpd.shutdown()
+        stopper = threading.Thread(target=self._httpd.shutdown, daemon=True)
+        stopper.start()
+        try:  # wake the accept loop now rather than at its next poll
+            socket.create_connection((self._address[0], port), timeout=0.5).close()
+        except OSError:
+            pass
+        stopper.join()
         self._httpd.server_close()
         with self._lock:
             for conn in list(self._connections):
@@ -211,7 +221,7 @@ class FakeMetadataServer:
         return None
 
     def _serve(self, request: Request) -> Response | None:
-        """Answer one request; ``None`` means: send nothing and drop the connection."""
+        """Answer one request; ``None``: close without answering; ``DROP``: never answer."""
         if request.path.startswith(ADMIN_PREFIX):
             return self._serve_admin(request)
         with self._lock:
@@ -220,8 +230,7 @@ class FakeMetadataServer:
         fault = self._take_fault(request)
         if fault is not None:
             if fault.kind == "drop":
-                self._stopping.wait(fault.delay or 3600)
-                return None
+                return DROP
             if fault.kind == "status":
                 return Response(fault.status, b"")
             if fault.kind == "garbage":
@@ -254,6 +263,15 @@ class FakeMetadataServer:
         return _json(404, {"error": f"no admin endpoint {request.path}; try notice, fault, reset, stats"})
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (timeouts, dropped requests) is normal here; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
 def _json(status: int, payload: Any) -> Response:
     return Response(status, json.dumps(payload), {"Content-Type": "application/json"})
 
@@ -266,6 +284,8 @@ def _handler_for(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
 
         def setup(self) -> None:
             super().setup()
+            # headers and body leave in two writes: without this, Nagle + delayed ACK add ~40 ms
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with server._lock:
                 server._connections.add(self.connection)
 
@@ -286,6 +306,9 @@ def _handler_for(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else b""
             request = Request(self.command, parts.path or "/", dict(parse_qsl(parts.query)), self.headers, body)
             response = server._serve(request)
+            if response is DROP:
+                self._hold_until_client_leaves()
+                response = None
             if response is None or server._stopping.is_set():
                 self.close_connection = True
                 return
@@ -297,6 +320,16 @@ def _handler_for(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
+
+        def _hold_until_client_leaves(self) -> None:
+            """Say nothing until the client gives up (or the server stops), like a dropped packet."""
+            while not server._stopping.wait(0.2):
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                try:
+                    if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                        return
+                except OSError:
+                    return
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _dispatch
 
