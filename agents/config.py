@@ -22,6 +22,7 @@ class AgentConfig:
     zone: str | None = None
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
+    watch: str = "auto"  # auto (the endpoint variables, else probe link-local), off, or aws|gcp|azure
 
 
 def load_agent_config(path: Path) -> AgentConfig:

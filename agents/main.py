@@ -18,11 +18,14 @@ from runner.logconfig import configure_logging
 
 from .config import AgentConfig, AgentConfigError, load_agent_config
 from .control import ControlServer
+from .emergency import EmergencyStop, rebalance_message
 from .logship import LogShipper
 from .supervisor import Supervisor
+from .watchers import NoMetadataServer, Notice, WatchLoop, detect, endpoint_for, watchers_for
 
 log = structlog.get_logger(__name__)
 REGISTER_PATIENCE_SECONDS = 300.0
+SHUTDOWN_GRACE_SECONDS = 25.0  # SIGTERM at shutdown: GCP powers off ~30 s later
 
 
 def run_agent(config_path: Path) -> int:
@@ -52,6 +55,9 @@ class Agent:
         self.progress: dict = {}
         self.current: Supervisor | None = None
         self.phase = "starting"
+        self.training_pid: int | None = None
+        self.control: ControlServer | None = None
+        self.emergency: EmergencyStop | None = None
 
     def run(self) -> int:
         assignment = self._register()
@@ -63,11 +69,16 @@ class Agent:
         local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.shipper = LogShipper(self.client, offset, local_copy=local_log).start()
         self.control = self._start_control_channel()
+        self.emergency = EmergencyStop(send=lambda m: self.control.send(m) if self.control else 0,
+                                       supervisor=lambda: self.current, training_pid=lambda: self.training_pid)
+        self.watch_loop = self._start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         try:
             reason, code, message = self._run_job()
         finally:
+            if self.watch_loop is not None:
+                self.watch_loop.stop()
             if self.control is not None:
                 self.control.close()
         flushed = self.shipper.close(timeout=60)
@@ -83,6 +94,18 @@ class Agent:
         except OSError as exc:
             log.error("control channel unavailable; the job gets signals only", path=str(path), error=str(exc))
             return None
+
+    def _start_watchers(self) -> WatchLoop | None:
+        """Watch the cloud's preemption signals: the endpoint variables, else the link-local address."""
+        if self.config.watch == "off":
+            return None
+        try:
+            endpoints = detect() if self.config.watch == "auto" else {self.config.watch: endpoint_for(self.config.watch)}
+        except NoMetadataServer:
+            log.info("no cloud metadata server: preemption notices are not watched")
+            return None
+        state = self.config.scratch_dir.parent / "notice.json"
+        return WatchLoop(watchers_for(endpoints), self._on_notice, state_path=state).start()
 
     # --- lifecycle ----------------------------------------------------------
     def _register(self) -> dict | None:
@@ -111,9 +134,18 @@ class Agent:
                 return "failed", code, f"setup failed with exit code {code}"
         self.phase = "running"
         code = self._run_command(self.assignment["run"], workdir, env)
+        if self.emergency.active:
+            return "preempted", code, self._preemption_message()
         if self.cancelled.is_set():
             return "cancelled", code, None
         return ("succeeded" if code == 0 else "failed"), code, None
+
+    def _preemption_message(self) -> str:
+        ack = self.emergency.ack
+        if ack is None:
+            return "preempted: the job did not acknowledge the emergency checkpoint before the deadline"
+        where = "durable" if ack.get("durable") else "local only (not durable before the deadline)"
+        return f"preempted: emergency checkpoint at step {ack.get('step')}, {where}"
 
     def _run_command(self, command: str, workdir: Path, env: dict) -> int:
         self.current = Supervisor(command, str(workdir), env, self.shipper)
@@ -179,9 +211,25 @@ class Agent:
                                      daemon=True).start()
             self.shutdown.wait(self.config.heartbeat_seconds)
 
+    def _on_notice(self, notice: Notice) -> None:
+        """A new notice from the watch loop: record it; a terminal one starts the emergency path."""
+        data = notice.to_json()
+        if notice.terminal:
+            self._event("notice", data)
+            self.emergency.start(notice)
+        else:
+            self._event(notice.kind, {"message": f"{notice.source} {notice.kind} ({notice.action}): "
+                                                 "taking an opportunistic checkpoint", **data})
+            if self.control is not None:
+                self.control.send(rebalance_message(notice))
+
     def _on_control(self, message: dict) -> None:
         op = message.get("op")
-        if op == "committed":
+        if op == "hello":
+            self.training_pid = message.get("pid")
+        elif op == "stopping":
+            self.emergency.on_ack(message)
+        elif op == "committed":
             self.progress["checkpoint_step"] = message.get("step")
             self._event("checkpoint", {k: message.get(k) for k in ("step", "manifest", "durable", "seconds", "bytes")})
         elif op == "restored":
@@ -195,7 +243,7 @@ class Agent:
             log.warning("event not delivered", kind=kind, error=str(exc))
 
     def _on_sigterm(self) -> None:
-        """The node is shutting down (systemd, or GCP's ACPI soft-off): pass it on to the job."""
-        log.warning("SIGTERM: stopping the job")
-        if self.current is not None:
-            self.current.signal(signal.SIGTERM)
+        """The node is shutting down (systemd, or GCP's ACPI soft-off): treat it as a notice."""
+        log.warning("SIGTERM: the node is shutting down; emergency checkpoint")
+        notice = Notice.create("signal", "termination", "shutdown", terminal=True, grace=SHUTDOWN_GRACE_SECONDS)
+        threading.Thread(target=self._on_notice, args=(notice,), daemon=True).start()

@@ -59,6 +59,14 @@ class Supervisor:
             except ProcessLookupError:
                 pass
 
+    def wait_or_stop(self, grace: float) -> None:
+        """Give the process ``grace`` seconds to exit by itself, then stop it."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.process.poll() is None:
+            time.sleep(0.02)
+        if self.process.poll() is None:
+            self.stop(min(2.0, grace))
+
     def stop(self, grace: float) -> None:
         """SIGTERM the group; SIGKILL whatever is left after ``grace`` seconds."""
         self.stopped_by_agent = True

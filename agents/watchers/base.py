@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-SOURCES = ("aws", "gcp", "azure")
+SOURCES = ("aws", "gcp", "azure", "signal")  # signal: SIGTERM at shutdown, handled as a notice
 KINDS = ("termination", "rebalance", "maintenance")
 
 

@@ -160,4 +160,6 @@ def _node_environment() -> dict[str, str]:
     """A node starts from the controller's environment less anything that is the controller's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
     env["PYTHONUNBUFFERED"] = "1"
+    # A local node's "image" is this Python: its `python` is the one the runner is installed in.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env

@@ -1,0 +1,18 @@
+"""runner.checkpoint: fast, atomic, resumable checkpoints for PyTorch training (CONTRACT §3).
+
+Needs only the standard library, torch and fsspec; xxhash (faster checksums), NumPy (its RNG is saved)
+and structlog (logs) are used when importable. See docs/checkpointing.md.
+"""
+
+from .checkpointer import Checkpointer
+from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError, RestoreError
+from .sampler import ResumableSampler
+
+__all__ = [
+    "CheckpointConfigError",
+    "CheckpointError",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "ResumableSampler",
+    "RestoreError",
+]

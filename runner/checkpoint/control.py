@@ -1,0 +1,166 @@
+"""The control channel between a training process and the node agent (client side, and the shared protocol).
+
+Protocol, version 1
+-------------------
+Transport: a Unix stream socket whose filesystem path is in ``RUNNER_CONTROL``. The agent listens; the
+training process (this library) connects once, when the ``Checkpointer`` is built. A failed connection
+is one warning, after which the library relies on signals alone.
+
+Framing: newline-delimited JSON; one UTF-8 JSON object per line, terminated by ``\\n``. Every object has
+an ``op``. A receiver ignores unknown ops, unknown fields and lines that are not JSON objects.
+
+Library -> agent:
+
+* ``{"op": "hello", "pid": int, "job_id": str|null, "attempt": int|null}`` - right after connecting.
+* ``{"op": "restored", "step": int, "manifest": str|null}`` - after ``restore()``; step 0 and a null
+  manifest for a fresh start; otherwise the path or URL of the manifest the state came from.
+* ``{"op": "committed", "step": int, "manifest": str, "durable": bool, "emergency": bool,
+  "seconds": float, "bytes": int}`` - after every commit: once with ``durable: false`` when the local
+  tier has it, and once more with ``durable: true`` (and the durable manifest URL) when the durable tier
+  has it. ``seconds`` runs from the start of the save; ``bytes`` is the checkpoint's size.
+* ``{"op": "stopping", "step": int, "durable": bool}`` - when ``should_stop`` becomes true; ``durable``
+  says whether the emergency checkpoint reached the durable tier before the deadline.
+
+Agent -> library:
+
+* ``{"op": "checkpoint", "reason": "notice"|"rebalance"|"drill", "deadline": float|null, "stop": bool}``
+  - ``deadline`` is in unix seconds. ``stop: true`` is the emergency path: the next ``step()`` saves,
+  waits until the checkpoint is durable (or until the deadline minus a margin), sends ``stopping`` and
+  sets ``should_stop``. ``stop: false`` asks for an opportunistic checkpoint; training goes on.
+
+The reader thread only records requests; all work happens in the training thread's ``step()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from .log import get_logger
+
+log = get_logger()
+
+OPS_TO_AGENT = ("hello", "restored", "committed", "stopping")
+OPS_FROM_AGENT = ("checkpoint",)
+REASONS = ("notice", "rebalance", "drill")
+
+
+def encode(message: dict) -> bytes:
+    """One protocol line."""
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes | str) -> dict | None:
+    """Parse one protocol line; None when it is not a JSON object with an ``op``."""
+    try:
+        message = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return message if isinstance(message, dict) and isinstance(message.get("op"), str) else None
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """A request to checkpoint now: from the agent, or from a signal (``reason`` names it)."""
+
+    reason: str
+    stop: bool
+    deadline: float | None = None  # unix seconds
+
+    def merge(self, other: "CheckpointRequest | None") -> "CheckpointRequest":
+        """The stronger of two pending requests: stop wins, and the earlier deadline."""
+        if other is None:
+            return self
+        deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
+        stop = self.stop or other.stop
+        reason = self.reason if self.stop or not other.stop else other.reason
+        return CheckpointRequest(reason, stop, min(deadlines) if deadlines else None)
+
+
+def parse_request(message: dict) -> CheckpointRequest | None:
+    """A ``checkpoint`` message as a request; None for anything else."""
+    if message.get("op") != "checkpoint":
+        return None
+    deadline = message.get("deadline")
+    if not isinstance(deadline, (int, float)) or isinstance(deadline, bool):
+        deadline = None
+    return CheckpointRequest(str(message.get("reason") or "notice"), bool(message.get("stop")),
+                             float(deadline) if deadline is not None else None)
+
+
+class ControlClient:
+    """Connects to the agent, says hello, sends events, and hands requests to ``on_request``."""
+
+    def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None) -> None:
+        self.path = path
+        self._on_request = on_request
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._closed = False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(5.0)
+            sock.connect(path)
+            sock.settimeout(None)
+        except OSError as exc:
+            sock.close()
+            log.warning("control channel unreachable; relying on signals only", path=path, error=str(exc))
+            return
+        self._sock = sock
+        self.send({"op": "hello", "pid": os.getpid(), "job_id": job_id, "attempt": attempt})
+        self._reader = threading.Thread(target=self._read, name="runner-checkpoint-control", daemon=True)
+        self._reader.start()
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def send(self, message: dict) -> None:
+        """Send one message; a broken channel is logged once and then ignored."""
+        with self._lock:
+            if self._sock is None:
+                return
+            try:
+                self._sock.sendall(encode(message))
+            except OSError as exc:
+                log.warning("control channel lost; relying on signals only", path=self.path, error=str(exc))
+                self._drop()
+
+    def _read(self) -> None:
+        sock = self._sock
+        pending = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                message = decode(line) if line.strip() else None
+                request = parse_request(message) if message else None
+                if request is not None:
+                    self._on_request(request)
+                elif line.strip():
+                    log.debug("control message ignored", line=line[:200].decode(errors="replace"))
+        if not self._closed:
+            log.warning("control channel closed by the agent; relying on signals only", path=self.path)
+
+    def _drop(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            self._drop()

@@ -1,0 +1,155 @@
+"""The durable tier: any fsspec URL (file://, memory://, s3://, gs://, ...). Data first, manifest last.
+
+Object stores have no atomic folder rename, so a checkpoint here is committed when its ``manifest.json``
+object exists; the data parts are uploaded in parallel before it and nothing is ever renamed. A
+restore downloads a checkpoint into the local tier and verifies it there.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import fsspec
+
+from .errors import CheckpointConfigError, CorruptCheckpointError
+from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
+
+UPLOAD_THREADS = 16
+_BUCKET_STORES = ("s3", "s3a", "gs", "gcs")
+_DRIVERS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+            "abfss": "adlfs", "hf": "huggingface_hub", "sftp": "paramiko", "ssh": "paramiko"}
+
+
+def open_filesystem(url: str):
+    """Resolve ``url`` to (filesystem, root path); raise CheckpointConfigError that names the fix."""
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ValueError as exc:
+        raise CheckpointConfigError(
+            f"durable_url {url!r}: unknown scheme {scheme!r}; use a URL fsspec knows, such as "
+            f"file:///path, s3://bucket/prefix or gs://bucket/prefix") from exc
+    except ImportError as exc:
+        package = _DRIVERS.get(scheme, f"the fsspec driver for {scheme}://")
+        raise CheckpointConfigError(
+            f"durable_url {url!r} needs {package}: pip install {package}") from exc
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        package = _DRIVERS.get(scheme, f"the fsspec driver for {scheme}://")
+        raise CheckpointConfigError(f"durable_url {url!r} needs {package}: pip install {package}") from exc
+    except Exception as exc:  # noqa: BLE001 - a driver's own construction error, reported with the URL
+        raise CheckpointConfigError(f"durable_url {url!r} cannot be opened: {exc}") from exc
+    return fs, root.rstrip("/")
+
+
+class DurableTier:
+    """Checkpoint folders under one fsspec URL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.fs, self.root = open_filesystem(url)
+        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self._probe()
+
+    def __repr__(self) -> str:
+        return f"DurableTier({self.url!r})"
+
+    def _probe(self) -> None:
+        """Touch the URL once so that missing credentials fail at construction, not at the first upload."""
+        try:
+            if self.protocol in _BUCKET_STORES and not self.fs.exists(self.root.split("/", 1)[0]):
+                raise CheckpointConfigError(
+                    f"durable_url {self.url!r}: bucket {self.root.split('/', 1)[0]!r} does not exist or is not "
+                    f"visible with these credentials; create it, or fix the URL")
+            self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            pass
+        except CheckpointConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - credentials and permission errors differ by driver
+            raise CheckpointConfigError(
+                f"durable_url {self.url!r} is not usable: {type(exc).__name__}: {exc}. Check the credentials "
+                f"for {self.protocol}:// (AWS: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; "
+                f"Google: GOOGLE_APPLICATION_CREDENTIALS) and that the bucket exists") from exc
+
+    def location(self, step: int, name: str = "") -> str:
+        path = posixpath.join(self.root, folder_name(step), name) if name else posixpath.join(
+            self.root, folder_name(step))
+        return path if self.protocol in ("file", "local") else f"{self.protocol}://{path}"
+
+    def _path(self, step: int, name: str = "") -> str:
+        return posixpath.join(self.root, folder_name(step), name) if name else posixpath.join(
+            self.root, folder_name(step))
+
+    def upload(self, folder: Path, manifest: Manifest) -> str:
+        """Upload every file of a committed local checkpoint in parallel, then the manifest; return its URL."""
+        step = manifest.step
+        self.uncommit(step)
+        self.fs.makedirs(self._path(step), exist_ok=True)
+        names = [f["name"] for f in manifest.files]
+        with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(names), 1))) as pool:
+            for future in [pool.submit(self.fs.put_file, str(folder / n), self._path(step, n)) for n in names]:
+                future.result()
+        self.fs.pipe_file(self._path(step, MANIFEST_NAME), manifest.to_json())
+        return self.location(step, MANIFEST_NAME)
+
+    def uncommit(self, step: int) -> None:
+        try:
+            self.fs.rm_file(self._path(step, MANIFEST_NAME))
+        except FileNotFoundError:
+            pass
+
+    def steps(self) -> list[int]:
+        """Steps of every checkpoint folder (committed or not), newest first."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            names = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted((s for s in (step_of(n) for n in names) if s is not None), reverse=True)
+
+    def read_manifest(self, step: int) -> Manifest:
+        path = self._path(step, MANIFEST_NAME)
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"{self.location(step, MANIFEST_NAME)} is missing") from exc
+        return Manifest.from_json(data, self.location(step, MANIFEST_NAME))
+
+    def committed(self) -> list[int]:
+        """Steps that have a manifest, newest first."""
+        out = []
+        for step in self.steps():
+            if self.fs.exists(self._path(step, MANIFEST_NAME)):
+                out.append(step)
+        return out
+
+    def download(self, step: int, manifest: Manifest, folder: Path) -> None:
+        """Copy a checkpoint's files into a local folder (verification happens when it is loaded)."""
+        names = [f["name"] for f in manifest.files]
+        with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(names), 1))) as pool:
+            futures = [pool.submit(self.fs.get_file, self._path(step, n), str(folder / n)) for n in names]
+            for future in futures:
+                try:
+                    future.result()
+                except FileNotFoundError as exc:
+                    raise CorruptCheckpointError(f"{self.location(step)}: a file is missing ({exc})") from exc
+
+    def prune(self, keep: int) -> list[int]:
+        """Keep the ``keep`` newest committed checkpoints; drop older ones (manifest first) and uncommitted
+        leftovers older than the newest committed one. The newest committed one is never removed."""
+        committed = self.committed()
+        if not committed:
+            return []
+        keep_steps = set(committed[:max(keep, 1)])
+        removed = []
+        for step in self.steps():
+            if step in keep_steps or step >= committed[0]:
+                continue
+            self.uncommit(step)
+            self.fs.rm(self._path(step), recursive=True)
+            removed.append(step)
+        return removed

@@ -1,0 +1,19 @@
+"""Every error the checkpoint library raises on purpose; each message says what to do about it."""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base class of the library's errors."""
+
+
+class CheckpointConfigError(CheckpointError, ValueError):
+    """A constructor argument or environment variable is unusable (bad URL, missing driver, bad interval)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files do not match its manifest (missing, truncated, or failing a checksum)."""
+
+
+class RestoreError(CheckpointError):
+    """A verified checkpoint does not fit the registered objects (for example, the model changed shape)."""

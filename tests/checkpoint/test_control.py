@@ -1,0 +1,161 @@
+"""The control channel: a test-side agent on a Unix socket asks for checkpoints and sees the events."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from runner.checkpoint.control import CheckpointRequest, decode, encode, parse_request
+
+
+class FakeAgent:
+    """The agent's end of the protocol: accepts one connection, records every line, sends what it is told."""
+
+    def __init__(self, path) -> None:
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(1)
+        self.messages: list[dict] = []
+        self.conn = None
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self.conn, _ = self.server.accept()
+        self._connected.set()
+        buffer = b""
+        while data := self.conn.recv(65536):
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            self.messages.extend(json.loads(line) for line in lines)
+
+    def send(self, message: dict) -> None:
+        assert self._connected.wait(5)
+        self.conn.sendall(encode(message))
+
+    def wait_for(self, op: str, count: int = 1, timeout: float = 10.0) -> list[dict]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = [m for m in self.messages if m["op"] == op]
+            if len(found) >= count:
+                return found
+            time.sleep(0.01)
+        raise AssertionError(f"no {op!r} message; got {self.messages}")
+
+    def close(self) -> None:
+        if self.conn:
+            self.conn.close()
+        self.server.close()
+
+
+@pytest.fixture
+def agent(tmp_path, monkeypatch):
+    path = tmp_path / "control.sock"
+    fake = FakeAgent(path)
+    monkeypatch.setenv("RUNNER_CONTROL", str(path))
+    monkeypatch.setenv("RUNNER_JOB_ID", "job-1")
+    monkeypatch.setenv("RUNNER_ATTEMPT", "2")
+    yield fake
+    fake.close()
+
+
+def _train_until_stop(ckpt, setup, limit=500) -> int:
+    step = ckpt.restore()
+    while step < limit:
+        setup.train(1)
+        step += 1
+        ckpt.step(step)
+        if ckpt.should_stop:
+            break
+        time.sleep(0.002)
+    return step
+
+
+def test_hello_then_restored(setup, tmp_path, agent):
+    """On connect the library says hello with pid, job id and attempt; restore() reports the step."""
+    with setup.checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.restore()
+    hello = agent.wait_for("hello")[0]
+    assert (hello["job_id"], hello["attempt"], isinstance(hello["pid"], int)) == ("job-1", 2, True)
+    assert agent.wait_for("restored")[0] == {"op": "restored", "step": 0, "manifest": None}
+
+
+def test_stop_request_commits_durably_then_stops_the_loop(setup, tmp_path, agent):
+    """checkpoint stop=true: 'committed' (durable) then 'stopping' arrive, and the loop exits on should_stop."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"file://{tmp_path / 'durable'}", interval="1h")
+    agent.wait_for("hello")
+    threading.Timer(0.2, agent.send, args=({"op": "checkpoint", "reason": "notice",
+                                             "deadline": time.time() + 60, "stop": True},)).start()
+    step = _train_until_stop(ckpt, setup)
+    ckpt.close()
+    assert ckpt.should_stop and step < 500
+    committed = agent.wait_for("committed", count=2)
+    assert [c["durable"] for c in committed] == [False, True]
+    assert all(c["step"] == step and c["emergency"] and c["bytes"] > 0 for c in committed)
+    stopping = agent.wait_for("stopping")[0]
+    assert stopping == {"op": "stopping", "step": step, "durable": True}
+    ops = [m["op"] for m in agent.messages]
+    assert ops.index("stopping") > max(i for i, op in enumerate(ops) if op == "committed")
+    assert (tmp_path / "durable" / f"step-{step:08d}" / "manifest.json").is_file()
+
+
+def test_opportunistic_request_checkpoints_and_training_goes_on(setup, tmp_path, agent):
+    """checkpoint stop=false takes a checkpoint at the next step and does not set should_stop."""
+    with setup.checkpointer(tmp_path / "ckpt", interval="1h") as ckpt:
+        agent.wait_for("hello")
+        agent.send({"op": "checkpoint", "reason": "rebalance", "deadline": None, "stop": False})
+        time.sleep(0.2)
+        ckpt.step(1)
+        ckpt.step(2)
+        assert not ckpt.should_stop
+    committed = agent.wait_for("committed")
+    assert committed[0]["step"] == 1 and committed[0]["durable"] is False and not committed[0]["emergency"]
+
+
+def test_an_unreachable_agent_is_one_warning(setup, tmp_path, monkeypatch, capsys):
+    """A RUNNER_CONTROL path nobody listens on gives a warning; checkpointing still works."""
+    monkeypatch.setenv("RUNNER_CONTROL", str(tmp_path / "nobody.sock"))
+    with setup.checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.save(1)
+        assert ckpt.wait()
+    out = capsys.readouterr()
+    assert "control channel unreachable" in out.out + out.err
+
+
+def test_a_missed_deadline_stops_in_time_with_the_local_copy(setup, tmp_path, agent):
+    """When the deadline leaves no time for the durable tier, the loop still stops, reporting durable=false."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url="memory://ckpt-test-deadline", interval="1h")
+    ckpt.stop_margin_s = 0.0
+    agent.wait_for("hello")
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": time.time() - 1, "stop": True})
+    time.sleep(0.2)
+    started = time.monotonic()
+    ckpt.step(1)
+    ckpt.close()
+    assert ckpt.should_stop and time.monotonic() - started < 5
+    assert agent.wait_for("stopping")[0]["op"] == "stopping"
+    manifest = tmp_path / "ckpt" / "step-00000001" / "manifest.json"
+    for _ in range(500):  # the local commit finishes in the background
+        if manifest.is_file():
+            break
+        time.sleep(0.01)
+    assert manifest.is_file()
+
+
+def test_protocol_lines_round_trip():
+    """encode/decode are newline-delimited JSON; non-objects and lines without an op are ignored."""
+    line = encode({"op": "checkpoint", "reason": "drill", "deadline": 12.5, "stop": False})
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert parse_request(decode(line)) == CheckpointRequest("drill", False, 12.5)
+    assert decode(b"[1, 2]") is None and decode(b"not json") is None and decode(b'{"x": 1}') is None
+
+
+def test_a_stop_request_outranks_an_opportunistic_one():
+    """Two pending requests merge into the stronger: stop wins, with the earlier deadline."""
+    merged = CheckpointRequest("rebalance", False, 50.0).merge(CheckpointRequest("notice", True, 80.0))
+    assert merged == CheckpointRequest("notice", True, 50.0)
