@@ -23,6 +23,7 @@ class ControlServer:
         self.path = path
         self.on_message = on_message
         self._clients: list[socket.socket] = []
+        self._readers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self.connected = threading.Event()
@@ -46,7 +47,9 @@ class ControlServer:
             with self._lock:
                 self._clients.append(conn)
             self.connected.set()
-            threading.Thread(target=self._read, args=(conn,), name="control-read", daemon=True).start()
+            reader = threading.Thread(target=self._read, args=(conn,), name="control-read", daemon=True)
+            self._readers.append(reader)
+            reader.start()
 
     def _read(self, conn: socket.socket) -> None:
         buffer = b""
@@ -85,6 +88,11 @@ class ControlServer:
                 except OSError:
                     self._clients.remove(conn)
         return sent
+
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait until every message the (exited) training process sent has been handled."""
+        for reader in list(self._readers):
+            reader.join(timeout)
 
     def close(self) -> None:
         if self._sock:

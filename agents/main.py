@@ -80,6 +80,7 @@ class Agent:
             if self.watch_loop is not None:
                 self.watch_loop.stop()
             if self.control is not None:
+                self.control.drain()  # commits the job reported reach the controller before its exit does
                 self.control.close()
         flushed = self.shipper.close(timeout=60)
         if not flushed:
@@ -168,6 +169,9 @@ class Agent:
         local_dir = checkpoint["local_dir"] or str(self.config.scratch_dir / "checkpoints")
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
         env.update(self.assignment.get("env") or {})
+        resume = checkpoint.get("resume") or {}
+        if resume.get("step"):
+            env["RUNNER_RESUME_STEP"] = str(resume["step"])
         env.update({
             "RUNNER_JOB_ID": self.assignment["job_id"],
             "RUNNER_ATTEMPT": str(self.assignment["attempt"]),

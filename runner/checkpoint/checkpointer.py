@@ -106,7 +106,9 @@ class Checkpointer:
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
         self._check_open("restore")
-        loaded = load_newest(self.local, self.durable)
+        # Under the runner, the controller names the newest checkpoint it knows was committed by an
+        # earlier attempt; anything newer was written by an attempt that has since been superseded.
+        loaded = load_newest(self.local, self.durable, max_step=_env_int("RUNNER_RESUME_STEP"))
         if loaded is None:
             log.info("no checkpoint to restore; starting fresh", local=str(self.local.root),
                      durable=self.durable.url if self.durable else None)

@@ -68,8 +68,8 @@ def _load_durable(local: LocalTier, durable: DurableTier, step: int) -> Loaded:
     return Loaded(step, manifest, durable.location(step, "manifest.json"), state)
 
 
-def load_newest(local: LocalTier, durable: DurableTier | None) -> Loaded | None:
-    """The newest checkpoint that verifies, or None when there is none."""
+def load_newest(local: LocalTier, durable: DurableTier | None, max_step: int | None = None) -> Loaded | None:
+    """The newest checkpoint that verifies (at most ``max_step`` when given), or None when there is none."""
     candidates = [(step, 0, folder) for step, folder in local.committed()]
     if durable is not None:
         try:
@@ -77,6 +77,12 @@ def load_newest(local: LocalTier, durable: DurableTier | None) -> Loaded | None:
         except Exception as exc:  # noqa: BLE001 - an unreachable store leaves the local tier
             log.warning("durable tier unreadable; restoring from the local tier only",
                         url=durable.url, error=f"{type(exc).__name__}: {exc}")
+    if max_step is not None:
+        newer = sorted({c[0] for c in candidates if c[0] > max_step})
+        if newer:
+            log.warning("ignoring checkpoints newer than the one the controller handed over (fencing)",
+                        max_step=max_step, ignored=newer)
+        candidates = [c for c in candidates if c[0] <= max_step]
     candidates.sort(key=lambda c: (-c[0], c[1]))
     for step, tier, where in candidates:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from structlog.testing import capture_logs
 
 from runner.checkpoint import CheckpointConfigError, Checkpointer
 
@@ -21,10 +22,10 @@ class Big:
         self.tensor.copy_(state["t"])
 
 
-def test_a_full_disk_keeps_the_previous_checkpoint_and_training(tmpfs, capsys):
+def test_a_full_disk_keeps_the_previous_checkpoint_and_training(tmpfs):
     """ENOSPC on a real 2 MiB tmpfs: the save fails with a warning naming the folder; step 1 stays restorable."""
     small = Big(kib=1100)
-    with Checkpointer(local_dir=tmpfs, keep=5, big=small) as ckpt:
+    with capture_logs() as logs, Checkpointer(local_dir=tmpfs, keep=5, big=small) as ckpt:
         ckpt.save(1)
         assert ckpt.wait()
         small.tensor.fill_(2.0)
@@ -32,24 +33,23 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_training(tmpfs, capsys):
         assert not ckpt.wait()
         ckpt.step(3)  # training goes on
         assert ckpt.restore() == 1
-    out = capsys.readouterr()
-    assert "checkpoint not saved" in out.out + out.err
-    assert str(tmpfs) in out.out + out.err
+    text = str(logs)
+    assert "checkpoint not saved" in text
+    assert str(tmpfs) in text
     assert torch.equal(small.tensor, torch.ones(1100 * 256))
     assert sorted(p.name for p in tmpfs.iterdir()) == ["step-00000001"]
 
 
-def test_an_unwritable_folder_warns_and_training_goes_on(setup, tmp_path, capsys):
+def test_an_unwritable_folder_warns_and_training_goes_on(setup, tmp_path):
     """A local_dir that cannot be created (a file is in the way) gives a warning, not an exception."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with setup.checkpointer(blocker / "ckpt") as ckpt:
+    with capture_logs() as logs, setup.checkpointer(blocker / "ckpt") as ckpt:
         ckpt.save(1)
         assert not ckpt.wait()
         ckpt.step(2)
         assert ckpt.restore() == 0
-    out = capsys.readouterr()
-    assert str(blocker) in out.out + out.err
+    assert str(blocker) in str(logs)
 
 
 def test_an_unknown_scheme_fails_at_construction(tmp_path):

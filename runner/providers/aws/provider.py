@@ -1,0 +1,305 @@
+"""The AWS provider: EC2 spot and on-demand nodes in the regions listed under ``clouds.aws``.
+
+Every node carries the tags ``runner:job``, ``runner:attempt`` and ``runner:node``, and is launched
+with ``ClientToken=node_id``: a launch retried after a controller crash finds the first instance by
+its tag (or AWS returns it for the token) instead of starting a second one. The provider ref stored
+for a node is ``REGION:INSTANCE_ID``. Only an answer from the EC2 API can make a node gone: an API
+error is raised as a :class:`ProviderError`, never reported as a lost node.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import boto3
+import structlog
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from ... import __version__
+from ...home import ConfigError
+from ..base import LaunchRequest, NodeStatus, Provider
+from ..bootstrap import render_bootstrap
+from ..catalog import load_catalog
+from ..errors import ProviderError
+from ..offers import Offer
+from .errors import is_not_found, translate, translated
+from .prices import refresh_spot_prices
+from .requests import (
+    RegionSettings,
+    format_ref,
+    instances_in,
+    node_filters,
+    node_status,
+    parse_ref,
+    pick_instance,
+    run_instances_params,
+)
+
+log = structlog.get_logger(__name__)
+
+KNOWN_KEYS = ("regions", "image_id", "subnet_id", "key_name", "security_group_ids", "iam_instance_profile",
+              "agent_package", "refresh_prices")
+PRICE_TTL_SECONDS = 300.0  # live spot prices are reused this long
+# DescribeInstances is eventually consistent: a just-launched instance may be "not found" for a while.
+NOT_FOUND_GRACE_SECONDS = 180.0
+CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=60,
+                       user_agent_extra=f"runner/{__version__}")
+
+
+@dataclass(frozen=True)
+class AWSSettings:
+    """``clouds.aws`` of config.yaml, checked and resolved per region."""
+
+    regions: tuple[str, ...]
+    per_region: dict[str, RegionSettings]
+    agent_package: str | None = None
+    refresh_prices: bool = True
+
+
+def parse_config(config: dict | None) -> AWSSettings:
+    """Check ``clouds.aws``; raise ConfigError naming the key at fault."""
+    if not isinstance(config, dict):
+        raise ConfigError("clouds.aws: must be a mapping with at least regions: and image_id:")
+    unknown = sorted(set(config) - set(KNOWN_KEYS))
+    if unknown:
+        raise ConfigError(f"clouds.aws: unknown key {unknown[0]!r} (known: {', '.join(KNOWN_KEYS)})")
+    regions = config.get("regions")
+    if isinstance(regions, str):
+        regions = [regions]
+    if not regions or not isinstance(regions, list) or not all(isinstance(r, str) and r for r in regions):
+        raise ConfigError("clouds.aws.regions: give a list of region names, e.g. [us-east-1]")
+    regions = tuple(dict.fromkeys(regions))
+
+    images = _per_region(config, "image_id", regions, _text)
+    missing = [r for r in regions if not images.get(r)]
+    if missing:
+        raise ConfigError(f"clouds.aws.image_id: no image for region {missing[0]}; give one AMI id, "
+                          f"or a mapping {{{missing[0]}: ami-...}} with an entry per region")
+    subnets = _per_region(config, "subnet_id", regions, _text_list)
+    if isinstance(config.get("subnet_id"), (str, list)) and len(regions) > 1:
+        raise ConfigError("clouds.aws.subnet_id: a subnet belongs to one region; with several regions give "
+                          "a mapping {region: subnet-... or [subnet-..., ...]}")
+    groups = _per_region(config, "security_group_ids", regions, _text_list)
+    keys = _per_region(config, "key_name", regions, _text)
+    profile = config.get("iam_instance_profile")
+    if profile is not None and not _is_text(profile):
+        raise ConfigError("clouds.aws.iam_instance_profile: give the instance profile's name or ARN")
+    package = config.get("agent_package")
+    if package is not None and not _is_text(package):
+        raise ConfigError("clouds.aws.agent_package: give a pip requirement, e.g. runner[aws]==0.3.0")
+    refresh = config.get("refresh_prices", True)
+    if not isinstance(refresh, bool):
+        raise ConfigError("clouds.aws.refresh_prices: must be true or false")
+    per_region = {
+        region: RegionSettings(region=region, image_id=images[region], subnet_ids=tuple(subnets.get(region) or ()),
+                               security_group_ids=tuple(groups.get(region) or ()), key_name=keys.get(region),
+                               iam_instance_profile=profile)
+        for region in regions
+    }
+    return AWSSettings(regions=regions, per_region=per_region, agent_package=package, refresh_prices=refresh)
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _text(key: str, value):
+    if not _is_text(value):
+        raise ConfigError(f"clouds.aws.{key}: {value!r} is not a non-empty string")
+    return value.strip()
+
+
+def _text_list(key: str, value):
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(_is_text(v) for v in values):
+        raise ConfigError(f"clouds.aws.{key}: give one id or a list of ids")
+    return tuple(v.strip() for v in values)
+
+
+def _per_region(config: dict, key: str, regions: tuple[str, ...], check) -> dict:
+    """A value for every region: one for all, or a mapping {region: value}."""
+    value = config.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        checked = check(key, value)
+        return {region: checked for region in regions}
+    stray = sorted(set(value) - set(regions))
+    if stray:
+        raise ConfigError(f"clouds.aws.{key}: region {stray[0]!r} is not in clouds.aws.regions "
+                          f"({', '.join(regions)})")
+    return {region: check(f"{key}.{region}", v) for region, v in value.items() if v is not None}
+
+
+class AWSProvider(Provider):
+    """EC2 nodes launched from the AWS rows of the offer catalog, with live spot prices."""
+
+    name = "aws"
+
+    def __init__(self, config: dict, *, session=None):
+        self.settings = parse_config(config)
+        self.session = session or boto3.Session()
+        self._clients: dict[str, object] = {}
+        self._subnet_zones: dict[str, dict[str, str]] = {}
+        self._offers: tuple[float, list[Offer]] | None = None
+        self._launched: dict[str, float] = {}  # ref -> when this process launched it
+        self._lock = threading.Lock()
+        covered = {o.region for o in load_catalog() if o.cloud == "aws"}
+        for region in self.settings.regions:
+            if region not in covered:
+                log.warning("the offer catalog has no AWS offers in this region; nothing will launch there",
+                            region=region, catalog_regions=sorted(covered))
+
+    def client(self, region: str):
+        """The EC2 client for ``region`` (one per region, shared; botocore clients are thread-safe)."""
+        with self._lock:
+            if region not in self._clients:
+                self._clients[region] = self.session.client("ec2", region_name=region, config=CLIENT_CONFIG)
+            return self._clients[region]
+
+    # --- offers -----------------------------------------------------------
+    def offers(self) -> list[Offer]:
+        with self._lock:
+            cached = self._offers
+        if cached and time.monotonic() - cached[0] < PRICE_TTL_SECONDS:
+            return list(cached[1])
+        catalog = load_catalog()
+        offers: list[Offer] = []
+        for region in self.settings.regions:
+            rows = [o for o in catalog if o.cloud == "aws" and o.region == region]
+            if rows and self.settings.refresh_prices:
+                rows = refresh_spot_prices(self.client(region), rows)  # keeps the catalog's prices on failure
+            zones = self._launchable_zones(region)
+            offers.extend(o for o in rows if zones is None or o.zone in zones)
+        with self._lock:
+            self._offers = (time.monotonic(), offers)
+        return list(offers)
+
+    def _launchable_zones(self, region: str) -> set[str] | None:
+        """The zones of the configured subnets, or None (every zone) when no subnet is configured."""
+        if not self.settings.per_region[region].subnet_ids:
+            return None
+        try:
+            return set(self._subnets_by_zone(region))
+        except ProviderError as exc:
+            log.warning("cannot read the configured subnets; no offers in this region", region=region,
+                        error=str(exc))
+            return set()
+
+    def _subnets_by_zone(self, region: str) -> dict[str, str]:
+        """{zone: subnet id} of the subnets configured for ``region``, read once from the API."""
+        with self._lock:
+            known = self._subnet_zones.get(region)
+        if known is not None:
+            return known
+        subnet_ids = list(self.settings.per_region[region].subnet_ids)
+        with translated(f"describe subnets {', '.join(subnet_ids)} in {region}"):
+            found = self.client(region).describe_subnets(SubnetIds=subnet_ids)["Subnets"]
+        by_zone: dict[str, str] = {}
+        for subnet_id in subnet_ids:  # the first configured subnet of a zone wins
+            for subnet in found:
+                if subnet["SubnetId"] == subnet_id:
+                    by_zone.setdefault(subnet["AvailabilityZone"], subnet_id)
+        with self._lock:
+            self._subnet_zones[region] = by_zone
+        return by_zone
+
+    # --- launch -----------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> str:
+        offer = request.offer
+        settings = self.settings.per_region.get(offer.region)
+        if offer.cloud != "aws" or settings is None:
+            raise ProviderError(f"offer {offer.cloud} {offer.region} is not in clouds.aws.regions "
+                                f"({', '.join(self.settings.regions)})")
+        client = self.client(offer.region)
+        action = f"launch {offer.instance_type} in {offer.zone}"
+        with translated(action):
+            existing = self._find(client, request.node_id)
+            if existing is not None:
+                ref = format_ref(offer.region, existing["InstanceId"])
+                log.info("node already launched", node=request.node_id, ref=ref, state=existing["State"]["Name"])
+                return ref
+        subnet_id = None
+        if settings.subnet_ids:
+            subnet_id = self._subnets_by_zone(offer.region).get(offer.zone)
+            if subnet_id is None:
+                raise ProviderError(f"AWS {action}: no subnet of clouds.aws.subnet_id is in {offer.zone}")
+        user_data = render_bootstrap(request.bootstrap, cloud="aws", zone=offer.zone,
+                                     package=self.settings.agent_package)
+        params = run_instances_params(request, settings, user_data, subnet_id)
+        with translated(action):
+            instance = instances_in(client.run_instances(**params))[0]
+        ref = format_ref(offer.region, instance["InstanceId"])
+        with self._lock:
+            self._launched[ref] = time.monotonic()
+        log.info("node launched", node=request.node_id, ref=ref, zone=offer.zone, type=offer.instance_type,
+                 spot=request.spot)
+        return ref
+
+    def _find(self, client, node_id: str) -> dict | None:
+        """The instance already launched for ``node_id`` in the client's region, if any."""
+        pages = client.get_paginator("describe_instances").paginate(Filters=node_filters(node_id))
+        return pick_instance([i for page in pages for i in instances_in(page)])
+
+    # --- describe ---------------------------------------------------------
+    def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
+        if provider_ref is None:
+            found = []
+            for region in self.settings.regions:
+                with translated(f"find node {node_id} in {region}"):
+                    instance = self._find(self.client(region), node_id)
+                if instance is not None:
+                    found.append(instance)
+            return node_status(pick_instance(found))
+        region, instance_id = _parse(provider_ref)
+        try:
+            answer = self.client(region).describe_instances(InstanceIds=[instance_id])
+        except ClientError as exc:
+            if not is_not_found(exc):
+                raise translate(exc, f"describe {provider_ref}") from exc
+            answer = {}
+        except BotoCoreError as exc:
+            raise translate(exc, f"describe {provider_ref}") from exc
+        instance = pick_instance(instances_in(answer))
+        if instance is None and self._recently_launched(provider_ref):
+            return NodeStatus(alive=True)  # launched moments ago; the API has not caught up yet
+        return node_status(instance)
+
+    def _recently_launched(self, ref: str) -> bool:
+        with self._lock:
+            launched = self._launched.get(ref)
+        return launched is not None and time.monotonic() - launched < NOT_FOUND_GRACE_SECONDS
+
+    # --- terminate --------------------------------------------------------
+    def terminate(self, node_id: str, provider_ref: str | None) -> None:
+        if provider_ref is not None:
+            targets = [_parse(provider_ref)]
+        else:
+            targets = []
+            for region in self.settings.regions:
+                with translated(f"find node {node_id} in {region}"):
+                    pages = self.client(region).get_paginator("describe_instances").paginate(
+                        Filters=node_filters(node_id))
+                    targets += [(region, i["InstanceId"]) for page in pages for i in instances_in(page)
+                                if i["State"]["Name"] != "terminated"]
+        for region, instance_id in targets:
+            try:
+                self.client(region).terminate_instances(InstanceIds=[instance_id])
+            except ClientError as exc:
+                if not is_not_found(exc):
+                    raise translate(exc, f"terminate {region}:{instance_id}") from exc
+            except BotoCoreError as exc:
+                raise translate(exc, f"terminate {region}:{instance_id}") from exc
+            log.info("node terminated", node=node_id, ref=format_ref(region, instance_id))
+
+
+def _parse(ref: str) -> tuple[str, str]:
+    try:
+        return parse_ref(ref)
+    except ValueError as exc:
+        error = ProviderError(str(exc))
+        error.retryable = False
+        raise error from None
