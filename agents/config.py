@@ -22,6 +22,7 @@ class AgentConfig:
     zone: str | None = None
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
+    drill_timeout_seconds: float = 120.0  # how long the job gets to checkpoint, and to restore, in the drill
     watch: str = "auto"  # auto (the endpoint variables, else probe link-local), off, or aws|gcp|azure
 
 

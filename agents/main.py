@@ -18,6 +18,7 @@ from runner.logconfig import configure_logging
 
 from .config import AgentConfig, AgentConfigError, load_agent_config
 from .control import ControlServer
+from .drill import ResumeDrill
 from .emergency import EmergencyStop, rebalance_message
 from .logship import LogShipper
 from .supervisor import Supervisor
@@ -58,6 +59,7 @@ class Agent:
         self.training_pid: int | None = None
         self.control: ControlServer | None = None
         self.emergency: EmergencyStop | None = None
+        self.drill: ResumeDrill | None = None
 
     def run(self) -> int:
         assignment = self._register()
@@ -65,28 +67,44 @@ class Agent:
             return 1
         self.assignment = assignment
         log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"])
-        offset = self.client.get("/v1/agent/logs/offset")["offset"]
-        local_log = open(self.config.scratch_dir / "job.log", "ab")
-        self.shipper = LogShipper(self.client, offset, local_copy=local_log).start()
+        self.local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.control = self._start_control_channel()
-        self.emergency = EmergencyStop(send=lambda m: self.control.send(m) if self.control else 0,
-                                       supervisor=lambda: self.current, training_pid=lambda: self.training_pid)
+        self.emergency = EmergencyStop(send=self._send_control, supervisor=lambda: self.current,
+                                       training_pid=lambda: self.training_pid)
         self.watch_loop = self._start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         try:
-            reason, code, message = self._run_job()
+            self._run_attempts()
         finally:
+            self.shutdown.set()
             if self.watch_loop is not None:
                 self.watch_loop.stop()
             if self.control is not None:
-                self.control.drain()  # commits the job reported reach the controller before its exit does
                 self.control.close()
-        flushed = self.shipper.close(timeout=60)
-        if not flushed:
-            log.error("some output could not reach the controller", kept_in=str(self.config.scratch_dir / "job.log"))
-        self._report_exit(reason, code, message)
         return 0
+
+    def _run_attempts(self) -> None:
+        """Setup once, then the run command; a resume drill continues on this node as the next attempt."""
+        workdir = self._prepare_workdir()
+        first = True
+        while True:
+            self.shipper = LogShipper(self.client, self.client.get("/v1/agent/logs/offset")["offset"],
+                                      local_copy=self.local_log).start()
+            reason, code, message, drill = self._run_job(workdir, with_setup=first)
+            first = False
+            if self.control is not None:
+                self.control.drain()  # commits the job reported reach the controller before its exit does
+            if not self.shipper.close(timeout=60):
+                log.error("some output could not reach the controller", kept_in=str(self.local_log.name))
+            reply = self._report_exit(reason, code, message, drill)
+            if not (reason == "drill" and reply and reply.get("next")):
+                return
+            self.assignment = reply["next"]
+            log.info("resume drill: restarting on this node", attempt=self.assignment["attempt"])
+
+    def _send_control(self, message: dict) -> int:
+        return self.control.send(message) if self.control is not None else 0
 
     def _start_control_channel(self) -> ControlServer | None:
         path = control_socket_path(self.config.scratch_dir, self.config.node_id)
@@ -122,24 +140,55 @@ class Agent:
                 time.sleep(2)
         return None
 
-    def _run_job(self) -> tuple[str, int | None, str | None]:
-        workdir = self._prepare_workdir()
+    def _run_job(self, workdir: Path, with_setup: bool) -> tuple[str, int | None, str | None, dict | None]:
         env = self._environment()
         setup = self.assignment.get("setup")
-        if setup:
+        if setup and with_setup:
             self.phase = "setup"
             code = self._run_command(setup, workdir, env)
             if self.cancelled.is_set():
-                return "cancelled", code, None
+                return "cancelled", code, None, None
             if code != 0:
-                return "failed", code, f"setup failed with exit code {code}"
+                return "failed", code, f"setup failed with exit code {code}", None
         self.phase = "running"
-        code = self._run_command(self.assignment["run"], workdir, env)
+        self.training_pid = None
+        self.drill = ResumeDrill(self._send_control, lambda: self.current, lambda: self.training_pid is not None,
+                                 timeout=self.config.drill_timeout_seconds)
+        expected = self.assignment.get("drill_expected_step")
+        started = time.monotonic()
+        self._start_command(self.assignment["run"], workdir, env)
+        if expected is not None:
+            threading.Thread(target=self._verify_drill, args=(expected, started), daemon=True).start()
+        elif self.assignment.get("resume_drill_seconds") is not None:
+            self.drill.arm(self.assignment["resume_drill_seconds"],
+                           may_run=lambda: not (self.emergency.active or self.cancelled.is_set()))
+        code = self.current.wait()
+        self.drill.disarm()
+        log.info("process exited", code=code, phase=self.phase)
+        if self.drill.skipped:
+            self._post_drill({"passed": None, "message": self.drill.skipped})
         if self.emergency.active:
-            return "preempted", code, self._preemption_message()
+            return "preempted", code, self._preemption_message(), None
         if self.cancelled.is_set():
-            return "cancelled", code, None
-        return ("succeeded" if code == 0 else "failed"), code, None
+            return "cancelled", code, None, None
+        if self.drill.triggered:
+            return "drill", code, None, self.drill.outcome()
+        return ("succeeded" if code == 0 else "failed"), code, None, None
+
+    def _verify_drill(self, expected: int, started: float) -> None:
+        result = self.drill.verify_resume(expected, started)
+        log.info("resume drill verdict", **result)
+        reply = self._post_drill(result)
+        if reply and reply.get("action") == "shutdown":
+            self.cancelled.set()
+            self.current.stop(self.config.stop_grace_seconds)
+
+    def _post_drill(self, result: dict) -> dict | None:
+        try:
+            return self.client.post("/v1/agent/drill", result)
+        except ClientError as exc:
+            log.error("drill result not delivered", error=str(exc))
+            return None
 
     def _preemption_message(self) -> str:
         ack = self.emergency.ack
@@ -149,11 +198,14 @@ class Agent:
         return f"preempted: emergency checkpoint at step {ack.get('step')}, {where}"
 
     def _run_command(self, command: str, workdir: Path, env: dict) -> int:
-        self.current = Supervisor(command, str(workdir), env, self.shipper)
-        self.current.start()
+        self._start_command(command, workdir, env)
         code = self.current.wait()
         log.info("process exited", code=code, phase=self.phase)
         return code
+
+    def _start_command(self, command: str, workdir: Path, env: dict) -> None:
+        self.current = Supervisor(command, str(workdir), env, self.shipper)
+        self.current.start()
 
     def _prepare_workdir(self) -> Path:
         workdir = self.config.scratch_dir / "work"
@@ -186,18 +238,20 @@ class Agent:
         env["RUNNER_CHECKPOINT_KEEP"] = str(checkpoint.get("keep", 3))
         return env
 
-    def _report_exit(self, reason: str, code: int | None, message: str | None) -> None:
-        for _ in range(30):
+    def _report_exit(self, reason: str, code: int | None, message: str | None, drill: dict | None) -> dict | None:
+        body = {"reason": reason, "exit_code": code, "message": message, "drill": drill}
+        for _ in range(60):
             try:
-                self.client.post("/v1/agent/exit", {"reason": reason, "exit_code": code, "message": message})
+                reply = self.client.post("/v1/agent/exit", body)
                 log.info("exit reported", reason=reason, code=code)
-                return
+                return reply
             except ClientError as exc:
                 if exc.status and exc.status < 500:
                     log.error("exit report refused", error=str(exc))
-                    return
+                    return None
                 log.warning("exit report failed; retrying", error=str(exc))
                 time.sleep(2)
+        return None
 
     # --- control --------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
@@ -232,13 +286,20 @@ class Agent:
         if op == "hello":
             self.training_pid = message.get("pid")
         elif op == "stopping":
-            self.emergency.on_ack(message)
+            if self.drill is not None and self.drill.triggered and not self.emergency.active:
+                self.drill.on_stopping(message)
+            else:
+                self.emergency.on_ack(message)
         elif op == "committed":
             self.progress["checkpoint_step"] = message.get("step")
             self._event("checkpoint", {k: message.get(k) for k in ("step", "manifest", "durable", "seconds", "bytes")})
         elif op == "restored":
             self.progress["restored_step"] = message.get("step")
-            self._event("restored", {"message": f"training resumed from step {message.get('step')}"})
+            if self.drill is not None:
+                self.drill.on_restored(message)
+            step = message.get("step") or 0
+            text = f"training resumed from step {step}" if step else "training started fresh (no checkpoint yet)"
+            self._event("restored", {"message": text})
 
     def _event(self, kind: str, data: dict) -> None:
         try:

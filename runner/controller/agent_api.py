@@ -13,7 +13,9 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel
 
 from ..scheduler.attempts import end_attempt
-from ..scheduler.states import PROVISIONING, RUNNING
+from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
+from ..scheduler.states import FAILED, PROVISIONING, RUNNING
+from ..spec import RecoverySpec
 from ..scheduler.transitions import transition
 from ..state.store import NODE_RUNNING
 from .auth import Principal, require_node
@@ -48,10 +50,17 @@ def register(request: Request, who: Principal = Depends(require_node)):
         state.store.mark_attempt_running(tx, job["id"], attempt["attempt"], now)
         if state.store.job(job["id"], tx)["state"] == PROVISIONING:
             transition(tx, job["id"], RUNNING, now=now, message=f"attempt {attempt['attempt']} running")
+    return _assignment(state, job["id"], attempt["attempt"])
+
+
+def _assignment(state, job_id: str, attempt: int) -> dict:
+    """What an attempt runs, where it checkpoints, what it resumes from, whether it drills."""
+    job = state.store.job(job_id)
     spec = job["spec"]
+    drill_seconds = RecoverySpec.model_validate(spec["recovery"]).resume_drill_seconds()
     return {
         "job_id": job["id"],
-        "attempt": attempt["attempt"],
+        "attempt": attempt,
         "name": job["name"],
         "setup": spec["setup"],
         "run": spec["run"],
@@ -64,7 +73,7 @@ def register(request: Request, who: Principal = Depends(require_node)):
             "keep": spec["checkpoint"]["keep"],
             "resume": job["checkpoint"],
         },
-        "resume_drill": spec["recovery"]["resume_drill"],
+        "resume_drill_seconds": drill_seconds if drill_due(state.store.attempts(job_id)) else None,
     }
 
 
@@ -146,16 +155,50 @@ class ExitReport(BaseModel):
     exit_code: int | None = None
     reason: str  # succeeded | failed | preempted | cancelled | drill
     message: str | None = None
-    drill: dict | None = None
+    drill: dict | None = None  # reason drill: {"checkpoint_step", "seconds"} or {"passed": false, "message"}
 
 
 @router.post("/exit")
 def exit_report(body: ExitReport, request: Request, who: Principal = Depends(require_node)):
-    """The job's process ended: close the attempt and move the job on."""
+    """The job's process ended: close the attempt and move the job on (a drill continues on this node)."""
     state = _state(request)
     if body.reason not in ("succeeded", "failed", "preempted", "cancelled", "drill"):
         raise HTTPException(422, f"reason: {body.reason!r} is not an end reason")
+    if body.reason == "drill":
+        return _drill_exit(state, who.node, body)
     new_state = end_attempt(state.store, who.node["job_id"], who.node["attempt"], body.reason,
-                            exit_code=body.exit_code, drill=body.drill, message=body.message)
+                            exit_code=body.exit_code, message=body.message)
     state.scheduler.nudge.set()
     return {"state": new_state}
+
+
+def _drill_exit(state, node: dict, body: ExitReport) -> dict:
+    drill = body.drill or {}
+    if drill.get("passed") is False:  # no checkpoint was taken: the drill attempt ends and the job fails
+        new_state = end_attempt(state.store, node["job_id"], node["attempt"], "drill", exit_code=body.exit_code,
+                                drill=drill, message=f"resume drill failed: {drill.get('message')}",
+                                force_state=FAILED)
+        state.scheduler.nudge.set()
+        return {"state": new_state}
+    attempt = restart_after_drill(state.store, node, int(drill["checkpoint_step"]), float(drill.get("seconds", 0)))
+    if attempt is None:
+        return {"state": None}
+    next_assignment = {**_assignment(state, node["job_id"], attempt), "drill_expected_step": drill["checkpoint_step"]}
+    return {"state": RUNNING, "next": next_assignment}
+
+
+class DrillResult(BaseModel):
+    passed: bool | None
+    checkpoint_step: int | None = None
+    resumed_step: int | None = None
+    seconds: float | None = None
+    message: str | None = None
+
+
+@router.post("/drill")
+def drill_result(body: DrillResult, request: Request, who: Principal = Depends(require_node)):
+    """The drill's verdict, from the attempt that resumed (or, when skipped, from the running one)."""
+    state = _state(request)
+    new_state = record_drill_result(state.store, who.node, body.model_dump())
+    state.scheduler.nudge.set()
+    return {"state": new_state, "action": "shutdown" if new_state == FAILED else "continue"}

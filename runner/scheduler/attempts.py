@@ -12,7 +12,7 @@ from .transitions import AttemptEnd, transition
 
 def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: float | None = None,
                 exit_code: int | None = None, notice: dict | None = None, drill: dict | None = None,
-                message: str | None = None) -> str | None:
+                message: str | None = None, force_state: str | None = None) -> str | None:
     """End a running attempt and move the job on; return the new state, or None if already ended."""
     now = now or time.time()
     with store.db.transaction() as tx:
@@ -30,6 +30,8 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             reason, preemptions=job["preemptions"], failures=job["failures"],
             max_preemptions=recovery["max_preemptions"], max_failures=recovery["max_failures"],
         )
+        if force_state is not None:
+            state, why = force_state, message or why
         end = AttemptEnd(
             attempt=attempt, reason=reason, exit_code=exit_code, notice=notice,
             lost_seconds=lost_seconds(reason, now, current["running_at"], commit_at),

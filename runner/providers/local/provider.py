@@ -78,6 +78,8 @@ class LocalProvider(Provider):
             "scratch_dir": str(scratch),
             "cloud": "local",
             "zone": request.offer.zone,
+            # Simulated time runs faster; the job still needs real seconds to import torch and restore.
+            "drill_timeout_seconds": max(20.0, 120.0 * self.time_scale),
         }))
         with open(node_dir / "node.log", "ab") as out:
             # The lock fd is inherited: the node holds it from its first instant until it dies.

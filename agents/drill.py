@@ -1,0 +1,108 @@
+"""The resume drill, agent side: prove early that checkpoint and resume work on this job.
+
+At the drill time the agent runs the emergency path for real (checkpoint, stop), the controller opens
+the next attempt on this same node, and the agent checks that the restarted process restores exactly
+the drill's step from a manifest that verifies (the library verifies checksums while restoring).
+Three ways to fail, each named: no checkpoint taken; checkpoint not restorable; a different step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class ResumeDrill:
+    def __init__(self, send: Callable[[dict], int], supervisor: Callable[[], object],
+                 connected: Callable[[], bool], timeout: float = 120.0):
+        self.send = send                # control channel
+        self.supervisor = supervisor    # the current Supervisor
+        self.connected = connected      # has the training process said hello on the control channel?
+        self.timeout = timeout
+        self.triggered = False
+        self.skipped: str | None = None
+        self.ack: dict | None = None
+        self.checkpoint_seconds = 0.0
+        self._acked = threading.Event()
+        self._restored = threading.Event()
+        self._restored_message: dict | None = None
+        self._cancel = threading.Event()
+
+    # --- phase 1: the drill checkpoint -------------------------------------------
+    def arm(self, after_seconds: float, may_run: Callable[[], bool]) -> None:
+        """Trigger the drill ``after_seconds`` from now, if ``may_run()`` still holds then."""
+        def wait_then_trigger():
+            if not self._cancel.wait(after_seconds) and may_run():
+                self._trigger()
+        threading.Thread(target=wait_then_trigger, name="resume-drill", daemon=True).start()
+
+    def disarm(self) -> None:
+        self._cancel.set()
+
+    def _trigger(self) -> None:
+        if not self.connected():
+            self.skipped = ("the job does not use runner.checkpoint (nothing connected to the control "
+                            "channel), so there is no checkpoint to prove")
+            log.warning("resume drill skipped", why=self.skipped)
+            return
+        self.triggered = True
+        started = time.monotonic()
+        log.info("resume drill: requesting a checkpoint and a stop")
+        self.send({"op": "checkpoint", "reason": "drill", "deadline": time.time() + self.timeout, "stop": True})
+        supervisor = self.supervisor()
+        deadline = started + self.timeout
+        while time.monotonic() < deadline and not self._acked.is_set():
+            if supervisor.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.checkpoint_seconds = time.monotonic() - started
+        supervisor.wait_or_stop(10.0 if self._acked.is_set() else 0.5)
+
+    def on_stopping(self, message: dict) -> None:
+        self.ack = message
+        self._acked.set()
+
+    def outcome(self) -> dict:
+        """What to report with the drill attempt's exit: the step to resume, or why no checkpoint exists."""
+        if self.ack is None:
+            return {"passed": False, "message": f"no checkpoint taken: the job did not acknowledge the drill "
+                                                f"checkpoint within {self.timeout:.0f}s"}
+        if not self.ack.get("durable"):
+            return {"passed": False, "message": f"no checkpoint taken: the checkpoint at step {self.ack.get('step')} "
+                                                "did not reach the durable tier"}
+        return {"checkpoint_step": self.ack["step"], "seconds": self.checkpoint_seconds}
+
+    # --- phase 2: the resumed attempt -------------------------------------------
+    def on_restored(self, message: dict) -> None:
+        self._restored_message = message
+        self._restored.set()
+
+    def verify_resume(self, expected_step: int, started: float) -> dict:
+        """Wait for the restarted process to restore; compare with the drill's step."""
+        supervisor = self.supervisor()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline and not self._restored.is_set():
+            if supervisor.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        base = {"checkpoint_step": expected_step, "seconds": round(time.monotonic() - started, 3)}
+        message = self._restored_message
+        if message is None:
+            code = supervisor.process.poll()
+            why = f"it exited with code {code}" if code is not None else f"nothing within {self.timeout:.0f}s"
+            return {**base, "passed": False, "resumed_step": None,
+                    "message": f"checkpoint not restorable: the restarted job never reported a restore ({why})"}
+        step = int(message.get("step") or 0)
+        if step == 0:
+            return {**base, "passed": False, "resumed_step": 0,
+                    "message": f"checkpoint not restorable: the restarted job found no checkpoint to restore "
+                               f"(expected step {expected_step})"}
+        if step != expected_step:
+            return {**base, "passed": False, "resumed_step": step,
+                    "message": f"a different step restored: {step} instead of {expected_step}"}
+        return {**base, "passed": True, "resumed_step": step, "manifest": message.get("manifest")}

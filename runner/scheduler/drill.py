@@ -1,0 +1,62 @@
+"""The resume drill, controller side: a drill attempt ends, the next one starts on the same node.
+
+The agent takes a real emergency checkpoint at the drill time and stops the job; the controller ends
+that attempt with ``end_reason: drill`` and at once opens the next attempt on the same node, which
+must restore exactly the drill's step. The agent reports the verdict; a failed drill fails the job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..state import Store
+from .attempts import end_attempt
+from .states import FAILED, PROVISIONING, RECOVERING, RUNNING
+from .transitions import AttemptEnd, transition
+
+
+def drill_due(attempts: list[dict]) -> bool:
+    """The drill runs once per job: until some attempt carries a drill result."""
+    return not any(a.get("drill") for a in attempts)
+
+
+def restart_after_drill(store: Store, node: dict, checkpoint_step: int, seconds: float) -> int | None:
+    """End the drill attempt and open the next one on the same node; return its number (None if stale)."""
+    now = time.time()
+    job_id = node["job_id"]
+    with store.db.transaction() as tx:
+        current = store.current_attempt(job_id, tx)
+        if current is None or current["attempt"] != node["attempt"]:
+            return None
+        drill = {"passed": None, "checkpoint_step": checkpoint_step, "resumed_step": None, "seconds": None,
+                 "checkpoint_seconds": round(seconds, 3)}
+        transition(tx, job_id, RECOVERING, now=now, message="resume drill: emergency checkpoint taken; restarting",
+                   attempt_end=AttemptEnd(attempt=node["attempt"], reason="drill", checkpoint_step=checkpoint_step,
+                                          lost_seconds=0.0, drill=drill))
+        resumed = (store.job(job_id, tx)["checkpoint"] or {}).get("step", 0)
+        attempt = store.insert_attempt(tx, job_id, node["id"], node["offer"], node["spot"], resumed, now)
+        store.mark_attempt_running(tx, job_id, attempt, now)
+        store.update_node(tx, node["id"], attempt=attempt)
+        transition(tx, job_id, PROVISIONING, now=now, message=f"resume drill: attempt {attempt} on the same node")
+        transition(tx, job_id, RUNNING, now=now, message=f"attempt {attempt} running (resume drill)")
+    return attempt
+
+
+def record_drill_result(store: Store, node: dict, result: dict) -> str | None:
+    """Store the verdict on the drill attempt; a failed drill ends the job as FAILED."""
+    job_id = node["job_id"]
+    with store.db.transaction() as tx:
+        drilled = tx.one("SELECT attempt, drill FROM attempts WHERE job_id = ? AND end_reason = 'drill' "
+                         "ORDER BY attempt DESC LIMIT 1", (job_id,))
+        target = drilled["attempt"] if drilled else node["attempt"]
+        tx.execute("UPDATE attempts SET drill = ?, message = COALESCE(?, message) WHERE job_id = ? AND attempt = ?",
+                   (_json(result), result.get("message"), job_id, target))
+    if result.get("passed") is False:
+        return end_attempt(store, job_id, node["attempt"], "failed", message=f"resume drill failed: {result.get('message')}",
+                           force_state=FAILED)
+    return None
+
+
+def _json(value: dict) -> str:
+    return json.dumps(value)
