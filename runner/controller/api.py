@@ -110,7 +110,12 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
 def restarts(job_id: str, request: Request, who: Principal = Depends(require_job_access)):
     state = _state(request)
     _job_or_404(state, job_id)
-    return [wire.restart_row(a) for a in state.store.attempts(job_id)]
+    failures: dict[int, list[str]] = {}
+    for event in state.store.events(job_id):
+        if event["kind"] == "launch-failed":
+            failures.setdefault(event["attempt"], []).append(event["message"])
+    return [{**wire.restart_row(a), "launch_failures": failures.get(a["attempt"], [])}
+            for a in state.store.attempts(job_id)]
 
 
 @router.get("/jobs/{job_id}/events")

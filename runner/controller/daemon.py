@@ -76,7 +76,8 @@ def build_providers(data_dir: Path, config: dict) -> dict:
     if "local" in clouds:
         local = clouds["local"] or {}
         providers["local"] = LocalProvider(data_dir, zones=local.get("zones"),
-                                           time_scale=float(local.get("time_scale", 1.0)))
+                                           time_scale=float(local.get("time_scale", 1.0)),
+                                           no_capacity=local.get("no_capacity"))
     return providers
 
 

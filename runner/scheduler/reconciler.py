@@ -131,7 +131,7 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
             tx.execute("DELETE FROM attempts WHERE job_id = ? AND attempt = ? AND end_reason = 'running'",
                        (node["job_id"], node["attempt"]))
             store.add_event(tx, node["job_id"], "launch-failed",
-                            f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}")
+                            f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node["attempt"])
         log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
         return
     ctx.backoff.record_success(key, time.time())

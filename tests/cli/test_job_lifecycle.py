@@ -131,3 +131,25 @@ def test_price_cap_below_every_offer_is_refused_naming_the_cap(tmp_path, runner,
     result = runner("submit", str(job))
     assert result.returncode == 2
     assert "max_price_per_hour" in result.stderr and "cheapest" in result.stderr
+
+
+def test_capacity_errors_fail_over_to_another_zone_and_are_logged(tmp_path, runner, home):
+    """Zones that answer 'no capacity' are skipped; the attempt that launched lists the failed tries."""
+    import yaml
+
+    from conftest import Controller
+
+    (home / "config.yaml").write_text(yaml.safe_dump(
+        {"clouds": {"local": {"time_scale": 0.05, "no_capacity": ["local-a", "local-b"]}}}))
+    ctl = Controller(home).start()
+    runner.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
+    try:
+        job = write_job(tmp_path / "j", "name: failover\nrun: echo ok\nrecovery: {resume_drill: 'off'}\n")
+        job_id = runner.json("submit", str(job))["id"]
+        runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="success")
+        (row,) = runner.json("restarts", job_id)
+        assert row["zone"] == "local-c"
+        assert any("local-a" in f and "capacity" in f for f in row["launch_failures"])
+        assert any("local-b" in f for f in row["launch_failures"])
+    finally:
+        ctl.stop()

@@ -20,7 +20,7 @@ import structlog
 import yaml
 
 from ..base import LaunchRequest, NodeStatus, Provider
-from ..errors import ProviderError
+from ..errors import NoCapacityError, ProviderError
 from ..offers import Offer
 from .processes import kill_session, process_ref
 
@@ -36,11 +36,13 @@ class LocalProvider(Provider):
 
     name = "local"
 
-    def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0):
+    def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0,
+                 no_capacity: list[str] | None = None):
         self.nodes_dir = Path(data_dir) / "nodes"
         self.nodes_dir.mkdir(parents=True, exist_ok=True)
         self.zones = list(zones or DEFAULT_ZONES)
         self.time_scale = time_scale
+        self.no_capacity = set(no_capacity or ())  # chaos: zones whose launches fail as a stockout would
         self._children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
@@ -55,6 +57,8 @@ class LocalProvider(Provider):
         return self.nodes_dir / node_id
 
     def launch(self, request: LaunchRequest) -> str:
+        if request.offer.zone in self.no_capacity:
+            raise NoCapacityError(f"no {request.offer.instance_type} capacity in {request.offer.zone} (simulated)")
         node_dir = self.node_dir(request.node_id)
         with self._lock:
             node_dir.mkdir(parents=True, exist_ok=True)
