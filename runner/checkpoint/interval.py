@@ -11,34 +11,17 @@ from __future__ import annotations
 
 import math
 import os
-import re
+
+from ..durations import parse_duration as parse_any_duration
 
 DEFAULT_MTBF_S = 6 * 3600.0
 FIRST_INTERVAL_S = 300.0
 MAX_OVERHEAD = 0.01
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(value) -> float:
-    """Seconds from 30, 30.5, "30s", "10m", "1h", "1h30m"; ValueError with an example otherwise."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 30s, 10m or 1h")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        if re.fullmatch(r"\d+(\.\d+)?", text):
-            seconds = float(text)
-        else:
-            pos, seconds = 0, 0.0
-            for match in _PART.finditer(text):
-                if match.start() != pos:
-                    break
-                seconds += float(match.group(1)) * _UNIT[match.group(2)]
-                pos = match.end()
-            if not text or pos != len(text):
-                raise ValueError(f"{value!r} is not a duration; use a number with a unit such as 30s, 10m or 1h")
+    """Seconds of a positive checkpoint interval: 30, "30s", "10m", "1h"; ValueError with an example otherwise."""
+    seconds = parse_any_duration(value)
     if seconds <= 0 or math.isinf(seconds) or math.isnan(seconds):
         raise ValueError(f"{value!r}: a checkpoint interval must be a positive duration such as 30s, 10m or 1h")
     return seconds

@@ -1,6 +1,6 @@
 """The job file: schema, loading, and errors that name the key."""
 
-from .durations import format_duration, parse_duration
+from ..durations import format_duration, parse_duration
 from .errors import SpecError
 from .load import load_job_file, parse_job, validate_job
 from .schema import CheckpointSpec, JobSpec, RecoverySpec, Resources

@@ -10,7 +10,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .durations import parse_duration
+from ..durations import parse_duration
 
 CLOUDS = ("local", "aws", "gcp", "azure")
 MAX_RESUME_DRILL_SECONDS = 15 * 60

@@ -1,4 +1,7 @@
-"""Duration strings of the job file: ``30s``, ``10m``, ``1h``, ``1h30m`` or plain seconds."""
+"""Duration strings (``30s``, ``10m``, ``1h``, ``1h30m`` or plain seconds), standard library only.
+
+Shared by the job file and the checkpoint library, which must import without the CLI's dependencies.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ def parse_duration(value: str | int | float) -> float:
         raise ValueError("expected a duration such as 30s, 10m or 1h")
     if isinstance(value, (int, float)):
         if value < 0:
-            raise ValueError("a duration cannot be negative")
+            raise ValueError(f"{value!r} is negative; use a duration such as 30s, 10m or 1h")
         return float(value)
     text = str(value).strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", text):
