@@ -32,7 +32,8 @@ def submit(job_file: Path, follow: bool, as_json: bool):
         click.echo(job_id)
     if follow:
         state = follow_job(client, job_id)
-        click.echo(f"[runner] job {job_id} {state}", err=True)
+        click.echo(f"[runner] job {job_id} {state}; its restart log:", err=True)
+        print_restart_log(client.get(f"/v1/jobs/{job_id}/restarts"), err=True)
         raise SystemExit(0 if state == "SUCCEEDED" else 1)
 
 
@@ -103,15 +104,28 @@ def restarts(job_id: str, as_json: bool):
     rows = connect().get(f"/v1/jobs/{job_id}/restarts")
     if as_json:
         return print_json(rows)
+    print_restart_log(rows)
+
+
+def print_restart_log(rows: list[dict], err: bool = False) -> None:
     print_table(
         ["ATTEMPT", "ZONE", "TYPE", "PRICE/H", "STARTED", "ENDED", "REASON", "NOTICE", "SAVED", "RESUMED",
-         "LOST", "COST", "EXIT"],
+         "LOST", "COST", "EXIT", "DRILL"],
         [[r["attempt"], r["zone"], r["instance_type"], money(r["price_per_hour"]), r["started_at"],
           r["ended_at"], r["end_reason"], (r["notice"] or {}).get("source"), r["checkpoint_step"],
           r["resumed_from_step"], None if r["lost_seconds"] is None else f"{r['lost_seconds']:.1f}s",
-          money(r["cost_usd"]), r["exit_code"]] for r in rows],
-        empty="No attempts yet.",
+          money(r["cost_usd"]), r["exit_code"], _drill(r)] for r in rows],
+        empty="No attempts yet.", err=err,
     )
+
+
+def _drill(row: dict) -> str | None:
+    drill = row.get("drill")
+    if not drill:
+        return None
+    if drill.get("passed") is None:
+        return "skipped" if drill.get("message") else "running"
+    return "passed" if drill["passed"] else f"FAILED: {drill.get('message')}"
 
 
 @click.command()

@@ -14,16 +14,17 @@ def print_json(value) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=False))
 
 
-def print_table(columns: list[str], rows: list[list], empty: str = "") -> None:
+def print_table(columns: list[str], rows: list[list], empty: str = "", err: bool = False) -> None:
     if not rows and empty:
-        click.echo(empty)
+        click.echo(empty, err=err)
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in columns:
         table.add_column(column, no_wrap=True)
     for row in rows:
         table.add_row(*["-" if cell is None else str(cell) for cell in row])
-    console = Console(width=None if sys.stdout.isatty() else 250, highlight=False)
+    stream = sys.stderr if err else sys.stdout
+    console = Console(file=stream, width=None if stream.isatty() else 250, highlight=False)
     console.print(table)
 
 

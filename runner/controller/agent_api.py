@@ -180,7 +180,8 @@ def _drill_exit(state, node: dict, body: ExitReport) -> dict:
                                 force_state=FAILED)
         state.scheduler.nudge.set()
         return {"state": new_state}
-    attempt = restart_after_drill(state.store, node, int(drill["checkpoint_step"]), float(drill.get("seconds", 0)))
+    attempt = restart_after_drill(state.store, node, int(drill["checkpoint_step"]), float(drill.get("seconds", 0)),
+                                  exit_code=body.exit_code)
     if attempt is None:
         return {"state": None}
     next_assignment = {**_assignment(state, node["job_id"], attempt), "drill_expected_step": drill["checkpoint_step"]}

@@ -21,7 +21,8 @@ def drill_due(attempts: list[dict]) -> bool:
     return not any(a.get("drill") for a in attempts)
 
 
-def restart_after_drill(store: Store, node: dict, checkpoint_step: int, seconds: float) -> int | None:
+def restart_after_drill(store: Store, node: dict, checkpoint_step: int, seconds: float,
+                        exit_code: int | None = None) -> int | None:
     """End the drill attempt and open the next one on the same node; return its number (None if stale)."""
     now = time.time()
     job_id = node["job_id"]
@@ -33,7 +34,7 @@ def restart_after_drill(store: Store, node: dict, checkpoint_step: int, seconds:
                  "checkpoint_seconds": round(seconds, 3)}
         transition(tx, job_id, RECOVERING, now=now, message="resume drill: emergency checkpoint taken; restarting",
                    attempt_end=AttemptEnd(attempt=node["attempt"], reason="drill", checkpoint_step=checkpoint_step,
-                                          lost_seconds=0.0, drill=drill))
+                                          lost_seconds=0.0, drill=drill, exit_code=exit_code))
         resumed = (store.job(job_id, tx)["checkpoint"] or {}).get("step", 0)
         attempt = store.insert_attempt(tx, job_id, node["id"], node["offer"], node["spot"], resumed, now)
         store.mark_attempt_running(tx, job_id, attempt, now)
