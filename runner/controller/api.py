@@ -111,11 +111,19 @@ def restarts(job_id: str, request: Request, who: Principal = Depends(require_job
     state = _state(request)
     _job_or_404(state, job_id)
     failures: dict[int, list[str]] = {}
+    notable: dict[int, list[dict]] = {}
     for event in state.store.events(job_id):
         if event["kind"] == "launch-failed":
             failures.setdefault(event["attempt"], []).append(event["message"])
-    return [{**wire.restart_row(a), "launch_failures": failures.get(a["attempt"], [])}
-            for a in state.store.attempts(job_id)]
+        elif event["kind"] in ATTEMPT_EVENT_KINDS:
+            notable.setdefault(event["attempt"], []).append(
+                {"kind": event["kind"], "time": wire.iso(event["time"]), "message": event["message"]})
+    return [{**wire.restart_row(a), "launch_failures": failures.get(a["attempt"], []),
+             "events": notable.get(a["attempt"], [])} for a in state.store.attempts(job_id)]
+
+
+# Events shown on their attempt's restart-log row (state changes and log noise are not).
+ATTEMPT_EVENT_KINDS = ("notice", "rebalance", "maintenance", "chaos")
 
 
 @router.get("/jobs/{job_id}/events")

@@ -153,3 +153,23 @@ def test_capacity_errors_fail_over_to_another_zone_and_are_logged(tmp_path, runn
         assert any("local-b" in f for f in row["launch_failures"])
     finally:
         ctl.stop()
+
+
+def test_on_demand_policy_runs_on_demand_and_costs_add_up(tmp_path, runner, controller):
+    """spot_policy on-demand launches at the on-demand price; the job's cost is the sum of its attempts'."""
+    job = write_job(tmp_path / "j", """
+name: steady
+run: sleep 1; exit 1
+resources: {cloud: [local], spot_policy: on-demand}
+recovery: {max_failures: 1, resume_drill: "off"}
+""")
+    job_id = runner.json("submit", str(job))["id"]
+    runner.wait_for(job_id, lambda j: j["state"] == "FAILED", what="the end")
+    rows = runner.json("restarts", job_id)
+    offers = {(o["zone"], o["instance_type"]): o for o in runner.json("offers")}
+    for row in rows:
+        assert row["spot"] is False
+        assert row["price_per_hour"] == offers[(row["zone"], row["instance_type"])]["on_demand_price"]
+        assert row["cost_usd"] > 0
+    total = runner.json("status", job_id)["cost_usd"]
+    assert abs(total - sum(r["cost_usd"] for r in rows)) < 1e-5
