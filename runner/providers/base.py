@@ -39,6 +39,7 @@ class Provider(ABC):
     """Launch, describe and terminate nodes. ``launch`` and ``terminate`` are idempotent."""
 
     name: str
+    describe_interval: float = 10.0  # seconds between describes of one node (cloud APIs are rate-limited)
 
     @abstractmethod
     def offers(self) -> list[Offer]:

@@ -24,7 +24,9 @@ from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TE
 from . import placement
 from .attempts import end_attempt
 from .policy import BackoffBook
-from .states import CANCELLED, PENDING, PROVISIONING, RECOVERING, TERMINAL
+from .states import ALLOWED, CANCELLED, PENDING, PROVISIONING, RECOVERING, TERMINAL
+
+ACTIVE_STATES = tuple(state for state in ALLOWED if state not in TERMINAL)
 from .transitions import transition
 
 log = structlog.get_logger(__name__)
@@ -40,6 +42,7 @@ class SchedulerContext:
     node_token: Callable[[str], str]  # node id -> that node's token (derived, so a restart can re-derive it)
     token_hasher: Callable[[str], str]
     nudge: threading.Event = field(default_factory=threading.Event)
+    described_at: dict[str, float] = field(default_factory=dict)  # node id -> last describe (monotonic)
     backoff: BackoffBook = field(default_factory=BackoffBook)
 
 
@@ -148,11 +151,21 @@ def watch_running_nodes(ctx: SchedulerContext) -> None:
     store = ctx.store
     for node in store.nodes((NODE_RUNNING,)):
         provider = ctx.providers[node["provider"]]
-        if node["terminate_at"] and node["terminate_at"] <= time.time():
-            provider.terminate(node["id"], node["provider_ref"])  # the simulated spot market reclaims it
-        status = provider.describe(node["id"], node["provider_ref"])
+        reclaim = bool(node["terminate_at"]) and node["terminate_at"] <= time.time()
+        last = ctx.described_at.get(node["id"], 0.0)
+        if not reclaim and time.monotonic() - last < provider.describe_interval:
+            continue
+        ctx.described_at[node["id"]] = time.monotonic()
+        try:
+            if reclaim:
+                provider.terminate(node["id"], node["provider_ref"])  # the simulated spot market reclaims it
+            status = provider.describe(node["id"], node["provider_ref"])
+        except ProviderError as exc:  # an API hiccup is never a lost node
+            log.warning("describe failed; will retry", node=node["id"], error=str(exc))
+            continue
         if status.alive:
             continue
+        ctx.described_at.pop(node["id"], None)
         reason = "preempted" if status.reason == "preempted" else "lost"
         end_attempt(store, node["job_id"], node["attempt"], reason,
                     message=f"node {node['id']} is gone ({status.reason})")
@@ -164,8 +177,8 @@ def watch_running_nodes(ctx: SchedulerContext) -> None:
 def apply_cancellations(ctx: SchedulerContext) -> None:
     """Cancelled jobs: the agent stops the job first; after a grace period the node is released anyway."""
     store = ctx.store
-    for job in store.jobs():
-        if not job["cancel_requested"] or job["state"] in TERMINAL:
+    for job in store.jobs(ACTIVE_STATES):
+        if not job["cancel_requested"]:
             continue
         current = store.current_attempt(job["id"])
         waited = time.time() - float(job["cancel_requested"])

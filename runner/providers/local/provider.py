@@ -35,6 +35,7 @@ class LocalProvider(Provider):
     """A simulated spot market on this machine."""
 
     name = "local"
+    describe_interval = 0.0  # a local check is free
 
     def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0,
                  no_capacity: list[str] | None = None):
