@@ -89,8 +89,8 @@ class Agent:
         workdir = self._prepare_workdir()
         first = True
         while True:
-            self.shipper = LogShipper(self.client, self.client.get("/v1/agent/logs/offset")["offset"],
-                                      local_copy=self.local_log).start()
+            offset = self._patiently(lambda: self.client.get("/v1/agent/logs/offset")["offset"], "log offset")
+            self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             reason, code, message, drill = self._run_job(workdir, with_setup=first)
             first = False
             if self.control is not None:
@@ -125,6 +125,18 @@ class Agent:
             return None
         state = self.config.scratch_dir.parent / "notice.json"
         return WatchLoop(watchers_for(endpoints), self._on_notice, state_path=state).start()
+
+    def _patiently(self, call, what: str):
+        """Retry a call while the controller is unreachable or restarting; other errors raise."""
+        deadline = time.monotonic() + REGISTER_PATIENCE_SECONDS
+        while True:
+            try:
+                return call()
+            except ClientError as exc:
+                if (exc.status is not None and exc.status < 500) or time.monotonic() > deadline:
+                    raise
+                log.warning("controller not reachable; retrying", what=what, error=str(exc))
+                time.sleep(2)
 
     # --- lifecycle ----------------------------------------------------------
     def _register(self) -> dict | None:
@@ -211,7 +223,7 @@ class Agent:
         workdir = self.config.scratch_dir / "work"
         workdir.mkdir(parents=True, exist_ok=True)
         if self.assignment.get("has_workdir") and not any(workdir.iterdir()):
-            data = self.client.get("/v1/agent/workdir")
+            data = self._patiently(lambda: self.client.get("/v1/agent/workdir"), "workdir")
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
                 tar.extractall(workdir, filter="data")
         return workdir
