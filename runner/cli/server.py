@@ -15,8 +15,10 @@ from ..logconfig import configure_logging
 @click.option("--port", default=8470, show_default=True, type=int, help="0 picks a free port.")
 @click.option("--db", "db_url", help="Database URL (default: sqlite:///DATA_DIR/runner.db).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: $RUNNER_HOME.")
+@click.option("--advertise-url", envvar="RUNNER_ADVERTISE_URL",
+              help="URL cloud nodes use to reach this controller (default: config.yaml's server, else --host:--port).")
 @click.pass_context
-def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None):
+def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None, advertise_url: str | None):
     """Run the controller: HTTP API, scheduler and reconciler."""
     if ctx.invoked_subcommand is not None:
         return
@@ -24,7 +26,8 @@ def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None)
 
     data_dir = (data_dir or runner_home()).expanduser()
     configure_logging(data_dir / "controller.jsonl")
-    serve(ServerSettings(data_dir=data_dir, host=host, port=port, db_url=db_url, config_home=runner_home()))
+    serve(ServerSettings(data_dir=data_dir, host=host, port=port, db_url=db_url, config_home=runner_home(),
+                         advertise_url=advertise_url))
 
 
 @server.command()

@@ -39,6 +39,7 @@ class ServerSettings:
     port: int = 8470
     db_url: str | None = None
     config_home: Path | None = None
+    advertise_url: str | None = None  # the URL nodes use to reach this controller
 
 
 def acquire_lock(data_dir: Path):
@@ -71,6 +72,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def build_providers(data_dir: Path, config: dict) -> dict:
+    """One provider per cloud listed in config.yaml (just the local market when none is)."""
     clouds = config.get("clouds") or {"local": {}}
     providers = {}
     if "local" in clouds:
@@ -78,6 +80,22 @@ def build_providers(data_dir: Path, config: dict) -> dict:
         providers["local"] = LocalProvider(data_dir, zones=local.get("zones"),
                                            time_scale=float(local.get("time_scale", 1.0)),
                                            no_capacity=local.get("no_capacity"))
+    if "aws" in clouds:
+        try:
+            from ..providers.aws import AWSProvider
+        except ImportError as exc:
+            raise ServerError(f"clouds.aws is configured but boto3 is missing ({exc}); pip install 'runner[aws]'")
+        providers["aws"] = AWSProvider(clouds["aws"] or {})
+    if "gcp" in clouds:
+        try:
+            from ..providers.gcp import GCPProvider
+        except ImportError as exc:
+            raise ServerError(f"clouds.gcp is configured but google-cloud-compute is missing ({exc}); "
+                              "pip install 'runner[gcp]'")
+        providers["gcp"] = GCPProvider(clouds["gcp"] or {})
+    unknown = set(clouds) - {"local", "aws", "gcp"}
+    if unknown:
+        raise ServerError(f"config.yaml: clouds.{sorted(unknown)[0]} is not a cloud runner knows (local, aws, gcp)")
     return providers
 
 
@@ -102,10 +120,11 @@ def serve(settings: ServerSettings) -> None:
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     config = load_config(settings.config_home or data_dir)
+    node_url = settings.advertise_url or config.get("server") or url
     store = Store(open_database(settings.db_url or f"sqlite:///{data_dir / 'runner.db'}"))
     admin_token = load_or_create_secret(data_dir / ADMIN_TOKEN_FILE)
     node_secret = load_or_create_secret(data_dir / NODE_SECRET_FILE)
-    scheduler = SchedulerContext(store=store, providers=build_providers(data_dir, config), controller_url=url,
+    scheduler = SchedulerContext(store=store, providers=build_providers(data_dir, config), controller_url=node_url,
                                  node_token=lambda node_id: node_token(node_secret, node_id),
                                  token_hasher=hash_token)
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,

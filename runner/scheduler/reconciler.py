@@ -24,7 +24,7 @@ from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TE
 from . import placement
 from .attempts import end_attempt
 from .policy import BackoffBook
-from .states import ALLOWED, CANCELLED, PENDING, PROVISIONING, RECOVERING, TERMINAL
+from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, TERMINAL
 
 ACTIVE_STATES = tuple(state for state in ALLOWED if state not in TERMINAL)
 from .transitions import transition
@@ -135,6 +135,9 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
                        (node["job_id"], node["attempt"]))
             store.add_event(tx, node["job_id"], "launch-failed",
                             f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node["attempt"])
+            if not exc.retryable:  # credentials or permissions: retrying cannot help; the user must act
+                if store.job(node["job_id"], tx)["state"] in (PENDING, RECOVERING):
+                    transition(tx, node["job_id"], FAILED, now=time.time(), message=f"launch failed: {exc}")
         log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
         return
     ctx.backoff.record_success(key, time.time())
@@ -182,8 +185,9 @@ def apply_cancellations(ctx: SchedulerContext) -> None:
             continue
         current = store.current_attempt(job["id"])
         waited = time.time() - float(job["cancel_requested"])
-        if current and waited < CANCEL_GRACE_SECONDS and store.nodes((NODE_RUNNING,), job_id=job["id"]):
-            continue  # the agent hears about it on its next heartbeat
+        agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job["id"]) if n["registered_at"]]
+        if current and waited < CANCEL_GRACE_SECONDS and agents:
+            continue  # the agent hears about it on its next heartbeat and stops the job itself
         if current:
             end_attempt(store, job["id"], current["attempt"], "cancelled")
         else:

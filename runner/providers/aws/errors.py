@@ -18,6 +18,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from ...home import ConfigError
 from ..errors import AuthError, NoCapacityError, PriceTooLowError, ProviderError, QuotaError
 
 POLICY_DOC = "docs/aws.md"
@@ -69,6 +70,10 @@ CONFIG_HINTS = {
 }
 
 NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound"})
+
+
+class AWSConfigError(ConfigError, ValueError):
+    """``clouds.aws`` in config.yaml cannot be used; the message names the key and the fix."""
 
 
 def error_code(exc: BaseException) -> str | None:

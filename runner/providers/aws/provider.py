@@ -19,13 +19,12 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ... import __version__
-from ...home import ConfigError
 from ..base import LaunchRequest, NodeStatus, Provider
 from ..bootstrap import render_bootstrap
 from ..catalog import load_catalog
 from ..errors import ProviderError
 from ..offers import Offer
-from .errors import is_not_found, translate, translated
+from .errors import AWSConfigError, is_not_found, translate, translated
 from .prices import refresh_spot_prices
 from .requests import (
     RegionSettings,
@@ -60,39 +59,39 @@ class AWSSettings:
 
 
 def parse_config(config: dict | None) -> AWSSettings:
-    """Check ``clouds.aws``; raise ConfigError naming the key at fault."""
+    """Check ``clouds.aws``; raise AWSConfigError naming the key at fault."""
     if not isinstance(config, dict):
-        raise ConfigError("clouds.aws: must be a mapping with at least regions: and image_id:")
+        raise AWSConfigError("clouds.aws: must be a mapping with at least regions: and image_id:")
     unknown = sorted(set(config) - set(KNOWN_KEYS))
     if unknown:
-        raise ConfigError(f"clouds.aws: unknown key {unknown[0]!r} (known: {', '.join(KNOWN_KEYS)})")
+        raise AWSConfigError(f"clouds.aws: unknown key {unknown[0]!r} (known: {', '.join(KNOWN_KEYS)})")
     regions = config.get("regions")
     if isinstance(regions, str):
         regions = [regions]
     if not regions or not isinstance(regions, list) or not all(isinstance(r, str) and r for r in regions):
-        raise ConfigError("clouds.aws.regions: give a list of region names, e.g. [us-east-1]")
+        raise AWSConfigError("clouds.aws.regions: give a list of region names, e.g. [us-east-1]")
     regions = tuple(dict.fromkeys(regions))
 
     images = _per_region(config, "image_id", regions, _text)
     missing = [r for r in regions if not images.get(r)]
     if missing:
-        raise ConfigError(f"clouds.aws.image_id: no image for region {missing[0]}; give one AMI id, "
+        raise AWSConfigError(f"clouds.aws.image_id: no image for region {missing[0]}; give one AMI id, "
                           f"or a mapping {{{missing[0]}: ami-...}} with an entry per region")
     subnets = _per_region(config, "subnet_id", regions, _text_list)
     if isinstance(config.get("subnet_id"), (str, list)) and len(regions) > 1:
-        raise ConfigError("clouds.aws.subnet_id: a subnet belongs to one region; with several regions give "
+        raise AWSConfigError("clouds.aws.subnet_id: a subnet belongs to one region; with several regions give "
                           "a mapping {region: subnet-... or [subnet-..., ...]}")
     groups = _per_region(config, "security_group_ids", regions, _text_list)
     keys = _per_region(config, "key_name", regions, _text)
     profile = config.get("iam_instance_profile")
     if profile is not None and not _is_text(profile):
-        raise ConfigError("clouds.aws.iam_instance_profile: give the instance profile's name or ARN")
+        raise AWSConfigError("clouds.aws.iam_instance_profile: give the instance profile's name or ARN")
     package = config.get("agent_package")
     if package is not None and not _is_text(package):
-        raise ConfigError("clouds.aws.agent_package: give a pip requirement, e.g. runner[aws]==0.3.0")
+        raise AWSConfigError("clouds.aws.agent_package: give a pip requirement, e.g. runner==0.1.0")
     refresh = config.get("refresh_prices", True)
     if not isinstance(refresh, bool):
-        raise ConfigError("clouds.aws.refresh_prices: must be true or false")
+        raise AWSConfigError("clouds.aws.refresh_prices: must be true or false")
     per_region = {
         region: RegionSettings(region=region, image_id=images[region], subnet_ids=tuple(subnets.get(region) or ()),
                                security_group_ids=tuple(groups.get(region) or ()), key_name=keys.get(region),
@@ -108,14 +107,14 @@ def _is_text(value) -> bool:
 
 def _text(key: str, value):
     if not _is_text(value):
-        raise ConfigError(f"clouds.aws.{key}: {value!r} is not a non-empty string")
+        raise AWSConfigError(f"clouds.aws.{key}: {value!r} is not a non-empty string")
     return value.strip()
 
 
 def _text_list(key: str, value):
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or not all(_is_text(v) for v in values):
-        raise ConfigError(f"clouds.aws.{key}: give one id or a list of ids")
+        raise AWSConfigError(f"clouds.aws.{key}: give one id or a list of ids")
     return tuple(v.strip() for v in values)
 
 
@@ -129,7 +128,7 @@ def _per_region(config: dict, key: str, regions: tuple[str, ...], check) -> dict
         return {region: checked for region in regions}
     stray = sorted(set(value) - set(regions))
     if stray:
-        raise ConfigError(f"clouds.aws.{key}: region {stray[0]!r} is not in clouds.aws.regions "
+        raise AWSConfigError(f"clouds.aws.{key}: region {stray[0]!r} is not in clouds.aws.regions "
                           f"({', '.join(regions)})")
     return {region: check(f"{key}.{region}", v) for region, v in value.items() if v is not None}
 
