@@ -5,8 +5,9 @@ the real client against it. Like the real API, it reports capacity and quota fai
 operation (already ``DONE``), not in the insert call, and records a ``compute.instances.preempted``
 operation when it reclaims a Spot VM. Every request is recorded in ``requests``.
 
-Controls: ``preempt``, ``delete_behind_our_back``, ``exhaust_zone``, ``exceed_quota``, ``fail_next``
-(transient HTTP errors), ``deny`` (every call answers 401 or 403).
+Controls: ``preempt``, ``delete_behind_our_back``, ``stop``, ``exhaust_zone``, ``exceed_quota``,
+``fail_next`` (transient HTTP errors), ``deny`` (every call answers 401 or 403), ``forget_request_ids``,
+``slow_operations`` (operations start RUNNING until waited on).
 """
 
 from __future__ import annotations
@@ -67,13 +68,14 @@ class FakeGCE:
         self._sync_errors: dict[str, APIError] = {}  # zone -> an error the insert call itself answers
         self._transient: list[int] = []  # statuses the next requests answer, one each
         self._denied: int | None = None
+        self._pending = False
         self._server: ThreadingHTTPServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def __enter__(self) -> "FakeGCE":
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="fake-gce", daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-gce", daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -109,6 +111,14 @@ class FakeGCE:
         """Inserts in ``zone`` succeed again."""
         self._insert_errors.pop(zone, None)
         self._sync_errors.pop(zone, None)
+
+    def forget_request_ids(self) -> None:
+        """Forget every requestId, as GCE does after an hour or more: a retried insert meets the VM's name."""
+        self._by_request_id.clear()
+
+    def slow_operations(self, pending: bool = True) -> None:
+        """New operations start RUNNING and are DONE once waited on (``operations/{op}/wait``)."""
+        self._pending = pending
 
     def fail_next(self, *statuses: int) -> None:
         """The next requests answer these HTTP statuses (503, 500, 429...), one request each."""
@@ -184,6 +194,8 @@ class FakeGCE:
                     (method == "GET" and len(parts) == 2) or (method == "POST" and parts[2:] == ["wait"])):
                 for operation in self.operations.get(zone, []):
                     if operation["name"] == parts[1]:
+                        if parts[2:] == ["wait"]:
+                            operation.update(status="DONE", progress=100, endTime=_now())
                         return 200, operation
                 raise APIError(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}"
                                f"/operations/{parts[1]}' was not found")
@@ -235,6 +247,9 @@ class FakeGCE:
             "insertTime": _now(), "startTime": _now(), "endTime": _now(),
             "selfLink": f"{zone_url}/operations/operation-{number}-{kind.split('.')[-1]}", **extra,
         }
+        if self._pending and user != "system":
+            operation.update(status="RUNNING", progress=0)
+            del operation["endTime"]
         if request_id:
             operation["clientOperationId"] = request_id
         if error:

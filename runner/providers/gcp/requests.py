@@ -1,0 +1,234 @@
+"""Pure builders for Compute Engine requests: config, names, labels and the instance body.
+
+Nothing here imports the SDK. The instance body is REST JSON (camelCase), exactly what the API
+receives; the provider turns it into ``compute_v1.Instance`` with ``Instance.from_json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from dataclasses import dataclass
+
+from ..base import LaunchRequest
+from ..errors import ProviderError
+from .errors import GCPConfigError
+
+# GPUs attached to N1 machines as guest accelerators; A2, A3, A4 and G2 machine types come with theirs.
+N1_ACCELERATORS = {
+    "T4": "nvidia-tesla-t4",
+    "V100": "nvidia-tesla-v100",
+    "P100": "nvidia-tesla-p100",
+    "P4": "nvidia-tesla-p4",
+}
+BUNDLED_GPU_FAMILIES = frozenset({"a2", "a3", "a4", "g2"})
+
+LABEL_MANAGED = "runner-managed"
+LABEL_NODE = "runner-node"
+LABEL_JOB = "runner-job"
+LABEL_ATTEMPT = "runner-attempt"
+STARTUP_SCRIPT_KEY = "startup-script"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+PREEMPTED_OPERATION = "compute.instances.preempted"
+
+# Fixed namespace: the same node id always gives the same request id, across controller restarts.
+REQUEST_NAMESPACE = uuid.UUID("5b0c7d1e-2f4a-5e2b-9a51-7c3e0f6d8a42")
+
+NAME_PREFIX = "runner-"
+MAX_NAME = 63
+ZONE = re.compile(r"^[a-z]+(-[a-z]+)*\d+-[a-z]$")
+PROJECT = re.compile(r"^[a-z][-a-z0-9.:]{4,61}[a-z0-9]$")
+KNOWN_KEYS = ("project", "zones", "image", "service_account", "network", "subnetwork", "boot_disk_gb",
+              "boot_disk_type", "external_ip", "agent_package")
+
+
+@dataclass(frozen=True)
+class GCPConfig:
+    """``clouds.gcp`` of config.yaml, checked."""
+
+    project: str
+    zones: tuple[str, ...]
+    image: str
+    service_account: str | None = None
+    network: str | None = None
+    subnetwork: str | None = None
+    boot_disk_gb: int = 100
+    boot_disk_type: str = "pd-balanced"
+    external_ip: bool = True
+    agent_package: str | None = None
+
+
+def parse_config(raw: dict | None) -> GCPConfig:
+    """Check ``clouds.gcp``; every problem raises GCPConfigError naming ``clouds.gcp.KEY``."""
+    if not isinstance(raw, dict):
+        raise GCPConfigError("clouds.gcp: must be a mapping with at least project, zones and image")
+    unknown = sorted(set(raw) - set(KNOWN_KEYS))
+    if unknown:
+        raise GCPConfigError(f"clouds.gcp.{unknown[0]}: unknown key (known: {', '.join(KNOWN_KEYS)})")
+    for key in ("project", "zones", "image"):
+        if not raw.get(key):
+            raise GCPConfigError(f"clouds.gcp.{key}: required; see docs/gcp.md for an example")
+    project = _text(raw, "project")
+    if not PROJECT.match(project):
+        raise GCPConfigError(f"clouds.gcp.project: {project!r} is not a project id (lowercase letters, digits "
+                             "and '-', 6-30 characters, as `gcloud projects list` shows it)")
+    zones = raw["zones"]
+    if isinstance(zones, str):
+        zones = [zones]
+    if not isinstance(zones, list) or not all(isinstance(z, str) for z in zones):
+        raise GCPConfigError("clouds.gcp.zones: must be a list of zone names such as [us-central1-a]")
+    for zone in zones:
+        if not ZONE.match(zone):
+            raise GCPConfigError(f"clouds.gcp.zones: {zone!r} is not a zone name (like us-central1-a)")
+    disk_gb = raw.get("boot_disk_gb", 100)
+    if isinstance(disk_gb, bool) or not isinstance(disk_gb, int) or disk_gb < 10:
+        raise GCPConfigError(f"clouds.gcp.boot_disk_gb: {disk_gb!r} must be a whole number of GB, at least 10")
+    external_ip = raw.get("external_ip", True)
+    if not isinstance(external_ip, bool):
+        raise GCPConfigError(f"clouds.gcp.external_ip: {external_ip!r} must be true or false")
+    service_account = _text(raw, "service_account")
+    if service_account is not None and "@" not in service_account:
+        raise GCPConfigError(f"clouds.gcp.service_account: {service_account!r} must be an email such as "
+                             "runner@PROJECT.iam.gserviceaccount.com")
+    return GCPConfig(
+        project=project, zones=tuple(dict.fromkeys(zones)), image=_text(raw, "image"),
+        service_account=service_account, network=_text(raw, "network"), subnetwork=_text(raw, "subnetwork"),
+        boot_disk_gb=disk_gb, boot_disk_type=_text(raw, "boot_disk_type") or "pd-balanced",
+        external_ip=external_ip, agent_package=_text(raw, "agent_package"),
+    )
+
+
+def _text(raw: dict, key: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise GCPConfigError(f"clouds.gcp.{key}: {value!r} must be a non-empty string")
+    return value.strip()
+
+
+def instance_name(node_id: str) -> str:
+    """The VM name for a node: ``runner-<node id>``, made a valid GCE name (a short hash keeps it unique)."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", node_id.lower()).strip("-")
+    name = f"{NAME_PREFIX}{cleaned}"
+    if cleaned == node_id and len(name) <= MAX_NAME and not name.endswith("-"):
+        return name
+    digest = hashlib.sha256(node_id.encode()).hexdigest()[:8]
+    room = MAX_NAME - len(NAME_PREFIX) - len(digest) - 1
+    head = cleaned[:room].strip("-")
+    return f"{NAME_PREFIX}{head}-{digest}" if head else f"{NAME_PREFIX}{digest}"
+
+
+def request_id(node_id: str) -> str:
+    """The insert's ``requestId``: a UUID5 of the node id, so a retried launch is the same request."""
+    return str(uuid.uuid5(REQUEST_NAMESPACE, f"insert/{node_id}"))
+
+
+def label_value(text: str) -> str:
+    """A GCE label value: lowercase letters, digits, '_' and '-', at most 63 characters."""
+    return re.sub(r"[^a-z0-9_-]", "-", str(text).lower())[:63]
+
+
+def node_filter(node_id: str) -> str:
+    """The list filter that finds a node's VM by its label."""
+    return f'labels.{LABEL_NODE} = "{label_value(node_id)}"'
+
+
+def preempted_filter() -> str:
+    """The zone-operations filter for Spot reclaims."""
+    return f'operationType = "{PREEMPTED_OPERATION}"'
+
+
+def make_ref(zone: str, name: str) -> str:
+    return f"{zone}/{name}"
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """``zone/name`` -> (zone, name)."""
+    zone, _, name = (ref or "").partition("/")
+    if not zone or not name or "/" in name:
+        raise ProviderError(f"{ref!r} is not a GCP node ref (zone/name)")
+    return zone, name
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def guest_accelerators(instance_type: str, accelerator: str | None, count: int, zone: str) -> list[dict]:
+    """The ``guestAccelerators`` an offer needs: none for CPU-only and GPU-bundling machine types."""
+    if not accelerator:
+        return []
+    family = instance_type.split("-", 1)[0].lower()
+    if family in BUNDLED_GPU_FAMILIES:
+        return []
+    gpu = N1_ACCELERATORS.get(accelerator.upper())
+    if family != "n1" or gpu is None:
+        raise ProviderError(f"GCP cannot attach {accelerator} to {instance_type}: only N1 machine types take "
+                            f"{', '.join(N1_ACCELERATORS)}, and A2/A3/A4/G2 types come with their own GPUs; "
+                            "fix this offer in the catalog")
+    return [{"acceleratorType": f"zones/{zone}/acceleratorTypes/{gpu}", "acceleratorCount": count}]
+
+
+def scheduling(spot: bool, has_gpu: bool) -> dict:
+    """Spot: deleted when reclaimed, never restarted. On-demand: standard, also not restarted by GCE (the
+    runner recovers the job itself); GPU VMs cannot live-migrate, so they terminate on host maintenance."""
+    if spot:
+        return {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+                "onHostMaintenance": "TERMINATE", "automaticRestart": False}
+    return {"provisioningModel": "STANDARD", "onHostMaintenance": "TERMINATE" if has_gpu else "MIGRATE",
+            "automaticRestart": False}
+
+
+def labels(request: LaunchRequest) -> dict[str, str]:
+    return {
+        LABEL_MANAGED: "true",
+        LABEL_NODE: label_value(request.node_id),
+        LABEL_JOB: label_value(request.job_id),
+        LABEL_ATTEMPT: str(int(request.attempt)),
+    }
+
+
+def network_interface(config: GCPConfig, zone: str) -> dict:
+    interface: dict = {}
+    if config.network or not config.subnetwork:
+        network = config.network or "default"
+        interface["network"] = network if "/" in network else f"global/networks/{network}"
+    if config.subnetwork:
+        sub = config.subnetwork
+        interface["subnetwork"] = sub if "/" in sub else f"regions/{region_of(zone)}/subnetworks/{sub}"
+    if config.external_ip:
+        interface["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    return interface
+
+
+def instance_body(config: GCPConfig, request: LaunchRequest, startup_script: str) -> dict:
+    """The REST body of ``instances.insert`` for one node."""
+    offer = request.offer
+    zone = offer.zone
+    accelerators = guest_accelerators(offer.instance_type, offer.accelerator, offer.accelerator_count, zone)
+    body = {
+        "name": instance_name(request.node_id),
+        "machineType": f"zones/{zone}/machineTypes/{offer.instance_type}",
+        "labels": labels(request),
+        "metadata": {"items": [{"key": STARTUP_SCRIPT_KEY, "value": startup_script}]},
+        "scheduling": scheduling(request.spot, has_gpu=bool(offer.accelerator)),
+        "disks": [{
+            "boot": True,
+            "autoDelete": True,
+            "type": "PERSISTENT",
+            "initializeParams": {
+                "sourceImage": config.image,
+                "diskSizeGb": str(config.boot_disk_gb),
+                "diskType": f"zones/{zone}/diskTypes/{config.boot_disk_type}",
+                "labels": {LABEL_MANAGED: "true", LABEL_NODE: label_value(request.node_id)},
+            },
+        }],
+        "networkInterfaces": [network_interface(config, zone)],
+    }
+    if accelerators:
+        body["guestAccelerators"] = accelerators
+    if config.service_account:
+        body["serviceAccounts"] = [{"email": config.service_account, "scopes": [CLOUD_PLATFORM_SCOPE]}]
+    return body
