@@ -25,7 +25,10 @@ from .staging import Stager
 
 log = get_logger()
 
-STOP_MARGIN_S = 3.0  # an emergency stop leaves this much of the notice's deadline for the process to exit
+# An emergency stop leaves this much of the notice's deadline for the process to exit: 3 s, or a tenth of
+# what is left when the notice is shorter, so a short deadline still leaves time for the durable upload.
+STOP_MARGIN_S = 3.0
+STOP_MARGIN_FRACTION = 0.1
 _OPTIONS = ("local_dir", "durable_url", "interval", "every_steps", "keep", "extra")
 
 
@@ -232,7 +235,9 @@ class Checkpointer:
     def _emergency(self, step: int, request: CheckpointRequest) -> None:
         deadline = None
         if request.deadline is not None:
-            deadline = time.monotonic() + (request.deadline - time.time()) - self.stop_margin_s
+            left = request.deadline - time.time()
+            margin = min(self.stop_margin_s, max(0.0, STOP_MARGIN_FRACTION * left))
+            deadline = time.monotonic() + left - margin
         job = self._last_job
         if job is None or job.step != step or job.error is not None:
             job = self._save(step, emergency=True)
