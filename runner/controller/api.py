@@ -192,11 +192,14 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
 
 @router.get("/offers")
 def offers(request: Request, accelerators: str | None = None, cloud: str | None = None,
-           on_demand: bool = False, who: Principal = Depends(require_admin)):
-    """Offers of the configured providers that fit the filters, cheapest first."""
+           on_demand: bool = False, refresh: bool = False, who: Principal = Depends(require_admin)):
+    """Offers of the configured providers that fit the filters, cheapest first (``refresh``: live prices now)."""
     from ..scheduler.policy import filter_offers
 
     providers = _state(request).scheduler.providers.values()
+    if refresh:
+        for provider in providers:
+            provider.refresh_prices()
     every = [o for p in providers for o in p.offers()]
     try:
         fitting = filter_offers(every, accelerators=accelerators, cloud=cloud, on_demand=on_demand)

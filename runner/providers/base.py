@@ -45,6 +45,9 @@ class Provider(ABC):
     def offers(self) -> list[Offer]:
         """Every offer this provider can launch, with current prices."""
 
+    def refresh_prices(self) -> None:
+        """Forget cached prices so the next ``offers()`` reads them live (a no-op without live prices)."""
+
     @abstractmethod
     def launch(self, request: LaunchRequest) -> str:
         """Start a node (or find the one already started for ``request.node_id``); return its ref."""

@@ -111,7 +111,13 @@ def filter_offers(offers: Iterable[Offer], accelerators: str | None = None, clou
 
     Ordered by spot price (offers without a spot market last), or by on-demand price when ``on_demand``.
     """
+    offers = list(offers)
     name, count = _parse_accelerators(accelerators) if accelerators else (None, None)
+    if name is not None:
+        known = _known_accelerators(offers)
+        if name.upper() not in {k.upper() for k in known}:
+            raise ValueError(f"accelerators {accelerators}: unknown accelerator {name!r}; "
+                             f"known accelerators are {', '.join(known)}")
     chosen = [o for o in offers if (cloud is None or o.cloud == cloud) and (
         name is None or (o.accelerator is not None and o.accelerator.upper() == name.upper()
                          and count in (None, o.accelerator_count)))]

@@ -173,3 +173,14 @@ recovery: {max_failures: 1, resume_drill: "off"}
         assert row["cost_usd"] > 0
     total = runner.json("status", job_id)["cost_usd"]
     assert abs(total - sum(r["cost_usd"] for r in rows)) < 1e-5
+
+
+def test_offers_lists_fitting_offers_cheapest_first_with_filters(runner, controller):
+    """`offers --accelerators A100:8` lists only 8xA100 offers, cheapest spot first; --on-demand orders by that."""
+    rows = runner.json("offers", "--accelerators", "A100:8", "--refresh")
+    assert rows and all(r["accelerator"] == "A100" and r["accelerator_count"] == 8 for r in rows)
+    assert [r["spot_price"] for r in rows] == sorted(r["spot_price"] for r in rows)
+    on_demand = runner.json("offers", "--on-demand")
+    assert [r["on_demand_price"] for r in on_demand] == sorted(r["on_demand_price"] for r in on_demand)
+    bad = runner("offers", "--accelerators", "Z9000:1")
+    assert bad.returncode == 2 and "Z9000" in bad.stderr

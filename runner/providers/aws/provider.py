@@ -177,6 +177,10 @@ class AWSProvider(Provider):
             self._offers = (time.monotonic(), offers)
         return list(offers)
 
+    def refresh_prices(self) -> None:
+        with self._lock:
+            self._offers = None
+
     def _launchable_zones(self, region: str) -> set[str] | None:
         """The zones of the configured subnets, or None (every zone) when no subnet is configured."""
         if not self.settings.per_region[region].subnet_ids:

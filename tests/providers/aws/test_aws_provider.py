@@ -102,6 +102,16 @@ def test_live_spot_prices_are_read_once_per_region_and_cached(session, ami):
     assert {region: len(c) for region, c in calls.items()} == {REGION: 1, OTHER_REGION: 1}
 
 
+def test_refresh_prices_reads_the_spot_price_history_again(session, ami):
+    """After refresh_prices() (what `runner offers --refresh` asks for), the next offers() asks AWS again."""
+    provider = AWSProvider(aws_config(ami, regions=[REGION], image_id=ami, refresh_prices=True), session=session)
+    calls = count_calls(provider.client(REGION), "DescribeSpotPriceHistory")
+    provider.offers()
+    provider.refresh_prices()
+    provider.offers()
+    assert len(calls) == 2
+
+
 def test_a_price_api_failure_keeps_the_catalog_prices_with_a_warning(session, ami):
     """When the spot price history cannot be read, the catalog's prices stay and a warning says why."""
     provider = AWSProvider(aws_config(ami, regions=[REGION], image_id=ami, refresh_prices=True), session=session)
