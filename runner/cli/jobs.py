@@ -145,4 +145,5 @@ def cancel(job_id: str):
 def preempt(job_id: str, notice: str):
     """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss."""
     result = connect().post(f"/v1/jobs/{job_id}/preempt", {"notice": notice})
-    click.echo(f"sent a {notice} notice to node {result['node']}; it is reclaimed in {result['grace_seconds']:.1f}s")
+    label = {"aws": "an AWS", "gcp": "a GCP", "azure": "an Azure"}[notice]
+    click.echo(f"sent {label} notice to node {result['node']}; it is reclaimed in {result['grace_seconds']:.1f}s")
