@@ -83,7 +83,8 @@ def parse_rebalance(body: str) -> Notice:
     data = _json(body, REBALANCE_PATH)
     if not isinstance(data, dict) or "noticeTime" not in data:
         raise WatcherError(f"IMDS {REBALANCE_PATH} holds no noticeTime ({body[:80]!r}); ignored")
-    return Notice.create("aws", "rebalance", "rebalance", terminal=False, detail={"noticeTime": data["noticeTime"]})
+    return Notice.create("aws", "rebalance", "rebalance", terminal=False,
+                         detail={"noticeTime": data["noticeTime"], "issued_at": data["noticeTime"]})
 
 
 def parse_scheduled(body: str) -> list[Notice]:

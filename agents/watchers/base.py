@@ -79,6 +79,21 @@ class Notice:
         return {"source": self.source, "kind": self.kind, "action": self.action, "deadline": iso(self.deadline),
                 "received_at": iso(self.received_at), "terminal": self.terminal, "id": self.id}
 
+    def timing(self) -> dict[str, float]:
+        """Unix seconds for the controller's metrics: when this watcher saw the notice, its deadline and, where
+        the protocol states it (``detail["issued_at"]``), when the cloud issued it. Empty for a replayed notice."""
+        if self.replayed:
+            return {}
+        out = {"received_unix": self.received_at.timestamp()}
+        if self.deadline is not None:
+            out["deadline_unix"] = self.deadline.timestamp()
+        try:
+            if self.detail.get("issued_at"):
+                out["issued_unix"] = parse_iso(str(self.detail["issued_at"])).timestamp()
+        except ValueError:
+            pass
+        return out
+
     def to_state(self) -> dict[str, Any]:
         return {**self.to_json(), "detail": self.detail}
 

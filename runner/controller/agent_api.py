@@ -18,6 +18,7 @@ from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
 from ..scheduler.transitions import transition
 from ..state.store import NODE_RUNNING
+from . import metrics
 from .auth import Principal, require_node
 
 router = APIRouter(prefix="/v1/agent")
@@ -136,8 +137,10 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
     state = _state(request)
     job_id, attempt = who.node["job_id"], who.node["attempt"]
     with state.store.db.transaction() as tx:
+        if body.kind in metrics.NOTICE_KINDS:
+            metrics.record_notice(tx, job_id, attempt, body.data)
         if body.kind == "notice":
-            state.store.set_attempt_notice(tx, job_id, attempt, body.data)
+            state.store.set_attempt_notice(tx, job_id, attempt, metrics.without_timing(body.data))
             state.store.add_event(tx, job_id, "notice", f"{body.data.get('source')} {body.data.get('action')} "
                                   f"notice, deadline {body.data.get('deadline')}", attempt=attempt)
         elif body.kind == "checkpoint":
@@ -145,6 +148,8 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
                 return {"accepted": False}  # only a checkpoint on the durable tier survives the node
             checkpoint = {**body.data, "attempt": attempt, "time": body.data.get("time", time.time())}
             accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
+            if accepted:
+                metrics.record_commit(tx, job_id, attempt, checkpoint)
             return {"accepted": accepted}
         else:
             state.store.add_event(tx, job_id, body.kind, str(body.data.get("message", body.data)), attempt=attempt)

@@ -31,12 +31,13 @@ class ControllerState:
 
 
 def create_app(state: ControllerState) -> FastAPI:
-    from . import agent_api, api
+    from . import agent_api, api, metrics
 
     app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None)
     app.state.controller = state
     app.include_router(api.router)
     app.include_router(agent_api.router)
+    app.include_router(metrics.router)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError):

@@ -87,6 +87,21 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        2,
+        """
+        CREATE TABLE measurements (
+            key TEXT PRIMARY KEY,
+            job_id TEXT NOT NULL,
+            attempt INTEGER,
+            time REAL NOT NULL,
+            name TEXT NOT NULL,
+            labels TEXT NOT NULL,
+            value REAL NOT NULL
+        );
+        CREATE INDEX measurements_name ON measurements(name);
+        """,
+    ),
 ]
 
 

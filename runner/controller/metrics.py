@@ -1,0 +1,197 @@
+"""The controller's Prometheus metrics: ``GET /metrics`` with the admin token.
+
+Every figure is computed from the database at scrape time (a custom collector), so the metrics survive
+a controller restart and never drift from the restart log. Agent-reported figures (checkpoint commit
+seconds, notice timing) are stored as measurements when the report arrives (:func:`record_commit`,
+:func:`record_notice`) and turned into histograms at scrape time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import structlog
+from fastapi import APIRouter, Depends, Request, Response
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
+
+from ..scheduler.states import ALLOWED
+from ..state import Database, Tx
+from ..state import measurements as m
+from .auth import Principal, require_admin
+
+log = structlog.get_logger(__name__)
+router = APIRouter()
+
+JOB_STATES = tuple(ALLOWED)  # every state is exported, 0 included
+PREEMPTION_REASONS = ("preempted", "lost")
+NOTICE_KINDS = ("notice", "rebalance", "maintenance")  # agent event kinds that report a notice
+# Precise timing a notice report may carry (unix seconds); kept out of the restart log's notice.
+TIMING_FIELDS = ("received_unix", "deadline_unix", "issued_unix")
+
+
+@dataclass(frozen=True)
+class HistogramSpec:
+    name: str
+    doc: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...]
+
+
+RECOVERY = HistogramSpec(
+    "runner_recovery_seconds", "Seconds from an attempt's end by preemption or loss to the next attempt "
+    "running (its agent registered)", ("end_reason",), (5, 10, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600))
+COMMIT = HistogramSpec(
+    "runner_checkpoint_commit_seconds", "Seconds from the start of a checkpoint save to its commit on the "
+    "durable tier, as the training library reports it", ("emergency",),
+    (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+DETECTION = HistogramSpec(
+    "runner_notice_detection_seconds", "Seconds from a notice's issue time, where the cloud's protocol "
+    "states one, to the agent's watcher seeing it", ("source", "kind"),
+    (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+WARNING = HistogramSpec(
+    "runner_notice_warning_seconds", "Seconds left before a notice's deadline when the agent's watcher saw it",
+    ("source", "kind"), (1, 5, 10, 15, 30, 60, 90, 120, 300, 900, 3600))
+MEASURED = {"checkpoint_commit_seconds": COMMIT, "notice_detection_seconds": DETECTION,
+            "notice_warning_seconds": WARNING}
+
+
+def histogram(spec: HistogramSpec, observations: Iterable[tuple[tuple[str, ...], float]]) -> HistogramMetricFamily:
+    """A histogram family from (label values, value) pairs: cumulative buckets, count and sum per label set."""
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for labels, value in observations:
+        groups.setdefault(labels, []).append(value)
+    family = HistogramMetricFamily(spec.name, spec.doc, labels=spec.labels)
+    for labels, values in sorted(groups.items()):
+        buckets = [(floatToGoString(b), sum(v <= b for v in values)) for b in spec.buckets]
+        family.add_metric(list(labels), buckets + [("+Inf", len(values))], sum(values))
+    return family
+
+
+def recovery_intervals(timeline: Iterable[dict]) -> Iterator[tuple[str, float]]:
+    """(end_reason, seconds) for each recovery: from the end of an attempt that was preempted or lost to
+    ``running_at`` of the job's next attempt that ran. Attempts that never ran (lost while launching)
+    extend the recovery they belong to. ``timeline`` is ordered by job, then attempt."""
+    job, pending = None, None
+    for row in timeline:
+        if row["job_id"] != job:
+            job, pending = row["job_id"], None
+        if pending is not None and row["running_at"] is not None:
+            yield pending[0], max(0.0, row["running_at"] - pending[1])
+            pending = None
+        if row["end_reason"] in PREEMPTION_REASONS and row["ended_at"] is not None and pending is None:
+            pending = (row["end_reason"], row["ended_at"])
+
+
+class StateCollector:
+    """Job and attempt metrics read from the controller's database on every scrape."""
+
+    def __init__(self, db: Database, clock=time.time):
+        self.db = db
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        counts = m.job_state_counts(self.db)
+        jobs = GaugeMetricFamily("runner_jobs", "Jobs in each state", labels=("state",))
+        for state in JOB_STATES:
+            jobs.add_metric([state], counts.get(state, 0))
+        yield jobs
+
+        ended = m.ended_attempt_counts(self.db)
+        attempts = CounterMetricFamily("runner_attempts", "Attempts that have ended, by where they ran and why "
+                                       "they ended (the restart log)", labels=("cloud", "zone", "end_reason"))
+        preemptions = CounterMetricFamily("runner_preemptions", "Attempts that ended by preemption or by losing "
+                                          "their node", labels=("cloud", "zone", "end_reason"))
+        for row in ended:
+            labels = [row["cloud"] or "", row["zone"] or "", row["end_reason"]]
+            attempts.add_metric(labels, row["n"])
+            if row["end_reason"] in PREEMPTION_REASONS:
+                preemptions.add_metric(labels, row["n"])
+        yield attempts
+        yield preemptions
+
+        running = GaugeMetricFamily("runner_attempts_running", "Attempts running now", labels=("cloud", "zone"))
+        for row in m.running_attempt_counts(self.db):
+            running.add_metric([row["cloud"] or "", row["zone"] or ""], row["n"])
+        yield running
+
+        cost = CounterMetricFamily("runner_job_cost_usd", "What every job's attempts have cost, in USD "
+                                   "(per-second billing; running attempts up to now)", labels=("cloud", "zone"))
+        for row in m.cost_by_zone(self.db, self.clock()):
+            cost.add_metric([row["cloud"] or "", row["zone"] or ""], round(row["usd"] or 0.0, 6))
+        yield cost
+
+        yield histogram(RECOVERY, (((reason,), seconds)
+                                   for reason, seconds in recovery_intervals(m.attempt_timeline(self.db))))
+        observed: dict[str, list] = {name: [] for name in MEASURED}
+        for row in m.measurements(self.db):
+            spec = MEASURED.get(row["name"])
+            if spec is not None:
+                observed[row["name"]].append((tuple(row["labels"].get(k, "") for k in spec.labels), row["value"]))
+        for name, spec in MEASURED.items():
+            yield histogram(spec, observed[name])
+
+
+# --- agent reports -> measurements -----------------------------------------------------------------
+def record_commit(tx: Tx, job_id: str, attempt: int, checkpoint: dict, now: float | None = None) -> None:
+    """A durable commit the controller accepted: its commit seconds, once per job, attempt and step."""
+    seconds = _number(checkpoint.get("seconds"))
+    if seconds is None:
+        return
+    labels = {"emergency": "true" if checkpoint.get("emergency") else "false"}
+    m.add_measurement(tx, f"{job_id}/{attempt}/step-{checkpoint.get('step')}/commit", job_id, attempt,
+                      "checkpoint_commit_seconds", seconds, labels, now or time.time())
+
+
+def record_notice(tx: Tx, job_id: str, attempt: int, notice: dict, now: float | None = None) -> None:
+    """A notice report's timing, once per job, attempt and notice; a report without it records nothing."""
+    received = _number(notice.get("received_unix"))
+    if received is None:
+        return
+    labels = {"source": str(notice.get("source", "")), "kind": str(notice.get("kind", ""))}
+    key = f"{job_id}/{attempt}/{notice.get('id') or labels['source'] + ':' + labels['kind']}"
+    now = now or time.time()
+    issued, deadline = _number(notice.get("issued_unix")), _number(notice.get("deadline_unix"))
+    if issued is not None:  # a notice cannot be seen before it is issued: below 0 is clock skew
+        m.add_measurement(tx, key + "/detection", job_id, attempt, "notice_detection_seconds",
+                          max(0.0, received - issued), labels, now)
+    if deadline is not None:
+        m.add_measurement(tx, key + "/warning", job_id, attempt, "notice_warning_seconds",
+                          max(0.0, deadline - received), labels, now)
+
+
+def without_timing(notice: dict) -> dict:
+    """The notice as the restart log keeps it."""
+    return {k: v for k, v in notice.items() if k not in TIMING_FIELDS}
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if value is not None:
+            log.warning("ignoring a reported figure that is not a number", value=repr(value)[:40])
+        return None
+    return float(value)
+
+
+# --- the endpoint --------------------------------------------------------------------------------------
+def registry_for(db: Database) -> CollectorRegistry:
+    """A registry with the database collector and the process's own standard collectors."""
+    registry = CollectorRegistry()
+    registry.register(StateCollector(db))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request, who: Principal = Depends(require_admin)) -> Response:
+    """Prometheus text (or OpenMetrics, when the scraper asks for it)."""
+    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+    body = encoder(registry_for(request.app.state.controller.store.db))
+    return Response(body, headers={"Content-Type": content_type})
