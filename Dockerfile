@@ -1,18 +1,31 @@
-# One image for both daemons: `runner server` (the controller) or `runner agent` (the node agent).
+# syntax=docker/dockerfile:1
+# One image for both daemons: `runner server` (the controller, the default) or `runner agent` (the node agent,
+# e.g. the Kubernetes sidecar in deploy/kubernetes/). Build: docker build -t runner .
 FROM python:3.11-slim AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY runner ./runner
 COPY agents ./agents
-RUN pip wheel --no-deps --wheel-dir /wheels . && pip wheel --wheel-dir /wheels "$(ls /wheels/runner-*.whl)[aws,gcp]"
+# Wheels for the package and every dependency (the cloud SDKs the controller uses included).
+RUN pip wheel --no-deps --wheel-dir /wheels . \
+ && pip wheel --wheel-dir /wheels "$(ls /wheels/runner-*.whl)[aws,gcp]"
 
 FROM python:3.11-slim
-RUN useradd --create-home --uid 10001 runner
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-USER runner
-ENV RUNNER_HOME=/home/runner/.runner
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    RUNNER_HOME=/var/lib/runner
+# The wheels are bind-mounted from the build stage, so no layer keeps a copy of them.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-index --find-links /wheels "$(ls /wheels/runner-*.whl)[aws,gcp]" \
+ && useradd --uid 10001 --user-group --home-dir /var/lib/runner --no-create-home --shell /usr/sbin/nologin runner \
+ && install -d -o 10001 -g 10001 -m 0700 /var/lib/runner /var/lib/runner/scratch
+COPY --chmod=0755 deploy/healthcheck.py /usr/local/bin/runner-healthcheck
+# Numeric, so Kubernetes can enforce runAsNonRoot. The controller's state (RUNNER_HOME) belongs on a volume.
+USER 10001:10001
+WORKDIR /var/lib/runner
 EXPOSE 8470
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import json,os,urllib.request as u; h=os.environ['RUNNER_HOME']; t=open(h+'/admin-token').read().strip(); u.urlopen(u.Request(json.load(open(h+'/controller.json'))['url']+'/v1/health', headers={'Authorization':'Bearer '+t}), timeout=4)" || exit 1
+# The controller: its API answers /v1/health. The agent: its control channel accepts a connection, which
+# it opens once registered (it tries for 5 minutes, hence a 6-minute start period).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=6m --retries=3 CMD ["runner-healthcheck"]
 ENTRYPOINT ["runner"]
 CMD ["server", "--host", "0.0.0.0"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import structlog
 
+from runner import sdnotify
 from runner.client import Client, ClientError
 from runner.logconfig import configure_logging
 
@@ -62,6 +63,7 @@ class Agent:
         self.drill: ResumeDrill | None = None
 
     def run(self) -> int:
+        sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
         assignment = self._register()
         if assignment is None:
             return 1
@@ -74,9 +76,11 @@ class Agent:
         self.watch_loop = self._start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        sdnotify.ready()
         try:
             self._run_attempts()
         finally:
+            sdnotify.stopping()
             self.shutdown.set()
             if self.watch_loop is not None:
                 self.watch_loop.stop()
@@ -283,7 +287,7 @@ class Agent:
 
     def _on_notice(self, notice: Notice) -> None:
         """A new notice from the watch loop: record it; a terminal one starts the emergency path."""
-        data = notice.to_json()
+        data = {**notice.to_json(), **notice.timing()}
         if notice.terminal:
             self._event("notice", data)
             self.emergency.start(notice)
@@ -304,7 +308,8 @@ class Agent:
                 self.emergency.on_ack(message)
         elif op == "committed":
             self.progress["checkpoint_step"] = message.get("step")
-            self._event("checkpoint", {k: message.get(k) for k in ("step", "manifest", "durable", "seconds", "bytes")})
+            self._event("checkpoint", {k: message.get(k) for k in
+                                       ("step", "manifest", "durable", "emergency", "seconds", "bytes")})
         elif op == "restored":
             self.progress["restored_step"] = message.get("step")
             if self.drill is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import structlog
 import uvicorn
 
+from .. import sdnotify
 from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config
 from ..providers.local import LocalProvider
 from ..providers.local.processes import process_start_ticks
@@ -111,6 +112,15 @@ class _Server(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    async def startup(self, sockets=None):
+        await super().startup(sockets=sockets)
+        if self.started:
+            sdnotify.ready()  # the socket is accepting: systemd's Type=notify may order dependents now
+
+    async def shutdown(self, sockets=None):
+        sdnotify.stopping()
+        await super().shutdown(sockets=sockets)
+
 
 def serve(settings: ServerSettings) -> None:
     """Run until SIGTERM or SIGINT; leave the database consistent and nodes running."""
@@ -133,12 +143,15 @@ def serve(settings: ServerSettings) -> None:
     server = _Server(uvicorn.Config(create_app(state), log_config=None, access_log=False,
                                            timeout_graceful_shutdown=5))
     _write_controller_file(data_dir, url)
+    watchdog = sdnotify.start_watchdog()  # also takes NOTIFY_SOCKET out of the environment nodes inherit
     reconciler.start()
     log.info("controller serving", url=url, data_dir=str(data_dir), pid=os.getpid())
     try:
         server.run(sockets=[sock])
     finally:
         reconciler.stop()
+        if watchdog is not None:
+            watchdog.stop()
         (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)
         lock.close()
         log.info("controller stopped")

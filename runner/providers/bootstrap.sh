@@ -13,12 +13,19 @@ package=@PACKAGE@
 install -d -m 0755 /opt/runner /var/lib/runner/scratch
 install -d -m 0700 /etc/runner
 if [ ! -x /opt/runner/venv/bin/runner ]; then
-  python3 -m venv /opt/runner/venv
+  if ! python3 -m venv /opt/runner/venv; then
+    # Debian and Ubuntu images ship venv (ensurepip) as a separate package.
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+    python3 -m venv --clear /opt/runner/venv
+  fi
   /opt/runner/venv/bin/pip install --quiet "$package"
 fi
 
-umask 077
-cat >/etc/runner/agent.yaml <<CONFIG
+# The config holds the node's token: readable by root only.
+(
+  umask 077
+  cat >/etc/runner/agent.yaml <<CONFIG
 controller_url: "$controller_url"
 node_id: "$node_id"
 token: "$node_token"
@@ -26,19 +33,46 @@ scratch_dir: /var/lib/runner/scratch
 cloud: "$cloud"
 zone: "$zone"
 CONFIG
+)
 
+# The same unit as deploy/runner-agent.service.
 cat >/etc/systemd/system/runner-agent.service <<'UNIT'
+# The on-node agent (`runner agent`): registers with the controller, runs the job, watches for preemption.
+# The bootstrap script (runner/providers/bootstrap.sh) installs this same unit on every cloud node.
 [Unit]
 Description=runner node agent
-After=network-online.target
+# Ordered after the network (and remote file systems), so at shutdown it is stopped before they go:
+# the emergency checkpoint's upload and the exit report still have a network.
+After=network-online.target remote-fs.target
 Wants=network-online.target
 
 [Service]
+Type=notify
+NotifyAccess=main
+EnvironmentFile=-/etc/runner/agent.env
 ExecStart=/opt/runner/venv/bin/runner agent --config /etc/runner/agent.yaml
+# READY=1 once registered with the controller; the agent keeps trying to register for 300 s.
+TimeoutStartSec=360
+WatchdogSec=30
 Restart=on-failure
-RestartSec=2
+RestartSec=5
+# Exit 2 is a bad /etc/runner/agent.yaml: restarting will not fix it.
+RestartPreventExitStatus=2
+# At shutdown SIGTERM goes to the agent alone (mixed): it treats it as a preemption notice, has the job take
+# an emergency checkpoint and stop, ships the output and reports the exit; whatever is left then gets
+# SIGKILL. GCP powers off about 30 s after its ACPI shutdown; AWS gives 2 minutes from the spot notice.
+# 120 s covers the longer one; on GCP the power-off comes first.
 KillMode=mixed
-TimeoutStopSec=90
+TimeoutStopSec=120
+
+# Hardening, kept to what cannot break a training job. The agent runs the job itself, so it keeps:
+# root and a writable file system (`setup` installs packages; checkpoint.local_dir may be any path such as
+# /mnt/nvme), the home directories (caches such as ~/.cache/huggingface), the host's /tmp, every device
+# (GPUs, /dev/nvidia-uvm, InfiniBand/EFA) and kernel module loading (CUDA runs nvidia-modprobe on first use).
+NoNewPrivileges=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+LockPersonality=yes
 
 [Install]
 WantedBy=multi-user.target
