@@ -45,15 +45,16 @@ class Runner:
 
 
 class Controller:
-    """A `runner server` process on a free loopback port."""
+    """A `runner server` process on a free loopback port; ``env`` adds variables (RUNNER_* ones too)."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, env: dict[str, str] | None = None):
         self.home = home
+        self.extra_env = dict(env or {})
         self.process: subprocess.Popen | None = None
 
     def start(self, port: int = 0) -> "Controller":
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
-        env["RUNNER_HOME"] = str(self.home)
+        env.update(self.extra_env, RUNNER_HOME=str(self.home))
         (self.home / "controller.json").unlink(missing_ok=True)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "runner.cli.main", "server", "--data-dir", str(self.home), "--port", str(port)],

@@ -7,7 +7,8 @@ operation when it reclaims a Spot VM. Every request is recorded in ``requests``.
 
 Controls: ``preempt``, ``delete_behind_our_back``, ``stop``, ``exhaust_zone``, ``exceed_quota``,
 ``fail_next`` (transient HTTP errors), ``deny`` (every call answers 401 or 403), ``forget_request_ids``,
-``slow_operations`` (operations start RUNNING until waited on).
+``slow_operations`` (operations start RUNNING until waited on), ``hold_operations`` (waits return them
+still RUNNING, as GCE's ``wait`` does when its deadline passes first, until released).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,6 +71,7 @@ class FakeGCE:
         self._transient: list[int] = []  # statuses the next requests answer, one each
         self._denied: int | None = None
         self._pending = False
+        self._held = False
         self._server: ThreadingHTTPServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -120,6 +123,13 @@ class FakeGCE:
         """New operations start RUNNING and are DONE once waited on (``operations/{op}/wait``)."""
         self._pending = pending
 
+    def hold_operations(self, held: bool = True) -> None:
+        """New operations start RUNNING, and each ``wait`` on one returns it still RUNNING (after 0.1 s) while
+        held; once released (``held=False``), the next ``wait`` finishes it."""
+        self._held = held
+        if held:
+            self._pending = True
+
     def fail_next(self, *statuses: int) -> None:
         """The next requests answer these HTTP statuses (503, 500, 429...), one request each."""
         self._transient.extend(statuses)
@@ -159,6 +169,8 @@ class FakeGCE:
 
     # -- the API -----------------------------------------------------------------------------------
     def handle(self, method: str, path: str, query: dict[str, str], body: dict | None) -> tuple[int, dict]:
+        if self._held and method == "POST" and path.endswith("/wait"):
+            time.sleep(0.1)  # GCE's wait long-polls; a held one must not make the caller spin
         with self._lock:
             self.requests.append(Recorded(method, path, query, body))
             if self._denied:
@@ -194,7 +206,7 @@ class FakeGCE:
                     (method == "GET" and len(parts) == 2) or (method == "POST" and parts[2:] == ["wait"])):
                 for operation in self.operations.get(zone, []):
                     if operation["name"] == parts[1]:
-                        if parts[2:] == ["wait"]:
+                        if parts[2:] == ["wait"] and not self._held:
                             operation.update(status="DONE", progress=100, endTime=_now())
                         return 200, operation
                 raise APIError(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}"

@@ -3,6 +3,11 @@
 Point gcsfs at it with ``STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`` and ``token="anon"``. It keeps
 objects in memory and speaks: bucket get/insert, object list (prefix, delimiter, pages), get
 (metadata, or ``alt=media`` with Range), multipart and resumable uploads, delete and batch delete.
+``writes`` lists the object names (``bucket/name``) in the order their uploads completed.
+
+gcsfs's default filesystem class (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT``, on by default) also asks the
+Storage Control gRPC API for each bucket's layout, which this JSON-only fake does not speak: use
+``gcsfs.core.GCSFileSystem``, or set ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` before gcsfs is imported.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class FakeGCS:
     def __init__(self, buckets: tuple[str, ...] = ()):
         self.objects: dict[str, dict[str, bytes]] = {b: {} for b in buckets}  # bucket -> name -> data
         self._uploads: dict[str, tuple[str, str, bytearray]] = {}  # upload id -> (bucket, name, data so far)
+        self.writes: list[str] = []  # "bucket/name" of each completed upload, oldest first
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -51,6 +57,7 @@ class FakeGCS:
 
     def store(self, bucket: str, name: str, data: bytes) -> tuple[int, dict]:
         self.objects[bucket][name] = bytes(data)
+        self.writes.append(f"{bucket}/{name}")
         return 200, self.meta(bucket, name)
 
     def listing(self, bucket: str, q: dict) -> tuple[int, dict]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from gcp_fixtures import A100, CONFIG, PROJECT, T4, ZONE, gce, launch_request, provider  # noqa: F401 - fixtures
 
@@ -108,6 +111,23 @@ def test_launch_waits_on_a_running_operation_through_the_fake(provider, gce):
     gce.slow_operations()
     provider.launch(launch_request(NODE))
     assert len(gce.calls("POST", "/wait")) == 1
+
+
+def test_launch_keeps_waiting_while_the_operation_is_still_running(provider, gce):
+    """A wait that returns the insert still RUNNING is repeated; the launch returns once the operation is DONE."""
+    gce.hold_operations()
+    done = []
+    worker = threading.Thread(target=lambda: done.append(provider.launch(launch_request(NODE))))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(gce.calls("POST", "/wait")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not done and len(gce.calls("POST", "/wait")) >= 3
+    finally:
+        gce.hold_operations(False)
+        worker.join(20)
+    assert done == [f"{ZONE}/{VM}"]
 
 
 def test_launch_in_an_exhausted_zone_raises_no_capacity(provider, gce):
