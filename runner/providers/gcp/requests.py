@@ -29,6 +29,8 @@ LABEL_NODE = "runner-node"
 LABEL_JOB = "runner-job"
 LABEL_ATTEMPT = "runner-attempt"
 STARTUP_SCRIPT_KEY = "startup-script"
+# Deep Learning VM images install the NVIDIA driver at first boot only when asked (other images ignore it).
+INSTALL_DRIVER_KEY = "install-nvidia-driver"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 PREEMPTED_OPERATION = "compute.instances.preempted"
 
@@ -181,6 +183,14 @@ def scheduling(spot: bool, has_gpu: bool) -> dict:
             "automaticRestart": False}
 
 
+def metadata_items(startup_script: str, has_gpu: bool) -> list[dict]:
+    """The VM's metadata: the bootstrap as ``startup-script``; on GPU machines, the driver install flag."""
+    items = [{"key": STARTUP_SCRIPT_KEY, "value": startup_script}]
+    if has_gpu:
+        items.append({"key": INSTALL_DRIVER_KEY, "value": "True"})
+    return items
+
+
 def labels(request: LaunchRequest) -> dict[str, str]:
     return {
         LABEL_MANAGED: "true",
@@ -212,7 +222,7 @@ def instance_body(config: GCPConfig, request: LaunchRequest, startup_script: str
         "name": instance_name(request.node_id),
         "machineType": f"zones/{zone}/machineTypes/{offer.instance_type}",
         "labels": labels(request),
-        "metadata": {"items": [{"key": STARTUP_SCRIPT_KEY, "value": startup_script}]},
+        "metadata": {"items": metadata_items(startup_script, has_gpu=bool(offer.accelerator))},
         "scheduling": scheduling(request.spot, has_gpu=bool(offer.accelerator)),
         "disks": [{
             "boot": True,

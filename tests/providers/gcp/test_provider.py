@@ -61,9 +61,9 @@ def test_launch_passes_the_bootstrap_as_startup_script_without_credentials(provi
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/home/me/.config/gcloud/key-do-not-ship.json")
     request = launch_request(NODE)
     provider.launch(request)
-    (item,) = inserted(gce)["metadata"]["items"]
-    assert item["key"] == "startup-script"
-    script = item["value"]
+    items = {item["key"]: item["value"] for item in inserted(gce)["metadata"]["items"]}
+    assert set(items) == {"startup-script", "install-nvidia-driver"}
+    script = items["startup-script"]
     assert script == render_bootstrap(request.bootstrap, cloud="gcp", zone=ZONE)
     assert "http://10.128.0.2:8470" in script and NODE in script and "node-token-secret" in script
     for secret in ("key-do-not-ship", "GOOGLE_APPLICATION_CREDENTIALS", "private_key", "refresh_token",

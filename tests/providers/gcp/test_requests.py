@@ -10,6 +10,7 @@ import uuid
 import pytest
 from gcp_fixtures import A100, CONFIG, T4, launch_request
 
+from runner.providers.offers import Offer
 from runner.providers.errors import ProviderError
 from runner.providers.gcp.errors import GCPConfigError
 from runner.providers.gcp.requests import (
@@ -103,10 +104,17 @@ def test_a_gpu_on_a_machine_that_cannot_take_it_is_refused():
         guest_accelerators("n2-standard-8", "T4", 1, "us-central1-a")
 
 
-def test_the_instance_body_carries_the_startup_script():
-    """The body's metadata holds exactly one item, startup-script, with the given script."""
-    body = instance_body(config(), launch_request(), "#!/bin/bash\necho hi\n")
+def test_the_instance_body_of_a_cpu_machine_carries_only_the_startup_script():
+    """A CPU-only VM's metadata holds exactly one item, startup-script, with the given script."""
+    cpu = Offer("gcp", "us-central1", "us-central1-a", "n2-standard-8", None, 0, 8, 32.0, 0.08, 0.39)
+    body = instance_body(config(), launch_request(offer=cpu), "#!/bin/bash\necho hi\n")
     assert body["metadata"] == {"items": [{"key": "startup-script", "value": "#!/bin/bash\necho hi\n"}]}
+
+
+def test_a_gpu_vm_asks_the_image_to_install_the_nvidia_driver():
+    """A T4 VM's metadata also carries install-nvidia-driver=True, which Deep Learning VM images act on."""
+    body = instance_body(config(), launch_request(), "#!/bin/bash\n")
+    assert {"key": "install-nvidia-driver", "value": "True"} in body["metadata"]["items"]
 
 
 def test_the_instance_body_for_a_bundled_gpu_machine_has_no_accelerators():
