@@ -69,13 +69,20 @@ def _assignment(state, job_id: str, attempt: int) -> dict:
         "has_workdir": bool(spec.get("workdir_digest")),
         "checkpoint": {
             "local_dir": spec["checkpoint"]["local_dir"],
-            "durable_url": spec["checkpoint"]["durable_url"] or state.default_checkpoint_url(job["id"]),
+            "durable_url": spec["checkpoint"]["durable_url"] or _default_durable_url(state, job_id, attempt),
             "interval": spec["checkpoint"]["interval"],
             "keep": spec["checkpoint"]["keep"],
             "resume": job["checkpoint"],
         },
         "resume_drill_seconds": drill_seconds if drill_due(state.store.attempts(job_id)) else None,
     }
+
+
+def _default_durable_url(state, job_id: str, attempt: int) -> str | None:
+    """The attempt's provider default (submit refused jobs that could land where there is none)."""
+    row = next((a for a in state.store.attempts(job_id) if a["attempt"] == attempt), None)
+    provider = state.scheduler.providers.get(row["cloud"]) if row else None
+    return provider.default_checkpoint_url(job_id) if provider else None
 
 
 @router.get("/workdir")

@@ -66,7 +66,7 @@ def submit(body: SubmitRequest, request: Request, who: Principal = Depends(requi
         raise HTTPException(422, "\n".join(exc.problems)) from None
     if body.workdir_digest and not (state.workdirs / f"{body.workdir_digest}.tar.gz").exists():
         raise HTTPException(422, "workdir_digest: upload the workdir first (PUT /v1/workdirs)")
-    problem = unsatisfiable(state, spec)
+    problem = unsatisfiable(state, spec) or missing_durable_url(state, spec)
     if problem:
         raise HTTPException(422, problem)
     job_id = f"{spec.name[:40]}-{secrets.token_hex(3)}"
@@ -84,6 +84,19 @@ def unsatisfiable(state, spec) -> str | None:
 
     offers = [o for p in state.scheduler.providers.values() for o in p.offers()]
     return explain_unsatisfiable(offers, spec.resources)
+
+
+def missing_durable_url(state, spec) -> str | None:
+    """Why the job needs a checkpoint.durable_url it does not have, or None."""
+    if spec.checkpoint.durable_url:
+        return None
+    for name, provider in state.scheduler.providers.items():
+        allowed = spec.resources.cloud is None or name in spec.resources.cloud
+        if allowed and provider.default_checkpoint_url(spec.name) is None:
+            return (f"checkpoint.durable_url: required for a job that may run on {name}, where a node's disk goes "
+                    f"with the node; set it to a bucket (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX), or set "
+                    f"clouds.{name}.checkpoint_url in config.yaml as the default for every job")
+    return None
 
 
 @router.get("/jobs")

@@ -26,9 +26,6 @@ class ControllerState:
     def workdirs(self) -> Path:
         return self.data_dir / "workdirs"
 
-    def default_checkpoint_url(self, job_id: str) -> str:
-        return (self.data_dir / "checkpoints" / job_id).resolve().as_uri()
-
 
 def create_app(state: ControllerState) -> FastAPI:
     from . import agent_api, api, metrics

@@ -45,6 +45,14 @@ class Provider(ABC):
     def offers(self) -> list[Offer]:
         """Every offer this provider can launch, with current prices."""
 
+    # clouds.NAME.checkpoint_url: where jobs that name no checkpoint.durable_url keep their checkpoints
+    checkpoint_url: str | None = None
+
+    def default_checkpoint_url(self, job_id: str) -> str | None:
+        """The durable URL for a job that names none; None when this provider has no default (a cloud node's
+        disk goes with the node, so a cloud needs a bucket)."""
+        return f"{self.checkpoint_url.rstrip('/')}/{job_id}" if self.checkpoint_url else None
+
     def refresh_prices(self) -> None:
         """Forget cached prices so the next ``offers()`` reads them live (a no-op without live prices)."""
 

@@ -44,6 +44,7 @@ class GCPProvider(Provider):
                  catalog: list[Offer] | None = None, call_timeout: float = 30.0, retry_seconds: float = 20.0,
                  operation_timeout: float = 600.0):
         self.config = build.parse_config(config)
+        self.checkpoint_url = self.config.checkpoint_url
         if importlib.util.find_spec("google.cloud.compute_v1") is None:
             raise GCPConfigError("clouds.gcp: needs google-cloud-compute; install it with pip install 'runner[gcp]'")
         self.endpoint = endpoint if endpoint is not None else os.environ.get(ENDPOINT_VARIABLE) or None

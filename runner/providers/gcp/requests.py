@@ -42,7 +42,7 @@ MAX_NAME = 63
 ZONE = re.compile(r"^[a-z]+(-[a-z]+)*\d+-[a-z]$")
 PROJECT = re.compile(r"^[a-z][-a-z0-9.:]{4,61}[a-z0-9]$")
 KNOWN_KEYS = ("project", "zones", "image", "service_account", "network", "subnetwork", "boot_disk_gb",
-              "boot_disk_type", "external_ip", "agent_package")
+              "boot_disk_type", "external_ip", "agent_package", "checkpoint_url")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class GCPConfig:
     boot_disk_type: str = "pd-balanced"
     external_ip: bool = True
     agent_package: str | None = None
+    checkpoint_url: str | None = None
 
 
 def parse_config(raw: dict | None) -> GCPConfig:
@@ -93,11 +94,14 @@ def parse_config(raw: dict | None) -> GCPConfig:
     if service_account is not None and "@" not in service_account:
         raise GCPConfigError(f"clouds.gcp.service_account: {service_account!r} must be an email such as "
                              "runner@PROJECT.iam.gserviceaccount.com")
+    checkpoint_url = _text(raw, "checkpoint_url")
+    if checkpoint_url is not None and "://" not in checkpoint_url:
+        raise GCPConfigError(f"clouds.gcp.checkpoint_url: {checkpoint_url!r} must be a URL such as gs://BUCKET/PREFIX")
     return GCPConfig(
         project=project, zones=tuple(dict.fromkeys(zones)), image=_text(raw, "image"),
         service_account=service_account, network=_text(raw, "network"), subnetwork=_text(raw, "subnetwork"),
         boot_disk_gb=disk_gb, boot_disk_type=_text(raw, "boot_disk_type") or "pd-balanced",
-        external_ip=external_ip, agent_package=_text(raw, "agent_package"),
+        external_ip=external_ip, agent_package=_text(raw, "agent_package"), checkpoint_url=checkpoint_url,
     )
 
 

@@ -39,7 +39,8 @@ class LocalProvider(Provider):
 
     def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0,
                  no_capacity: list[str] | None = None):
-        self.nodes_dir = Path(data_dir) / "nodes"
+        self.data_dir = Path(data_dir)
+        self.nodes_dir = self.data_dir / "nodes"
         self.nodes_dir.mkdir(parents=True, exist_ok=True)
         self.zones = list(zones or DEFAULT_ZONES)
         self.time_scale = time_scale
@@ -53,6 +54,10 @@ class LocalProvider(Provider):
         except ImportError:  # the catalog is optional for the simulated market
             return [Offer("local", "local", zone, "sim-cpu-2", None, 0, 2, 4.0, 0.01, 0.03) for zone in self.zones]
         return local_offers(self.zones)
+
+    def default_checkpoint_url(self, job_id: str) -> str:
+        """Local nodes share this machine's disk: checkpoints go under the controller's data dir."""
+        return (self.data_dir / "checkpoints" / job_id).resolve().as_uri()
 
     def node_dir(self, node_id: str) -> Path:
         return self.nodes_dir / node_id

@@ -20,6 +20,7 @@ from conftest import Controller, Runner, kill_nodes, write_job
 from runner.providers.gcp.requests import PREEMPTED_OPERATION, STARTUP_SCRIPT_KEY, label_value
 
 OTHER_ZONE = CONFIG["zones"][1]
+BUCKET = "gs://team-checkpoints/runs"
 ADVERTISED = "http://10.128.0.9:8470"  # the URL nodes are told, as a controller on a VM would advertise it
 JOB = ("name: on-gcp\nrun: python train.py\nresources: {cloud: [gcp], accelerators: 'T4:1'}\n"
        "recovery: {resume_drill: 'off'}\n")
@@ -55,7 +56,7 @@ class Cluster:
 def cluster(tmp_path, gce):
     home = tmp_path / "home"
     home.mkdir()
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"gcp": dict(CONFIG)}}))
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"gcp": {**CONFIG, "checkpoint_url": BUCKET}}}))
     cluster = Cluster(home, gce, None, Runner(home))
     cluster.start()
     yield cluster
@@ -162,3 +163,36 @@ def test_a_controller_killed_in_the_middle_of_a_launch_creates_no_duplicate_vm(c
     assert len(cluster.restarts(job_id)) == 1
     inserts = cluster.gce.calls("POST", "/instances")
     assert len(inserts) == 2 and len({c.query["requestId"] for c in inserts}) == 1
+
+
+def test_a_node_is_told_to_checkpoint_under_the_configured_bucket(cluster, tmp_path):
+    """A job naming no durable_url checkpoints under clouds.gcp.checkpoint_url/JOB, as its node learns at registration."""
+    import re
+
+    import requests
+
+    job_id = cluster.submit(tmp_path)
+    (vm,) = eventually(lambda: cluster.vms(job_id), "the VM")
+    (script,) = [i["value"] for i in vm["metadata"]["items"] if i["key"] == STARTUP_SCRIPT_KEY]
+    token = re.search(r"^node_token='?([^'\n]+)'?$", script, re.M).group(1)
+    reply = requests.post(f"{cluster.controller.url}/v1/agent/register",
+                          headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["checkpoint"]["durable_url"] == f"{BUCKET}/{job_id}"
+
+
+def test_a_job_with_no_bucket_anywhere_is_refused_naming_durable_url(tmp_path, gce):
+    """Without checkpoint.durable_url or clouds.gcp.checkpoint_url, submit exits 2 and says how to fix it."""
+    home = tmp_path / "bare"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"gcp": dict(CONFIG)}}))
+    controller = Controller(home, env={"RUNNER_GCP_COMPUTE_ENDPOINT": gce.endpoint}).start()
+    try:
+        runner = Runner(home)
+        runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+        result = runner("submit", str(write_job(tmp_path / "job", JOB)))
+        assert result.returncode == 2
+        assert "checkpoint.durable_url" in result.stderr and "clouds.gcp.checkpoint_url" in result.stderr
+        assert gce.calls("POST", "/instances") == []
+    finally:
+        controller.stop()
