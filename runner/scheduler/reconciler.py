@@ -135,9 +135,14 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
                        (node["job_id"], node["attempt"]))
             store.add_event(tx, node["job_id"], "launch-failed",
                             f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node["attempt"])
+            waiting = store.job(node["job_id"], tx)["state"] in (PENDING, RECOVERING)
             if not exc.retryable:  # credentials or permissions: retrying cannot help; the user must act
-                if store.job(node["job_id"], tx)["state"] in (PENDING, RECOVERING):
+                if waiting:
                     transition(tx, node["job_id"], FAILED, now=time.time(), message=f"launch failed: {exc}")
+            elif waiting:  # no state change (updated_at stays: it is when the wait began); `status` shows why
+                tx.execute("UPDATE jobs SET message = ? WHERE id = ?",
+                           ("waiting to launch (other offers next, this one again after a backoff); last failure: "
+                            f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", node["job_id"]))
         log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
         return
     ctx.backoff.record_success(key, time.time())

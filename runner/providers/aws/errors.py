@@ -125,6 +125,18 @@ def _translate_client_error(exc: ClientError, action: str) -> ProviderError:
     return ProviderError(said)
 
 
+def no_sdk_retry_of_no_capacity(response=None, **_) -> bool | None:
+    """botocore ``needs-retry`` hook for RunInstances: never retry a no-capacity answer; let the runner fail over.
+
+    EC2 sends InsufficientInstanceCapacity (and its kin) with HTTP 500, which botocore's standard mode would
+    retry four times, sleeping about 7 s in all (up to 15 s), while the reconciler waits and the account's
+    RunInstances rate is spent. ``False`` tells botocore not to retry; None leaves the decision to it.
+    """
+    parsed = response[1] if response else None  # None after a connection error: botocore's rules apply
+    code = (parsed.get("Error") or {}).get("Code") if isinstance(parsed, dict) else None
+    return False if code in NO_CAPACITY else None
+
+
 @contextlib.contextmanager
 def translated(action: str) -> Iterator[None]:
     """Run a block of AWS calls; any botocore exception leaves it as a neutral provider error."""

@@ -24,7 +24,7 @@ from ..bootstrap import render_bootstrap
 from ..catalog import load_catalog
 from ..errors import ProviderError
 from ..offers import Offer
-from .errors import AWSConfigError, is_not_found, translate, translated
+from .errors import AWSConfigError, is_not_found, no_sdk_retry_of_no_capacity, translate, translated
 from .prices import refresh_spot_prices
 from .requests import (
     RegionSettings,
@@ -40,7 +40,7 @@ from .requests import (
 log = structlog.get_logger(__name__)
 
 KNOWN_KEYS = ("regions", "image_id", "subnet_id", "key_name", "security_group_ids", "iam_instance_profile",
-              "agent_package", "refresh_prices")
+              "agent_package", "refresh_prices", "checkpoint_url")
 PRICE_TTL_SECONDS = 300.0  # live spot prices are reused this long
 # DescribeInstances is eventually consistent: a just-launched instance may be "not found" for a while.
 NOT_FOUND_GRACE_SECONDS = 180.0
@@ -56,6 +56,7 @@ class AWSSettings:
     per_region: dict[str, RegionSettings]
     agent_package: str | None = None
     refresh_prices: bool = True
+    checkpoint_url: str | None = None
 
 
 def parse_config(config: dict | None) -> AWSSettings:
@@ -92,13 +93,17 @@ def parse_config(config: dict | None) -> AWSSettings:
     refresh = config.get("refresh_prices", True)
     if not isinstance(refresh, bool):
         raise AWSConfigError("clouds.aws.refresh_prices: must be true or false")
+    checkpoint_url = config.get("checkpoint_url")
+    if checkpoint_url is not None and not (_is_text(checkpoint_url) and "://" in checkpoint_url):
+        raise AWSConfigError("clouds.aws.checkpoint_url: give a bucket URL such as s3://BUCKET/PREFIX")
     per_region = {
         region: RegionSettings(region=region, image_id=images[region], subnet_ids=tuple(subnets.get(region) or ()),
                                security_group_ids=tuple(groups.get(region) or ()), key_name=keys.get(region),
                                iam_instance_profile=profile)
         for region in regions
     }
-    return AWSSettings(regions=regions, per_region=per_region, agent_package=package, refresh_prices=refresh)
+    return AWSSettings(regions=regions, per_region=per_region, agent_package=package, refresh_prices=refresh,
+                       checkpoint_url=checkpoint_url)
 
 
 def _is_text(value) -> bool:
@@ -140,6 +145,7 @@ class AWSProvider(Provider):
 
     def __init__(self, config: dict, *, session=None):
         self.settings = parse_config(config)
+        self.checkpoint_url = self.settings.checkpoint_url
         self.session = session or boto3.Session()
         self._clients: dict[str, object] = {}
         self._subnet_zones: dict[str, dict[str, str]] = {}
@@ -156,7 +162,9 @@ class AWSProvider(Provider):
         """The EC2 client for ``region`` (one per region, shared; botocore clients are thread-safe)."""
         with self._lock:
             if region not in self._clients:
-                self._clients[region] = self.session.client("ec2", region_name=region, config=CLIENT_CONFIG)
+                client = self.session.client("ec2", region_name=region, config=CLIENT_CONFIG)
+                client.meta.events.register("needs-retry.ec2.RunInstances", no_sdk_retry_of_no_capacity)
+                self._clients[region] = client
             return self._clients[region]
 
     # --- offers -----------------------------------------------------------

@@ -65,11 +65,19 @@ def test_the_package_exports_the_provider_and_its_config_reader():
     ({"regions": ["us-east-1"], "image_id": "ami-1", "security_group_ids": [3]}, "clouds.aws.security_group_ids"),
     ({"regions": ["us-east-1"], "image_id": "ami-1", "refresh_prices": "yes"}, "clouds.aws.refresh_prices"),
     ({"regions": ["us-east-1"], "image_id": "ami-1", "key_name": {"us-east-1": ""}}, "clouds.aws.key_name.us-east-1"),
+    ({"regions": ["us-east-1"], "image_id": "ami-1", "checkpoint_url": "my-bucket"}, "clouds.aws.checkpoint_url"),
 ])
 def test_a_config_mistake_is_an_error_naming_the_key(config, named):
     """A wrong ``clouds.aws`` raises AWSConfigError whose message names the key at fault."""
     with pytest.raises(AWSConfigError, match=named.replace(".", r"\.")):
         AWSProvider(config)
+
+
+def test_checkpoint_url_is_the_default_durable_tier_one_folder_per_job(ami, session):
+    """With clouds.aws.checkpoint_url, a job naming no durable_url checkpoints under it; without, there is none."""
+    with_bucket = AWSProvider(aws_config(ami, checkpoint_url="s3://team-ckpt/runs/"), session=session)
+    assert with_bucket.default_checkpoint_url("tiny-gpt-1a2b3c") == "s3://team-ckpt/runs/tiny-gpt-1a2b3c"
+    assert AWSProvider(aws_config(ami), session=session).default_checkpoint_url("tiny-gpt-1a2b3c") is None
 
 
 def test_one_image_id_serves_every_region_and_mappings_are_per_region():
