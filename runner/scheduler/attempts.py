@@ -24,7 +24,11 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         if reason in ("failed", "lost") and notice:
             reason = "preempted"  # the node was on notice: whatever happened next is the preemption
         checkpoint = job["checkpoint"] or {}
-        commit_at = checkpoint.get("time") if checkpoint.get("attempt") == attempt else None
+        own_checkpoint = checkpoint.get("attempt") == attempt
+        commit_at = checkpoint.get("time") if own_checkpoint else None
+        restored = tx.one("SELECT MIN(time) AS t FROM events WHERE job_id = ? AND attempt = ? AND kind = 'restored'",
+                          (job_id, attempt))
+        working_since = (restored and restored["t"]) or current["running_at"]
         recovery = job["spec"]["recovery"]
         state, why = next_state(
             reason, preemptions=job["preemptions"], failures=job["failures"],
@@ -34,7 +38,8 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             state, why = force_state, message or why
         end = AttemptEnd(
             attempt=attempt, reason=reason, exit_code=exit_code, notice=notice,
-            lost_seconds=lost_seconds(reason, now, current["running_at"], commit_at),
+            lost_seconds=lost_seconds(reason, now, working_since, commit_at,
+                                      stopped_at_commit=own_checkpoint and bool(checkpoint.get("emergency"))),
             drill=drill, message=message or why,
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)

@@ -26,10 +26,17 @@ def next_state(end_reason: str, *, preemptions: int, failures: int, max_preempti
     raise ValueError(f"unknown end reason {end_reason!r}")
 
 
-def lost_seconds(end_reason: str, ended_at: float, running_at: float | None,
-                 last_commit_at: float | None) -> float | None:
-    """Seconds of work this attempt did that the next one must redo."""
-    if end_reason in ("succeeded", "cancelled") or running_at is None:
+def lost_seconds(end_reason: str, ended_at: float, working_since: float | None,
+                 last_commit_at: float | None, stopped_at_commit: bool = False) -> float | None:
+    """Seconds of training this attempt did that the next one must redo.
+
+    ``working_since``: when training began (the job's restore report, else the agent's registration);
+    ``stopped_at_commit``: the attempt's last durable checkpoint was its emergency one, after which the
+    loop stopped, so nothing after it is lost (the process's exit is not training).
+    """
+    if end_reason in ("succeeded", "cancelled") or working_since is None:
         return 0.0 if end_reason == "succeeded" else None
-    since = max(running_at, last_commit_at or running_at)
+    if stopped_at_commit and last_commit_at is not None:
+        return 0.0
+    since = max(working_since, last_commit_at or working_since)
     return round(max(0.0, ended_at - since), 3)

@@ -72,6 +72,7 @@ def test_a_notice_checkpoints_at_the_current_step_and_resumes_bit_exact_in_anoth
     stopped_at = int(re.search(r"stopping at step (\d+) for a preemption", logs).group(1))
     # No work lost: the emergency checkpoint is the step training had reached when the notice came.
     assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] > 20
+    assert first["lost_seconds"] == 0.0
     assert second["zone"] != first["zone"]
     assert second["end_reason"] == "succeeded"
     assert f"resumed from step {stopped_at}" in logs
