@@ -27,10 +27,27 @@ def load_config(home: Path | None = None) -> dict:
         raise ConfigError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping with keys such as server: and clouds:")
-    unknown = set(data) - {"server", "token", "clouds"}
+    unknown = set(data) - {"server", "token", "clouds", "scheduler"}
     if unknown:
-        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: server, token, clouds)")
+        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: server, token, clouds, scheduler)")
     return data
+
+
+def scheduler_settings(config: dict) -> dict:
+    """``scheduler:`` of config.yaml, checked: ``auto_on_demand_after`` in seconds (default 10 minutes)."""
+    from .durations import parse_duration
+
+    raw = config.get("scheduler") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config.yaml: scheduler: must be a mapping such as {auto_on_demand_after: 10m}")
+    unknown = set(raw) - {"auto_on_demand_after"}
+    if unknown:
+        raise ConfigError(f"config.yaml: scheduler.{sorted(unknown)[0]}: unknown key (known: auto_on_demand_after)")
+    try:
+        after = parse_duration(raw.get("auto_on_demand_after", "10m"))
+    except ValueError as exc:
+        raise ConfigError(f"config.yaml: scheduler.auto_on_demand_after: {exc}") from None
+    return {"auto_on_demand_after": after}
 
 
 # Files of a local controller under its data dir.

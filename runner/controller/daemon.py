@@ -17,7 +17,7 @@ import structlog
 import uvicorn
 
 from .. import sdnotify
-from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config
+from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config, scheduler_settings
 from ..providers.local import LocalProvider
 from ..providers.local.processes import process_start_ticks
 from ..scheduler.reconciler import Reconciler, SchedulerContext
@@ -136,7 +136,7 @@ def serve(settings: ServerSettings) -> None:
     node_secret = load_or_create_secret(data_dir / NODE_SECRET_FILE)
     scheduler = SchedulerContext(store=store, providers=build_providers(data_dir, config), controller_url=node_url,
                                  node_token=lambda node_id: node_token(node_secret, node_id),
-                                 token_hasher=hash_token)
+                                 token_hasher=hash_token, **scheduler_settings(config))
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
                             logs=LogStore(data_dir / "logs"), scheduler=scheduler)
     reconciler = Reconciler(scheduler)

@@ -9,7 +9,7 @@ from ..spec import Resources
 from .policy import BackoffBook, rank_offers
 
 RECENT_PREEMPTION_SECONDS = 3600.0  # a zone that preempted the job this recently is tried last
-AUTO_ON_DEMAND_AFTER_SECONDS = 600.0  # spot_policy auto: on-demand once spot has not launched this long
+AUTO_ON_DEMAND_AFTER_SECONDS = 600.0  # spot_policy auto: on-demand once spot has not launched this long (default)
 
 
 def recent_preempted_zones(attempts: list[dict], now: float | None = None) -> set[str]:
@@ -22,11 +22,14 @@ def recent_preempted_zones(attempts: list[dict], now: float | None = None) -> se
 
 
 def choose(offers: list[Offer], resources: Resources, *, avoid_zones: set[str], backoff: BackoffBook,
-           now: float, waiting_since: float | None = None) -> tuple[Offer, bool] | None:
-    """The cheapest launchable (offer, spot) for a job, or None when everything fitting is backed off."""
-    fallback = waiting_since is not None and now - waiting_since > AUTO_ON_DEMAND_AFTER_SECONDS
+           now: float, waiting_since: float | None = None, on_demand_backoff: BackoffBook | None = None,
+           on_demand_after: float = AUTO_ON_DEMAND_AFTER_SECONDS) -> tuple[Offer, bool] | None:
+    """The cheapest launchable (offer, spot) for a job, or None when everything fitting is backed off.
+
+    spot_policy auto turns to on-demand offers once the job has waited ``on_demand_after`` seconds."""
+    fallback = waiting_since is not None and now - waiting_since > on_demand_after
     candidates = rank_offers(offers, resources, avoid_zones=avoid_zones, backoff=backoff, now=now,
-                             on_demand_fallback=fallback)
+                             on_demand_fallback=fallback, on_demand_backoff=on_demand_backoff)
     if not candidates:
         return None
     return candidates[0].offer, candidates[0].spot

@@ -81,21 +81,27 @@ def _markets(offer: Offer, spot_policy: str, on_demand_fallback: bool) -> list[t
 
 
 def rank_offers(offers: Iterable[Offer], resources: Resources, *, avoid_zones: set[str] | frozenset = frozenset(),
-                backoff: "BackoffBook | None" = None, now: float, on_demand_fallback: bool = False) -> list[Candidate]:
+                backoff: "BackoffBook | None" = None, now: float, on_demand_fallback: bool = False,
+                on_demand_backoff: "BackoffBook | None" = None) -> list[Candidate]:
     """Every launchable candidate for a job, best first; empty when nothing fits or all is backed off.
 
     spot_policy ``spot`` gives spot candidates only and ``on-demand`` on-demand ones; ``auto`` gives spot
     candidates, followed by on-demand ones when ``on_demand_fallback`` is true. Zones in ``avoid_zones``
     (they preempted this job recently) come after every other zone rather than vanishing.
+
+    ``backoff`` holds capacity errors of spot launches; ``on_demand_backoff``, when given, those of
+    on-demand launches, which draw on another capacity pool (a spot stockout does not block on-demand).
+    Without it, ``backoff`` applies to both markets.
     """
     cap = resources.max_price_per_hour
     candidates = []
     for offer in offers:
         if any(c != "max_price_per_hour" for c in _failures(offer, resources)):
             continue
-        if backoff is not None and backoff.blocks(offer, now):
-            continue
         for spot, price in _markets(offer, resources.spot_policy, on_demand_fallback):
+            book = backoff if spot or on_demand_backoff is None else on_demand_backoff
+            if book is not None and book.blocks(offer, now):
+                continue
             if cap is None or price <= cap:
                 candidates.append(Candidate(offer, spot, price))
     return sorted(candidates, key=lambda c: (c.offer.zone in avoid_zones, not c.spot, c.price, _place(c.offer)))

@@ -43,7 +43,9 @@ class SchedulerContext:
     token_hasher: Callable[[str], str]
     nudge: threading.Event = field(default_factory=threading.Event)
     described_at: dict[str, float] = field(default_factory=dict)  # node id -> last describe (monotonic)
-    backoff: BackoffBook = field(default_factory=BackoffBook)
+    backoff: BackoffBook = field(default_factory=BackoffBook)  # capacity errors of spot launches
+    on_demand_backoff: BackoffBook = field(default_factory=BackoffBook)  # and of on-demand ones (another pool)
+    auto_on_demand_after: float = placement.AUTO_ON_DEMAND_AFTER_SECONDS  # config.yaml scheduler.auto_on_demand_after
 
 
 class Reconciler:
@@ -92,7 +94,8 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
         avoid = placement.recent_preempted_zones(store.attempts(job["id"]))
         offers = [o for p in ctx.providers.values() for o in p.offers()]
         choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
-                                  waiting_since=job["updated_at"])
+                                  waiting_since=job["updated_at"], on_demand_after=ctx.auto_on_demand_after,
+                                  on_demand_backoff=ctx.on_demand_backoff)
         if choice is None:
             continue  # every fitting offer is backed off; try again later
         offer, spot = choice
@@ -125,10 +128,11 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
     request = LaunchRequest(node["id"], node["job_id"], node["attempt"], offer, node["spot"],
                             NodeBootstrap(ctx.controller_url, node["id"], token))
     key = (offer.cloud, offer.zone, offer.instance_type)
+    backoff = ctx.backoff if node["spot"] else ctx.on_demand_backoff
     try:
         ref = provider.launch(request)
     except ProviderError as exc:
-        ctx.backoff.record_failure(key, time.time())
+        backoff.record_failure(key, time.time())
         with store.db.transaction() as tx:
             store.update_node(tx, node["id"], state=NODE_TERMINATED, terminated_at=time.time())
             tx.execute("DELETE FROM attempts WHERE job_id = ? AND attempt = ? AND end_reason = 'running'",
@@ -145,7 +149,7 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
                             f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", node["job_id"]))
         log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
         return
-    ctx.backoff.record_success(key, time.time())
+    backoff.record_success(key, time.time())
     with store.db.transaction() as tx:
         store.update_node(tx, node["id"], state=NODE_RUNNING, provider_ref=ref)
         job = store.job(node["job_id"], tx)

@@ -343,3 +343,30 @@ def test_the_policys_public_api_is_pinned():
         assert hasattr(policy, name), name
     assert Candidate._fields == ("offer", "spot", "price")
     assert policy.CONSTRAINTS[:5] == ("accelerators", "cpus", "memory_gb", "cloud", "regions")
+
+
+def test_a_spot_stockout_does_not_block_the_on_demand_fallback():
+    """With every spot launch backed off, auto's fallback still offers on-demand in the same zones."""
+    spot_book, on_demand_book = BackoffBook(), BackoffBook()
+    for o in (T4_A, T4_B, T4_C):
+        spot_book.record_failure((o.cloud, o.zone, o.instance_type), now=0)
+    resources = Resources(accelerators="T4:1", cloud=["aws"], spot_policy="auto")
+    ranked = rank_offers(MARKET, resources, backoff=spot_book, on_demand_backoff=on_demand_book, now=1,
+                         on_demand_fallback=True)
+    assert ranked and all(not c.spot for c in ranked)
+    assert rank_offers(MARKET, resources, backoff=spot_book, on_demand_backoff=on_demand_book, now=1) == []
+
+
+def test_auto_turns_to_on_demand_only_after_the_configured_wait():
+    """choose() keeps a job on spot until it has waited on_demand_after seconds, then takes on-demand."""
+    from runner.scheduler.placement import choose
+
+    spot_book = BackoffBook()
+    for o in (T4_A, T4_B, T4_C):
+        spot_book.record_failure((o.cloud, o.zone, o.instance_type), now=0)
+    resources = Resources(accelerators="T4:1", cloud=["aws"], spot_policy="auto")
+    kwargs = dict(avoid_zones=set(), backoff=spot_book, on_demand_backoff=BackoffBook(), waiting_since=0,
+                  on_demand_after=5)
+    assert choose(MARKET, resources, now=4, **kwargs) is None
+    offer, spot = choose(MARKET, resources, now=6, **kwargs)
+    assert spot is False and offer.accelerator == "T4"
