@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import random
 import sys
 import threading
@@ -29,6 +28,8 @@ from pathlib import Path
 import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import percentile  # noqa: E402
 
 from agents.watchers import AWSWatcher, AzureWatcher, WatchLoop, gcp_watchers  # noqa: E402
 from agents.watchers.base import http_session  # noqa: E402
@@ -152,10 +153,6 @@ def measure_rate(cloud: str, seconds: float, interval: float | None, out: dict) 
         server.stop()
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def main(argv: list[str] | None = None) -> int:

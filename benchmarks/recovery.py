@@ -41,9 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
-import platform
 import random
 import re
 import shutil
@@ -61,6 +59,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchmarks.report import machine, percentile  # noqa: E402
 
 from runner.durations import parse_duration  # noqa: E402
 from runner.providers.local.processes import kill_session, ref_alive  # noqa: E402
@@ -507,29 +507,8 @@ def agent_log(path: Path) -> list[tuple[float, str]]:
 
 
 # --- report -------------------------------------------------------------------------------------------
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
-    try:
-        import torch
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = "no torch"
-    return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, torch {torch_version}")
 
 
 def report(trials: list[Trial], floor: list[dict], paths: list[str], args, elapsed: float,
