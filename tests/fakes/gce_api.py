@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from loopback import LoopbackServer
+
 BASE = "https://www.googleapis.com/compute/v1"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 ZONE_PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/(?P<rest>.+)$")
@@ -54,7 +56,7 @@ class APIError(Exception):
 
 
 @dataclass
-class FakeGCE:
+class FakeGCE(LoopbackServer):
     """The fake API; use as a context manager, then point the client at ``endpoint``."""
 
     project: str = "test-project"
@@ -75,20 +77,8 @@ class FakeGCE:
         self._server: ThreadingHTTPServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def __enter__(self) -> "FakeGCE":
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-gce", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+    def _handler_class(self):
+        return _handler(self)
 
     # -- controls ----------------------------------------------------------------------------------
     def exhaust_zone(self, zone: str, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED") -> None:

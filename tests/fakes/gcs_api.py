@@ -19,11 +19,13 @@ import json
 import re
 import threading
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from loopback import LoopbackServer
 
-class FakeGCS:
+
+class FakeGCS(LoopbackServer):
     """Buckets of objects in memory; use as a context manager and read ``endpoint``."""
 
     def __init__(self, buckets: tuple[str, ...] = ()):
@@ -33,19 +35,8 @@ class FakeGCS:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def __enter__(self) -> "FakeGCS":
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    @property
-    def endpoint(self) -> str:
-        return "http://%s:%d" % self._server.server_address[:2]
+    def _handler_class(self):
+        return _handler(self)
 
     def meta(self, bucket: str, name: str) -> dict:
         data = self.objects[bucket][name]
