@@ -45,7 +45,7 @@ class HistogramSpec:
 
 RECOVERY = HistogramSpec(
     "runner_recovery_seconds", "Seconds from an attempt's end by preemption or loss to the next attempt "
-    "running (its agent registered)", ("end_reason",), (5, 10, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600))
+    "running (its agent registered)", ("end_reason",), (1, 2.5, 5, 10, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600))
 COMMIT = HistogramSpec(
     "runner_checkpoint_commit_seconds", "Seconds from the start of a checkpoint save to its commit on the "
     "durable tier, as the training library reports it", ("emergency",),
