@@ -1,11 +1,17 @@
-"""The agent's config file (written by the bootstrap script or the local provider)."""
+"""The agent's config file (written by the bootstrap script or the local provider, or by hand for a sidecar)."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+MODES = ("supervise", "sidecar")
+WATCH = ("auto", "off", "aws", "gcp", "azure")
+SOCKET_NAME = "control.sock"
+SOCKET_PATH_LIMIT = 107  # bytes of an AF_UNIX path on Linux, less the terminating NUL
 
 
 class AgentConfigError(Exception):
@@ -14,16 +20,44 @@ class AgentConfigError(Exception):
 
 @dataclass(frozen=True)
 class AgentConfig:
-    controller_url: str
-    node_id: str
-    token: str
     scratch_dir: Path
+    controller_url: str | None = None
+    node_id: str | None = None
+    token: str | None = None
+    # supervise: the agent runs the job's setup and run itself (a VM). sidecar: the training process is started
+    # by someone else (the training container of a pod) and reaches the agent through the control socket.
+    mode: str = "supervise"
     cloud: str | None = None
     zone: str | None = None
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
     drill_timeout_seconds: float = 120.0  # how long the job gets to checkpoint, and to restore, in the drill
     watch: str = "auto"  # auto (the endpoint variables, else probe link-local), off, or aws|gcp|azure
+
+    @property
+    def reports(self) -> bool:
+        """Is there a controller to report to? (A sidecar without one runs standalone, logging only.)"""
+        return bool(self.controller_url and self.token)
+
+    @property
+    def control_socket(self) -> Path:
+        """Where the agent listens and the training library connects (``RUNNER_CONTROL``)."""
+        if self.mode == "sidecar":
+            return self.scratch_dir / SOCKET_NAME  # must be in the shared volume; its length is checked on load
+        return control_socket_path(self.scratch_dir, self.node_id or "agent")
+
+    @property
+    def state_dir(self) -> Path:
+        """The folder above the scratch folder: the agent's log and its remembered notice."""
+        return self.scratch_dir.parent
+
+
+def control_socket_path(scratch_dir: Path, node_id: str) -> Path:
+    """The control socket in the scratch folder, or under /tmp when that path is too long for AF_UNIX."""
+    path = scratch_dir / SOCKET_NAME
+    if len(str(path).encode()) < 100:
+        return path
+    return Path(tempfile.gettempdir()) / f"runner-{node_id}.sock"
 
 
 def load_agent_config(path: Path) -> AgentConfig:
@@ -33,12 +67,27 @@ def load_agent_config(path: Path) -> AgentConfig:
         raise AgentConfigError(f"{path}: agent config not found; pass --config FILE") from None
     except yaml.YAMLError as exc:
         raise AgentConfigError(f"{path}: not valid YAML ({exc})") from None
-    missing = [k for k in ("controller_url", "node_id", "token", "scratch_dir") if not data.get(k)]
-    if missing:
-        raise AgentConfigError(f"{path}: missing {', '.join(missing)}")
-    known = set(AgentConfig.__dataclass_fields__)
-    unknown = set(data) - known
+    if not isinstance(data, dict):
+        raise AgentConfigError(f"{path}: expected a mapping of keys such as scratch_dir and mode")
+    unknown = set(data) - set(AgentConfig.__dataclass_fields__)
     if unknown:
         raise AgentConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}")
+    mode = data.get("mode", "supervise")
+    if mode not in MODES:
+        raise AgentConfigError(f"{path}: mode: {mode!r} is not one of {', '.join(MODES)}")
+    if data.get("watch", "auto") not in WATCH:
+        raise AgentConfigError(f"{path}: watch: {data['watch']!r} is not one of {', '.join(WATCH)}")
+    required = ("scratch_dir",) if mode == "sidecar" else ("controller_url", "node_id", "token", "scratch_dir")
+    missing = [k for k in required if not data.get(k)]
+    if missing:
+        raise AgentConfigError(f"{path}: missing {', '.join(missing)}")
+    if mode == "sidecar" and bool(data.get("controller_url")) != bool(data.get("token")):
+        raise AgentConfigError(f"{path}: controller_url and token go together: give both to report to the "
+                               "controller, or neither to run the sidecar standalone")
     data["scratch_dir"] = Path(data["scratch_dir"])
-    return AgentConfig(**data)
+    config = AgentConfig(**data)
+    if mode == "sidecar" and len(str(config.control_socket).encode()) > SOCKET_PATH_LIMIT:
+        raise AgentConfigError(f"{path}: scratch_dir: {str(config.scratch_dir)!r} is too long for the control "
+                               f"socket inside it (at most {SOCKET_PATH_LIMIT - len(SOCKET_NAME) - 1} bytes); "
+                               "mount the shared volume at a shorter path")
+    return config

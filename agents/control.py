@@ -2,6 +2,8 @@
 
 Newline-delimited JSON (the protocol is described in runner/checkpoint/control.py). The agent sends
 ``checkpoint`` requests; the library reports ``hello``, ``restored``, ``committed`` and ``stopping``.
+A connection counts as a training process once it has said ``hello``; others (a health check that
+connects and leaves) are served the same way but never counted.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ class ControlServer:
     def __init__(self, path: Path, on_message: Callable[[dict], None]):
         self.path = path
         self.on_message = on_message
-        self._clients: list[socket.socket] = []
-        self._readers: list[threading.Thread] = []
+        self._clients: dict[socket.socket, dict | None] = {}  # connection -> its hello, once said
+        self._readers: list[threading.Thread] = []  # one per open connection; each removes itself when done
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self.connected = threading.Event()
@@ -38,20 +40,39 @@ class ControlServer:
         threading.Thread(target=self._accept, name="control-accept", daemon=True).start()
         return self
 
+    def trainees(self) -> list[dict]:
+        """The ``hello`` of every training process connected now."""
+        with self._lock:
+            return [hello for hello in self._clients.values() if hello is not None]
+
     def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            with self._lock:
-                self._clients.append(conn)
-            self.connected.set()
-            reader = threading.Thread(target=self._read, args=(conn,), name="control-read", daemon=True)
+            self._open(conn)
+
+    def _open(self, conn: socket.socket) -> None:
+        reader = threading.Thread(target=self._read, args=(conn,), name="control-read", daemon=True)
+        with self._lock:
+            self._clients[conn] = None
             self._readers.append(reader)
-            reader.start()
+        self.connected.set()
+        reader.start()
 
     def _read(self, conn: socket.socket) -> None:
+        try:
+            self._serve(conn)
+        finally:
+            with self._lock:
+                hello = self._clients.pop(conn, None)
+                self._readers.remove(threading.current_thread())
+            conn.close()
+            if hello is not None:
+                log.info("training process disconnected", pid=hello.get("pid"))
+
+    def _serve(self, conn: socket.socket) -> None:
         buffer = b""
         while True:
             try:
@@ -59,9 +80,6 @@ class ControlServer:
             except OSError:
                 data = b""
             if not data:
-                with self._lock:
-                    if conn in self._clients:
-                        self._clients.remove(conn)
                 return
             buffer += data
             while b"\n" in buffer:
@@ -71,27 +89,41 @@ class ControlServer:
                 except ValueError:
                     log.warning("control channel: not JSON", line=line[:200])
                     continue
+                if not isinstance(message, dict):
+                    continue
+                if message.get("op") == "hello":
+                    self._hello(conn, message)
                 try:
                     self.on_message(message)
                 except Exception:
                     log.exception("control message handler failed", message=message)
 
+    def _hello(self, conn: socket.socket, message: dict) -> None:
+        with self._lock:
+            if conn in self._clients:
+                self._clients[conn] = message
+        log.info("training process connected", pid=message.get("pid"), job=message.get("job_id"),
+                 attempt=message.get("attempt"))
+
     def send(self, message: dict) -> int:
-        """Send to every connected training process; return how many got it."""
+        """Send to every connection; return how many training processes (connections that said hello) got it."""
         data = (json.dumps(message) + "\n").encode()
         sent = 0
         with self._lock:
-            for conn in list(self._clients):
+            for conn, hello in list(self._clients.items()):
                 try:
                     conn.sendall(data)
-                    sent += 1
                 except OSError:
-                    self._clients.remove(conn)
+                    continue  # its reader sees the connection end and drops it
+                if hello is not None:
+                    sent += 1
         return sent
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait until every message the (exited) training process sent has been handled."""
-        for reader in list(self._readers):
+        with self._lock:
+            readers = list(self._readers)
+        for reader in readers:
             reader.join(timeout)
 
     def close(self) -> None:
@@ -99,6 +131,8 @@ class ControlServer:
             self._sock.close()
         with self._lock:
             for conn in self._clients:
-                conn.close()
-            self._clients.clear()
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         self.path.unlink(missing_ok=True)

@@ -5,12 +5,26 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
 import structlog
 
 log = structlog.get_logger(__name__)
+
+
+def own_process_group() -> dict:
+    """Popen arguments that start the child as the leader of a new process group, in the agent's session.
+
+    Not a new session (``start_new_session``): the local provider powers a node off by killing every process
+    of the node's session, the job's included. Python 3.11's ``process_group=0`` calls setpgid in the child
+    without running Python there; 3.10 has only ``preexec_fn``, here os.setpgrp between fork and exec: one
+    system call, which takes no lock that another thread of the agent could be holding.
+    """
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}
 
 
 class Supervisor:
@@ -28,7 +42,7 @@ class Supervisor:
     def start(self) -> None:
         self.process = subprocess.Popen(
             ["/bin/bash", "-c", self.command], cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **own_process_group(),
         )
         self._pump = threading.Thread(target=self._copy_output, name="output-pump", daemon=True)
         self._pump.start()

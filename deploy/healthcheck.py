@@ -53,13 +53,12 @@ def check_server(argv: list[str]) -> str | None:
 
 def check_agent(argv: list[str]) -> str | None:
     from agents.config import AgentConfigError, load_agent_config
-    from agents.main import control_socket_path
 
     try:
         config = load_agent_config(Path(option(argv, "--config") or "/etc/runner/agent.yaml"))
     except AgentConfigError as exc:
         return str(exc)
-    path = control_socket_path(config.scratch_dir, config.node_id)
+    path = config.control_socket
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(4)
         try:

@@ -1,16 +1,57 @@
-"""structlog setup: JSON lines to a file for the daemons, readable key=value output on a terminal."""
+"""structlog setup: JSON lines to a file for the daemons, readable key=value output on a terminal.
+
+A daemon's JSON lines also go to stderr when ``RUNNER_LOG_STDERR`` is set to 1 (what container platforms
+collect: ``docker logs``, ``kubectl logs``), and only to stderr when its log file cannot be opened.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import structlog
 
+STDERR_VARIABLE = "RUNNER_LOG_STDERR"
 
-def configure_logging(json_file: Path | None = None, level: str = "info", stream=None) -> None:
-    """Route structlog (and the stdlib loggers it wraps) to a JSON file or a readable stream."""
+
+def stderr_requested(env=None) -> bool:
+    """Does ``RUNNER_LOG_STDERR`` ask for the JSON lines on stderr too? (1, true, yes or on)"""
+    value = (os.environ if env is None else env).get(STDERR_VARIABLE, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Tee:
+    """A text stream writing to a file and to stderr; a broken stderr never stops the file."""
+
+    def __init__(self, file: TextIO, stderr: TextIO):
+        self.file = file
+        self.stderr = stderr
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        try:
+            self.stderr.write(text)
+        except (OSError, ValueError):
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+        try:
+            self.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def configure_logging(json_file: Path | None = None, level: str = "info", stream=None,
+                      to_stderr: bool | None = None) -> None:
+    """Route structlog (and the stdlib loggers it wraps) to a JSON file or a readable stream.
+
+    ``to_stderr`` (default: from ``RUNNER_LOG_STDERR``) copies the JSON lines to stderr.
+    """
     processors = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -18,10 +59,17 @@ def configure_logging(json_file: Path | None = None, level: str = "info", stream
         structlog.processors.StackInfoRenderer(),
         structlog.processors.format_exc_info,
     ]
+    problem = None
     if json_file is not None:
-        json_file.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(json_file, "a", buffering=1)
         renderer = structlog.processors.JSONRenderer()
+        try:
+            json_file.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(json_file, "a", buffering=1)
+        except OSError as exc:
+            handle, problem = sys.stderr, exc
+        else:
+            if stderr_requested() if to_stderr is None else to_stderr:
+                handle = _Tee(handle, sys.stderr)
     else:
         handle = stream or sys.stderr
         renderer = structlog.dev.ConsoleRenderer(colors=False)
@@ -32,3 +80,6 @@ def configure_logging(json_file: Path | None = None, level: str = "info", stream
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=logging.WARNING, stream=handle, force=True)
+    if problem is not None:
+        structlog.get_logger(__name__).warning("log file unusable; logging to stderr only", path=str(json_file),
+                                               error=str(problem))

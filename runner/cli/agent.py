@@ -12,7 +12,11 @@ import click
               default="/etc/runner/agent.yaml", show_default=True)
 @click.pass_context
 def agent(ctx, config_path: Path):
-    """Run the on-node agent: supervise the job, stream its output, watch for preemption."""
+    """Run the on-node agent: run the job, stream its output, watch for preemption.
+
+    With `mode: sidecar` in the config it runs no job: it serves the control socket to a training process
+    started beside it (a pod's training container) and asks it for checkpoints on preemption notices.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from agents.main import run_agent

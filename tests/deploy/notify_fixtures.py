@@ -66,6 +66,7 @@ class FakeAgentAPI:
         self.token = token
         self.assignment = assignment
         self.answered: dict[str, float] = {}  # path -> monotonic time of the first successful answer
+        self.posted: list[tuple[str, dict]] = []  # (path, body) of every authorised POST, in order
         self.output = bytearray()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -95,6 +96,8 @@ class FakeAgentAPI:
             def _serve(self, body: dict) -> None:
                 if self.headers.get("Authorization") != f"Bearer {api.token}":
                     return self._send(401, {"detail": "bad token"})
+                if self.command == "POST":
+                    api.posted.append((self.path, body))
                 reply = api._reply(self.path, body)
                 if reply is None:
                     return self._send(404, {"detail": f"no route {self.path}"})
@@ -120,6 +123,19 @@ class FakeAgentAPI:
                 pass
 
         return Handler
+
+    def bodies(self, path: str) -> list[dict]:
+        """The body of every POST to ``path`` so far."""
+        return [body for posted, body in list(self.posted) if posted == path]
+
+    def wait_for(self, path: str, timeout: float = 30.0) -> dict:
+        """The first POST to ``path``, waiting for it up to ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.bodies(path):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no POST to {path}; got {[p for p, _ in self.posted]}")
+            time.sleep(0.05)
+        return self.bodies(path)[0]
 
     def close(self) -> None:
         self.server.shutdown()

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from agents.config import load_agent_config
-from agents.main import REGISTER_PATIENCE_SECONDS, SHUTDOWN_GRACE_SECONDS, control_socket_path
+from agents.main import SHUTDOWN_GRACE_SECONDS
+from agents.reporter import REGISTER_PATIENCE_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -24,6 +25,7 @@ class Layout:
 
     agent_config: object  # agents.config.AgentConfig
     agent_argv: list[str]
+    agent_env: dict[str, str]
     agent_mounts: dict[str, str]  # mount path -> volume
     train_mounts: dict[str, str]
     train_env: dict[str, str]
@@ -50,6 +52,7 @@ def kubernetes(tmp_path: Path) -> Layout:
     uid = pod["securityContext"]["runAsUser"]
     return Layout(
         agent_config=load_agent_config(config_file), agent_argv=argv,
+        agent_env={e["name"]: e["value"] for e in agent.get("env", [])},
         agent_mounts={m["mountPath"]: m["name"] for m in agent["volumeMounts"] if "emptyDir" in volumes[m["name"]]},
         train_mounts={m["mountPath"]: m["name"] for m in train["volumeMounts"]},
         train_env={e["name"]: e["value"] for e in train["env"]},
@@ -72,6 +75,7 @@ def compose(tmp_path: Path) -> Layout:
     argv = agent["command"]
     return Layout(
         agent_config=load_agent_config(DEPLOY / "agent.example.yaml"), agent_argv=argv,
+        agent_env=agent.get("environment", {}),
         agent_mounts=mounts(agent), train_mounts=mounts(train), train_env=train["environment"],
         grace_seconds=min(_duration(agent["stop_grace_period"]), _duration(train["stop_grace_period"])),
         uids=[int(s["user"].split(":")[0]) for s in (agent, train)],
@@ -97,6 +101,16 @@ def _image_uid() -> int:
     return int(user.split(":")[0])
 
 
+def test_agent_runs_in_sidecar_mode(layout: Layout):
+    """The agent's config puts it in sidecar mode: it serves the training container and never runs a job itself."""
+    assert layout.agent_config.mode == "sidecar"
+
+
+def test_agent_log_reaches_the_container_log(layout: Layout):
+    """The agent container sets RUNNER_LOG_STDERR=1, so `kubectl logs` and `docker compose logs` show its log."""
+    assert layout.agent_env.get("RUNNER_LOG_STDERR") == "1"
+
+
 def test_agent_scratch_dir_is_the_shared_volume(layout: Layout):
     """The agent's scratch_dir is a volume the training container mounts at the same path."""
     scratch = str(layout.agent_config.scratch_dir)
@@ -106,8 +120,7 @@ def test_agent_scratch_dir_is_the_shared_volume(layout: Layout):
 
 def test_training_finds_the_agents_control_socket(layout: Layout):
     """RUNNER_CONTROL in the training container is the socket the agent listens on, inside the shared volume."""
-    config = layout.agent_config
-    assert layout.train_env["RUNNER_CONTROL"] == str(control_socket_path(config.scratch_dir, config.node_id))
+    assert layout.train_env["RUNNER_CONTROL"] == str(layout.agent_config.control_socket)
 
 
 def test_fast_checkpoint_tier_is_on_the_shared_volume(layout: Layout):

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from agents.control import ControlServer
-from agents.main import control_socket_path
+from agents.config import control_socket_path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
 
@@ -55,6 +55,18 @@ def test_a_listening_agent_is_healthy(tmp_path: Path):
     """`healthcheck agent` exits 0 when the agent's control channel accepts connections."""
     config = agent_config(tmp_path)
     server = ControlServer(control_socket_path(tmp_path / "scratch", "n-health"), lambda message: None).start()
+    try:
+        result = healthcheck("agent", "--config", str(config))
+    finally:
+        server.close()
+    assert result.returncode == 0, result.stdout
+
+
+def test_a_listening_standalone_sidecar_is_healthy(tmp_path: Path):
+    """`healthcheck agent` accepts a sidecar's config, which names no controller, once its socket listens."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump({"mode": "sidecar", "scratch_dir": str(tmp_path / "shared")}))
+    server = ControlServer(tmp_path / "shared" / "control.sock", lambda message: None).start()
     try:
         result = healthcheck("agent", "--config", str(config))
     finally:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.main import REGISTER_PATIENCE_SECONDS, SHUTDOWN_GRACE_SECONDS
+from agents.main import SHUTDOWN_GRACE_SECONDS
+from agents.reporter import REGISTER_PATIENCE_SECONDS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = ["runner-server.service", "runner-agent.service"]

@@ -1,0 +1,86 @@
+"""What both modes of the agent share: the control channel, the cloud watchers, and what the cloud and the
+training library say, turned into checkpoint requests and reports.
+
+``Agent`` (agents/main.py, supervise mode) and ``Sidecar`` (agents/sidecar.py) build on this; each adds how
+its training process is started (or not) and stopped (or not).
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from .config import AgentConfig
+from .control import ControlServer
+from .emergency import EmergencyStop, rebalance_message
+from .reporter import Reporter
+from .watchers import NoMetadataServer, Notice, WatchLoop, detect, endpoint_for, watchers_for
+
+log = structlog.get_logger(__name__)
+
+
+class AgentCore:
+    emergency: EmergencyStop  # built by the mode once it knows its training process
+
+    def __init__(self, config: AgentConfig, reporter: Reporter | None = None):
+        self.config = config
+        self.reporter = reporter or Reporter.for_config(config)
+        self.progress: dict = {}  # what heartbeats carry: the last committed and restored steps
+        self.control: ControlServer | None = None
+        self.watch_loop: WatchLoop | None = None
+
+    def send_control(self, message: dict) -> int:
+        return self.control.send(message) if self.control is not None else 0
+
+    def open_control_channel(self) -> ControlServer:
+        """Listen on the control socket; raises OSError when it cannot be created."""
+        return ControlServer(self.config.control_socket, self.on_control).start()
+
+    def start_watchers(self) -> WatchLoop | None:
+        """Watch the cloud's preemption signals: the endpoint variables, else the link-local address."""
+        watch = self.config.watch
+        if watch == "off":
+            return None
+        try:
+            endpoints = detect() if watch == "auto" else {watch: endpoint_for(watch)}
+        except NoMetadataServer:
+            log.info("no cloud metadata server: preemption notices are not watched")
+            return None
+        log.info("watching for preemption notices", endpoints=endpoints)
+        state = self.config.state_dir / "notice.json"
+        return WatchLoop(watchers_for(endpoints), self.on_notice, state_path=state).start()
+
+    def stop_background(self) -> None:
+        if self.watch_loop is not None:
+            self.watch_loop.stop()
+        if self.control is not None:
+            self.control.close()
+
+    # --- what the cloud says ------------------------------------------------------
+    def on_notice(self, notice: Notice) -> None:
+        """A new notice from the watch loop: record it; a terminal one starts the emergency path."""
+        data = {**notice.to_json(), **notice.timing()}
+        if notice.terminal:
+            self.reporter.event("notice", data)
+            self.emergency.start(notice)
+        else:
+            self.reporter.event(notice.kind, {"message": f"{notice.source} {notice.kind} ({notice.action}): "
+                                                         "taking an opportunistic checkpoint", **data})
+            sent = self.send_control(rebalance_message(notice))
+            log.info("opportunistic checkpoint requested", source=notice.source, kind=notice.kind, delivered_to=sent)
+
+    # --- what the training library says -------------------------------------------
+    def on_control(self, message: dict) -> None:
+        op = message.get("op")
+        if op == "stopping":
+            self.emergency.on_ack(message)
+        elif op == "committed":
+            fields = {k: message.get(k) for k in ("step", "manifest", "durable", "emergency", "seconds", "bytes")}
+            log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
+            self.progress["checkpoint_step"] = message.get("step")
+            self.reporter.event("checkpoint", fields)
+        elif op == "restored":
+            self.progress["restored_step"] = message.get("step")
+            step = message.get("step") or 0
+            text = f"training resumed from step {step}" if step else "training started fresh (no checkpoint yet)"
+            log.info(text, manifest=message.get("manifest"))
+            self.reporter.event("restored", {"message": text})

@@ -1,0 +1,117 @@
+"""What the agent tells the controller: registration, heartbeats, events, the end of the attempt.
+
+Both modes use it. A sidecar without ``controller_url`` and ``token`` runs standalone: every call is then a
+no-op and the agent's own log is the only record.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import structlog
+
+from runner.client import Client, ClientError
+
+from .config import AgentConfig
+
+log = structlog.get_logger(__name__)
+REGISTER_PATIENCE_SECONDS = 300.0
+REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that has ended: retrying cannot help
+
+
+class Reporter:
+    def __init__(self, client: Client | None, patience: float = REGISTER_PATIENCE_SECONDS):
+        self.client = client
+        self.patience = patience
+
+    @classmethod
+    def for_config(cls, config: AgentConfig) -> "Reporter":
+        return cls(Client(config.controller_url, config.token, timeout=10) if config.reports else None)
+
+    @property
+    def standalone(self) -> bool:
+        return self.client is None
+
+    def register(self) -> dict | None:
+        """The node's assignment; None when the controller refuses this node or stays unreachable too long."""
+        if self.client is None:
+            return None
+        deadline = time.monotonic() + self.patience
+        while time.monotonic() < deadline:
+            try:
+                return self.client.post("/v1/agent/register")
+            except ClientError as exc:
+                if exc.status in REFUSED:
+                    log.error("registration refused", error=str(exc))
+                    return None
+                log.warning("controller not reachable yet", error=str(exc))
+                time.sleep(2)
+        log.error("the controller did not answer the registration in time", seconds=self.patience)
+        return None
+
+    def patiently(self, call: Callable[[], object], what: str):
+        """Retry a call while the controller is unreachable or restarting; other errors raise."""
+        deadline = time.monotonic() + self.patience
+        while True:
+            try:
+                return call()
+            except ClientError as exc:
+                if (exc.status is not None and exc.status < 500) or time.monotonic() > deadline:
+                    raise
+                log.warning("controller not reachable; retrying", what=what, error=str(exc))
+                time.sleep(2)
+
+    def event(self, kind: str, data: dict) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.post("/v1/agent/events", {"kind": kind, "data": data})
+        except ClientError as exc:
+            log.warning("event not delivered", kind=kind, error=str(exc))
+
+    def heartbeats(self, every: float, status: Callable[[], dict], on_action: Callable[[str], None],
+                   stop: threading.Event) -> None:
+        """Post ``status()`` every ``every`` seconds until ``stop``, in a thread; hand each reply's action on."""
+        if self.client is None:
+            return
+
+        def beat() -> None:
+            while not stop.is_set():
+                try:
+                    action = self.client.post("/v1/agent/heartbeat", status())["action"]
+                except ClientError as exc:
+                    log.warning("heartbeat failed", error=str(exc))
+                    action = "continue"
+                on_action(action)
+                stop.wait(every)
+
+        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+    def report_exit(self, reason: str, code: int | None, message: str | None, drill: dict | None = None) -> dict | None:
+        """End the attempt at the controller; its reply (a drill's next attempt), or None."""
+        if self.client is None:
+            return None
+        body = {"reason": reason, "exit_code": code, "message": message, "drill": drill}
+        for _ in range(60):
+            try:
+                reply = self.client.post("/v1/agent/exit", body)
+                log.info("exit reported", reason=reason, code=code)
+                return reply
+            except ClientError as exc:
+                if exc.status and exc.status < 500:
+                    log.error("exit report refused", error=str(exc))
+                    return None
+                log.warning("exit report failed; retrying", error=str(exc))
+                time.sleep(2)
+        return None
+
+    def drill(self, result: dict) -> dict | None:
+        if self.client is None:
+            return None
+        try:
+            return self.client.post("/v1/agent/drill", result)
+        except ClientError as exc:
+            log.error("drill result not delivered", error=str(exc))
+            return None
