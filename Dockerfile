@@ -24,8 +24,9 @@ COPY --chmod=0755 deploy/healthcheck.py /usr/local/bin/runner-healthcheck
 USER 10001:10001
 WORKDIR /var/lib/runner
 EXPOSE 8470
-# The controller: its API answers /v1/health. The agent: its control channel accepts a connection, which
-# it opens once registered (it tries for 5 minutes, hence a 6-minute start period).
+# The controller: its API answers /v1/health. The agent: its control channel accepts a connection (a
+# sidecar opens it at once; a supervising agent once registered, which it tries for 5 minutes, hence the
+# 6-minute start period).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=6m --retries=3 CMD ["runner-healthcheck"]
 ENTRYPOINT ["runner"]
 CMD ["server", "--host", "0.0.0.0"]
