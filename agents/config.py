@@ -32,6 +32,7 @@ class AgentConfig:
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
     drill_timeout_seconds: float = 120.0  # how long the job gets to checkpoint, and to restore, in the drill
+    gcp_spot_grace_seconds: float | None = None  # what a GCP preemption leaves (default 30 s; simulations less)
     watch: str = "auto"  # auto (the endpoint variables, else probe link-local), off, or aws|gcp|azure
 
     @property

@@ -47,7 +47,8 @@ class AgentCore:
             return None
         log.info("watching for preemption notices", endpoints=endpoints)
         state = self.config.state_dir / "notice.json"
-        return WatchLoop(watchers_for(endpoints), self.on_notice, state_path=state).start()
+        watchers = watchers_for(endpoints, gcp_spot_grace=self.config.gcp_spot_grace_seconds)
+        return WatchLoop(watchers, self.on_notice, state_path=state).start()
 
     def stop_background(self) -> None:
         if self.watch_loop is not None:

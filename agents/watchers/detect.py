@@ -89,14 +89,15 @@ def detect(env: Mapping[str, str] | None = None, timeout: float = PROBE_TIMEOUT,
     return found
 
 
-def watchers_for(endpoints: Mapping[str, str]) -> list[Watcher]:
-    """The watchers (with their default timing) for each cloud -> endpoint."""
+def watchers_for(endpoints: Mapping[str, str], gcp_spot_grace: float | None = None) -> list[Watcher]:
+    """The watchers (with their default timing) for each cloud -> endpoint; ``gcp_spot_grace`` replaces the
+    30 s a GCP preemption is assumed to leave (the protocol states no deadline)."""
     watchers: list[Watcher] = []
     for cloud, endpoint in endpoints.items():
         if cloud == "aws":
             watchers.append(AWSWatcher(endpoint))
         elif cloud == "gcp":
-            watchers.extend(gcp_watchers(endpoint))
+            watchers.extend(gcp_watchers(endpoint, **({"spot_grace": gcp_spot_grace} if gcp_spot_grace else {})))
         elif cloud == "azure":
             watchers.append(AzureWatcher(endpoint))
         else:

@@ -90,6 +90,8 @@ class LocalProvider(Provider):
             "zone": request.offer.zone,
             # Simulated time runs faster; the job still needs real seconds to import torch and restore.
             "drill_timeout_seconds": max(20.0, 120.0 * self.time_scale),
+            # GCP's protocol states no deadline: tell the agent how soon this simulated node powers off.
+            "gcp_spot_grace_seconds": self.grace_seconds("gcp"),
         }))
         with open(node_dir / "node.log", "ab") as out:
             # The lock fd is inherited: the node holds it from its first instant until it dies.

@@ -41,6 +41,12 @@ def test_preemption_deadline_is_thirty_seconds(gce):
     assert 29 < watcher(gce).check()[0].seconds_left() <= 30
 
 
+def test_a_shorter_known_grace_replaces_the_thirty_seconds(gce):
+    """Where the power-off comes sooner (a simulated node), spot_grace sets the deadline instead."""
+    gce.preempt(3)
+    assert 2 < watcher(gce, spot_grace=3.0).check()[0].seconds_left() <= 3
+
+
 def test_hanging_get_detects_a_change_within_a_round_trip(gce):
     """A change is seen as soon as the server answers the hanging GET, well under 0.1 s."""
     w = watcher(gce)
