@@ -168,7 +168,7 @@ class Agent(AgentCore):
         if self.assignment.get("has_workdir") and not any(workdir.iterdir()):
             data = self.reporter.patiently(lambda: self.client.get("/v1/agent/workdir"), "workdir")
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                tar.extractall(workdir, filter="data")
+                extract_safely(tar, workdir)
         return workdir
 
     def _environment(self) -> dict[str, str]:
@@ -221,3 +221,17 @@ class Agent(AgentCore):
         log.warning("SIGTERM: the node is shutting down; emergency checkpoint")
         notice = Notice.create("signal", "termination", "shutdown", terminal=True, grace=SHUTDOWN_GRACE_SECONDS)
         threading.Thread(target=self.on_notice, args=(notice,), daemon=True).start()
+
+
+def extract_safely(tar: tarfile.TarFile, into: Path) -> None:
+    """Extract the job's workdir with no member escaping ``into`` (tarfile's "data" filter where the
+    Python has it, 3.10.12 and later; the same checks by hand before that)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, filter="data")
+        return
+    root = into.resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or (target != root and root not in target.parents):
+            raise tarfile.TarError(f"workdir archive member {member.name!r} is not a plain file inside the workdir")
+    tar.extractall(into)

@@ -1,0 +1,37 @@
+"""The job's workdir archive is unpacked on the node with no member escaping the workdir."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from agents.main import extract_safely
+
+
+def _archive(members: dict[str, bytes]) -> tarfile.TarFile:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return tarfile.open(fileobj=buffer, mode="r:gz")
+
+
+def test_plain_files_are_unpacked_into_the_workdir(tmp_path):
+    """train.py and a nested data file land inside the workdir."""
+    with _archive({"train.py": b"print(1)\n", "data/x.txt": b"x"}) as tar:
+        extract_safely(tar, tmp_path)
+    assert (tmp_path / "train.py").read_bytes() == b"print(1)\n" and (tmp_path / "data" / "x.txt").exists()
+
+
+def test_a_member_climbing_out_of_the_workdir_is_refused(tmp_path):
+    """A '../' member is an error, and nothing is written outside the workdir."""
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    with _archive({"../escaped.txt": b"no"}) as tar, pytest.raises(tarfile.TarError):
+        extract_safely(tar, workdir)
+    assert not (tmp_path / "escaped.txt").exists()
