@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
 from conftest import REPO, write_job
 
 TRAIN = REPO / "examples" / "quickstart" / "train.py"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
 from conftest import write_job
 
 TRAINEE = r'''
