@@ -2,10 +2,16 @@
 
 Both modes use it. A sidecar without ``controller_url`` and ``token`` runs standalone: every call is then a
 no-op and the agent's own log is the only record.
+
+Events that the next attempt depends on (a durable checkpoint, a notice) are delivered reliably: a worker
+thread retries them while the controller is unreachable or restarting, and the exit report waits for them,
+so a checkpoint committed during a controller restart is not lost to the resume (the controller hands the
+next attempt only the checkpoints it knows of). Other events are sent once, best effort.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from typing import Callable
@@ -19,12 +25,18 @@ from .config import AgentConfig
 log = structlog.get_logger(__name__)
 REGISTER_PATIENCE_SECONDS = 300.0
 REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that has ended: retrying cannot help
+RELIABLE = frozenset({"checkpoint", "notice"})  # events a resume depends on: retried, and flushed before the exit
+FLUSH_SECONDS = 30.0  # how long the exit report waits for reliable events still being retried
 
 
 class Reporter:
-    def __init__(self, client: Client | None, patience: float = REGISTER_PATIENCE_SECONDS):
+    def __init__(self, client: Client | None, patience: float = REGISTER_PATIENCE_SECONDS, retry_every: float = 2.0):
         self.client = client
         self.patience = patience
+        self.retry_every = retry_every
+        self._outbox: queue.Queue[tuple[str, dict]] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
 
     @classmethod
     def for_config(cls, config: AgentConfig) -> "Reporter":
@@ -64,12 +76,54 @@ class Reporter:
                 time.sleep(2)
 
     def event(self, kind: str, data: dict) -> None:
+        """Report an event; checkpoints and notices go through the retrying outbox, in order."""
         if self.client is None:
+            return
+        if kind in RELIABLE:
+            self._start_worker()
+            self._outbox.put((kind, data))
             return
         try:
             self.client.post("/v1/agent/events", {"kind": kind, "data": data})
         except ClientError as exc:
             log.warning("event not delivered", kind=kind, error=str(exc))
+
+    def flush(self, timeout: float = FLUSH_SECONDS) -> bool:
+        """Wait until every reliable event is delivered (or given up); False if some are still pending."""
+        deadline = time.monotonic() + timeout
+        while self._outbox.unfinished_tasks:
+            if time.monotonic() > deadline:
+                log.error("events still undelivered at the exit report", pending=self._outbox.unfinished_tasks)
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _start_worker(self) -> None:
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._deliver, name="reporter-outbox", daemon=True)
+                self._worker.start()
+
+    def _deliver(self) -> None:
+        while True:
+            kind, data = self._outbox.get()
+            try:
+                self._post_until_delivered(kind, data)
+            finally:
+                self._outbox.task_done()
+
+    def _post_until_delivered(self, kind: str, data: dict) -> None:
+        deadline = time.monotonic() + self.patience
+        while True:
+            try:
+                self.client.post("/v1/agent/events", {"kind": kind, "data": data})
+                return
+            except ClientError as exc:
+                if (exc.status is not None and exc.status < 500) or time.monotonic() > deadline:
+                    log.error("event not delivered", kind=kind, error=str(exc), step=data.get("step"))
+                    return
+                log.warning("event not delivered yet; retrying", kind=kind, error=str(exc))
+                time.sleep(self.retry_every)
 
     def heartbeats(self, every: float, status: Callable[[], dict], on_action: Callable[[str], None],
                    stop: threading.Event) -> None:
@@ -93,6 +147,7 @@ class Reporter:
         """End the attempt at the controller; its reply (a drill's next attempt), or None."""
         if self.client is None:
             return None
+        self.flush()  # the checkpoints and the notice of this attempt first: the exit ends the attempt
         body = {"reason": reason, "exit_code": code, "message": message, "drill": drill}
         for _ in range(60):
             try:
