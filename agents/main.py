@@ -19,6 +19,7 @@ import structlog
 from runner import sdnotify
 from runner.logconfig import configure_logging
 
+from .cancel import CancelStop
 from .config import AgentConfig, AgentConfigError, load_agent_config
 from .control import ControlServer
 from .core import AgentCore
@@ -56,6 +57,7 @@ class Agent(AgentCore):
         self.phase = "starting"
         self.training_pid: int | None = None
         self.drill: ResumeDrill | None = None
+        self.cancel_stop: CancelStop | None = None
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -200,13 +202,15 @@ class Agent(AgentCore):
     def _on_action(self, action: str) -> None:
         if action in ("cancel", "shutdown") and not self.cancelled.is_set():
             log.info("stopping the job", why=action)
+            self.cancel_stop = CancelStop(self.send_control, lambda: self.current, self.config.stop_grace_seconds)
             self.cancelled.set()
             if self.current is not None:
-                threading.Thread(target=self.current.stop, args=(self.config.stop_grace_seconds,),
-                                 daemon=True).start()
+                threading.Thread(target=self.cancel_stop.run, name="cancel", daemon=True).start()
 
     def on_control(self, message: dict) -> None:
         op = message.get("op")
+        if op == "stopping" and self.cancel_stop is not None:
+            self.cancel_stop.on_ack(message)
         if op == "hello":
             self.training_pid = message.get("pid")
         elif op == "stopping" and self.drill is not None and self.drill.triggered and not self.emergency.active:

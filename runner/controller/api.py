@@ -171,8 +171,7 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(require_admin
             raise HTTPException(404, f"no job {job_id!r}; `runner jobs` lists the jobs")
         if job["state"] in TERMINAL:
             return {"id": job_id, "state": job["state"], "changed": False}
-        if not job["cancel_requested"]:
-            tx.execute("UPDATE jobs SET cancel_requested = ? WHERE id = ?", (time.time(), job_id))
+        state.store.request_cancel(tx, job_id, time.time())
     state.scheduler.nudge.set()
     return {"id": job_id, "state": job["state"], "changed": True}
 

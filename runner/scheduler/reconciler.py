@@ -31,7 +31,10 @@ from .transitions import transition
 
 log = structlog.get_logger(__name__)
 
-CANCEL_GRACE_SECONDS = 15.0  # how long the agent gets to stop the job and flush logs on cancel
+# How long after a cancel the node is released even if its agent has not reported the job's end. The agent
+# hears of the cancel on its next heartbeat and gives the job its stop_grace_seconds (10 s, agents/cancel.py) to take
+# its checkpoint and exit; this leaves room for that, the heartbeat and the log flush.
+CANCEL_GRACE_SECONDS = 20.0
 
 
 @dataclass
@@ -193,7 +196,7 @@ def apply_cancellations(ctx: SchedulerContext) -> None:
         if not job["cancel_requested"]:
             continue
         current = store.current_attempt(job["id"])
-        waited = time.time() - float(job["cancel_requested"])
+        waited = time.time() - job["cancel_requested"]
         agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job["id"]) if n["registered_at"]]
         if current and waited < CANCEL_GRACE_SECONDS and agents:
             continue  # the agent hears about it on its next heartbeat and stops the job itself

@@ -44,8 +44,9 @@ class Store:
             rows = self.db.query("SELECT * FROM jobs ORDER BY created_at")
         return [_decode_job(r) for r in rows]
 
-    def request_cancel(self, tx: Tx, job_id: str) -> None:
-        tx.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+    def request_cancel(self, tx: Tx, job_id: str, now: float) -> None:
+        """Record when the user asked to cancel (the agent's grace runs from then); a second request keeps the first."""
+        tx.execute("UPDATE jobs SET cancel_requested = ? WHERE id = ? AND cancel_requested = 0", (now, job_id))
 
     def record_checkpoint(self, tx: Tx, job_id: str, attempt: int, checkpoint: dict) -> bool:
         """Remember a committed checkpoint unless a newer attempt has started (fencing)."""
@@ -141,7 +142,7 @@ def _decode_job(row: dict) -> dict:
     row = dict(row)
     row["spec"] = json.loads(row["spec"])
     row["checkpoint"] = json.loads(row["checkpoint"]) if row["checkpoint"] else None
-    row["cancel_requested"] = bool(row["cancel_requested"])
+    row["cancel_requested"] = float(row["cancel_requested"]) or None  # when the user cancelled (unix), or None
     return row
 
 
