@@ -12,14 +12,16 @@ import threading
 import time
 
 from . import rng
-from .control import CheckpointRequest, ControlClient
+from .agreement import Decision, StepAgreement
+from .control import CheckpointRequest, ControlClient, describe_deadline
 from .durable import DurableTier
 from .errors import CheckpointConfigError, RestoreError
+from .group import check_same_objects, join
 from .interval import IntervalPolicy, mtbf_from_env, parse_duration
 from .local import LocalTier
 from .log import get_logger
-from .persist import Persister, SaveJob
-from .restore import load_newest
+from .persist import DcpFormat, Persister, SaveJob
+from .restore import restore_into
 from .signals import SignalNotices
 from .staging import Stager
 
@@ -40,12 +42,22 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def _expected(handed_over: int | None) -> dict:
+    """The step the controller handed over, in the ``restored`` report, so a shortfall is recorded."""
+    return {"expected": handed_over} if handed_over else {}
+
+
 class Checkpointer:
     """Saves registered objects, RNG states and ``extra`` values; restores the newest good checkpoint.
 
     ``Checkpointer(model=model, optimizer=opt, ..., extra={"tokens": 0})``; options default to the
     runner's variables (``RUNNER_CHECKPOINT_DIR``, ``RUNNER_CHECKPOINT_URL``) and then to
     ``./checkpoints`` with no durable tier.
+
+    When torch.distributed is initialised the Checkpointer is collective (CONTRACT §7): every rank builds it
+    with its own objects and calls ``restore``, ``step``, ``save`` and ``close`` at the same steps; the
+    checkpoint is one torch.distributed.checkpoint folder for the whole job, and a notice reaching any rank
+    stops every rank at the same step (agreement.py).
     """
 
     def __init__(self, *, local_dir=None, durable_url: str | None = None, interval="auto",
@@ -82,8 +94,26 @@ class Checkpointer:
 
         self._policy = IntervalPolicy(fixed_s, mtbf_from_env())
         self._next_due = time.monotonic() + self._policy.period()
-        self._stager = Stager()
-        self._persister = Persister(self.local, self.durable, keep, self._on_local, self._on_durable)
+        self._ranks = join(self.local.root)
+        self._seq = 0
+        if self._ranks is None:
+            self._stager = Stager()
+            self._agreement = None
+            self._persister = Persister(self.local, self.durable, keep, self._on_local, self._on_durable,
+                                        on_failed=self._on_failed)
+        else:
+            from .dcp_format import Stager as DcpStager
+
+            check_same_objects(self._ranks, {
+                "objects": sorted((name, type(obj).__name__) for name, obj in self.objects.items()),
+                "extra": sorted(self.extra), "every_steps": every_steps, "keep": keep,
+                "durable": bool(self.durable)})
+            self._stager = DcpStager()
+            self._agreement = StepAgreement(self._ranks.steps)
+            self._persister = Persister(self.local, self.durable, keep, self._on_local, self._on_durable,
+                                        on_failed=self._on_failed, writer=self._ranks.writer,
+                                        uploader=self._ranks.uploader, fmt=DcpFormat(self._ranks.writer),
+                                        folder_leader=self._ranks.folder_leader)
         self._jobs: list[SaveJob] = []
         self._last_job: SaveJob | None = None
         self._stop_deadline: float | None = None  # monotonic
@@ -96,8 +126,11 @@ class Checkpointer:
         self._signals = SignalNotices(self._on_signal)
         self._signals.install()
         control_path = os.environ.get("RUNNER_CONTROL")
-        self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt) \
+        who = {} if self._ranks is None else {"rank": self._ranks.rank, "local_rank": self._ranks.local_rank,
+                                               "world_size": self._ranks.world_size}
+        self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who) \
             if control_path else None
+        self._rank0 = self._ranks is None or self._ranks.rank == 0
 
     # ------------------------------------------------------------------ public API
 
@@ -109,22 +142,39 @@ class Checkpointer:
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
         self._check_open("restore")
+        if self._agreement is not None:
+            self._agreement.drain()
         # Under the runner, the controller names the newest checkpoint it knows was committed by an
         # earlier attempt; anything newer was written by an attempt that has since been superseded.
-        loaded = load_newest(self.local, self.durable, max_step=_env_int("RUNNER_RESUME_STEP"))
-        if loaded is None:
+        handed_over = _env_int("RUNNER_RESUME_STEP")
+        comm = self._ranks.steps if self._ranks is not None else self._persister.writer
+        leader = self._ranks.folder_leader if self._ranks is not None else True
+        restored = restore_into(self.local, self.durable, comm, leader, self.objects, self.extra, self._apply,
+                                max_step=handed_over)
+        step = restored.step if restored is not None else 0
+        if handed_over and step < handed_over:
+            # The controller recorded a commit of this step; resuming from less must not pass unnoticed.
+            log.error("the checkpoint the controller handed over is missing or does not verify; resuming from an "
+                      "older one" if step else "the checkpoint the controller handed over is missing or does not "
+                      "verify, and no older one does either: starting from step 0",
+                      handed_over=handed_over, resumed=step)
+        self._next_due = time.monotonic() + self._policy.period()
+        if restored is None:
             log.info("no checkpoint to restore; starting fresh", local=str(self.local.root),
                      durable=self.durable.url if self.durable else None)
-            self._send({"op": "restored", "step": 0, "manifest": None})
+            self._send({"op": "restored", "step": 0, "manifest": None, **_expected(handed_over)})
             return 0
-        self._apply(loaded.state, loaded.location)
-        log.info("restored checkpoint", step=loaded.step, manifest=loaded.location)
-        self._next_due = time.monotonic() + self._policy.period()
-        self._send({"op": "restored", "step": loaded.step, "manifest": loaded.location})
-        return loaded.step
+        log.info("restored checkpoint", step=step, manifest=restored.location,
+                 **({} if restored.world_size == self._world_size else
+                    {"saved_by_ranks": restored.world_size, "ranks_now": self._world_size}))
+        self._send({"op": "restored", "step": step, "manifest": restored.location, **_expected(handed_over)})
+        return step
 
     def step(self, step: int) -> None:
         """Call once per training step: saves when one is due or a notice is pending; otherwise returns at once."""
+        if self._agreement is not None:
+            self._step_together(step)
+            return
         if self._signal_request is None and self._control_request is None:
             if self._should_stop or self._closed:
                 return
@@ -160,11 +210,14 @@ class Checkpointer:
         """Wait for saves and uploads in flight (no later than an emergency's deadline), then release everything."""
         if self._closed:
             return
+        if self._agreement is not None:
+            self._agreement.drain()
         timeout = None if self._stop_deadline is None else max(0.0, self._stop_deadline - time.monotonic())
         self.wait(timeout)
         self._closed = True
         self._persister.stop()
         self._signals.uninstall()
+        self._send({"op": "closed", "step": self._last_job.step if self._last_job else None})
         if self._control is not None:
             self._control.close()
 
@@ -185,16 +238,64 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
 
+    @property
+    def _world_size(self) -> int:
+        return 1 if self._ranks is None else self._ranks.world_size
+
+    def _step_together(self, step: int) -> None:
+        """The collective step(): act on the decision the ranks reached last step, then start this step's."""
+        if self._should_stop or self._closed:
+            return
+        self._check_step(step)
+        decision = self._agreement.collect()
+        if decision is not None:
+            self._act(step, decision)
+        if self._should_stop:
+            return
+        if self.every_steps is not None and step % self.every_steps == 0 and not self._saved_at(step):
+            self._save(step, emergency=False)  # every rank reaches this step: no agreement needed
+        request = self._take_request()
+        due = self.every_steps is None and time.monotonic() >= self._next_due and not self._saved_at(step)
+        self._agreement.start(step, request, due)
+
+    def _act(self, step: int, decision: Decision) -> None:
+        request = decision.request
+        if request is None or not request.stop:
+            if request is not None:
+                log.info("checkpoint requested", step=step, reason=request.reason, origin=decision.origin)
+            if not self._saved_at(step):
+                self._save(step, emergency=False)
+            return
+        log.info("checkpoint requested", step=step, reason=request.reason, stop=True, origin=decision.origin,
+                 deadline=describe_deadline(request.deadline))
+        self._emergency(step, request, origin=decision.origin)
+
+    def _saved_at(self, step: int) -> bool:
+        return self._last_job is not None and self._last_job.step == step and self._last_job.error is None
+
+    def _take_request(self) -> CheckpointRequest | None:
+        request, self._signal_request = self._signal_request, None
+        with self._control_lock:
+            control, self._control_request = self._control_request, None
+        return request.merge(control) if request else control
+
     def _save(self, step: int, emergency: bool) -> SaveJob:
         started = time.monotonic()
         self._persister.buffer_free.wait()  # the previous save is still writing out of the reused buffer
-        state = {
-            "step": step,
-            "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
-            "extra": dict(self.extra),
-            "rng": rng.capture(),
-        }
-        job = SaveJob(step, self._stager.stage(state), emergency, self.attempt, self.job_id, started=started)
+        if self._ranks is None:
+            state = {
+                "step": step,
+                "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
+                "extra": dict(self.extra),
+                "rng": rng.capture(),
+            }
+        else:
+            from .dcp_format import capture
+
+            state = capture(self.objects, self.extra, self._ranks.rank)
+        self._seq += 1
+        job = SaveJob(step, self._stager.stage(state), emergency, self.attempt, self.job_id, seq=self._seq,
+                      started=started)
         self._persister.submit(job)
         self._policy.record(cost_s=time.monotonic() - started)
         self._next_due = time.monotonic() + self._policy.period()
@@ -218,28 +319,28 @@ class Checkpointer:
         rng.restore(state["rng"])
 
     def _serve_request(self, step: int) -> None:
-        request, self._signal_request = self._signal_request, None
-        with self._control_lock:
-            request, self._control_request = (request.merge(self._control_request) if request
-                                              else self._control_request), None
+        request = self._take_request()
         if request is None or self._should_stop or self._closed:
             return
         log.info("checkpoint requested", step=step, reason=request.reason, stop=request.stop,
-                 deadline=request.deadline)
+                 deadline=describe_deadline(request.deadline))
         if not request.stop:
             if self._last_job is None or self._last_job.step != step:
                 self._save(step, emergency=False)
             return
         self._emergency(step, request)
 
-    def _emergency(self, step: int, request: CheckpointRequest) -> None:
+    def _emergency(self, step: int, request: CheckpointRequest, origin: str = "self") -> None:
         deadline = None
         if request.deadline is not None:
             left = request.deadline - time.time()
             margin = min(self.stop_margin_s, max(0.0, STOP_MARGIN_FRACTION * left))
             deadline = time.monotonic() + left - margin
         job = self._last_job
-        if job is None or job.step != step or job.error is not None:
+        if self._ranks is not None:  # decide on what every rank knows alike: the agreed local commit
+            if job is None or job.step != step or (job.local_done.wait() and job.local_manifest is None):
+                job = self._save(step, emergency=True)
+        elif job is None or job.step != step or job.error is not None:
             job = self._save(step, emergency=True)
         remaining = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
         estimate = self._policy.commit_s
@@ -254,7 +355,8 @@ class Checkpointer:
                         "the local copy only", step=step, path=str(self.local.folder(step)), url=self.durable.url)
         self._stop_deadline = deadline
         self._should_stop = True
-        self._send({"op": "stopping", "step": step, "durable": bool(durable and self.durable is not None)})
+        self._send({"op": "stopping", "step": step, "durable": bool(durable and self.durable is not None),
+                    "reason": request.reason, "origin": origin})
 
     def _on_signal(self, request: CheckpointRequest) -> None:
         self._signal_request = request.merge(self._signal_request)
@@ -269,6 +371,9 @@ class Checkpointer:
             self._policy.record(commit_s=seconds)
         self._send({"op": "committed", "step": job.step, "manifest": str(job.local_manifest), "durable": False,
                     "emergency": job.emergency, "seconds": round(seconds, 4), "bytes": job.manifest.bytes})
+
+    def _on_failed(self, job: SaveJob, tier: str, error: BaseException) -> None:
+        self._send({"op": "failed", "step": job.step, "tier": tier, "error": f"{type(error).__name__}: {error}"})
 
     def _on_durable(self, job: SaveJob) -> None:
         seconds = time.monotonic() - job.started

@@ -11,15 +11,23 @@ an ``op``. A receiver ignores unknown ops, unknown fields and lines that are not
 
 Library -> agent:
 
-* ``{"op": "hello", "pid": int, "job_id": str|null, "attempt": int|null}`` - right after connecting.
+* ``{"op": "hello", "pid": int, "job_id": str|null, "attempt": int|null}`` - right after connecting; under
+  torch.distributed it adds ``rank``, ``local_rank`` and ``world_size``. Every rank connects and says hello.
 * ``{"op": "restored", "step": int, "manifest": str|null}`` - after ``restore()``; step 0 and a null
   manifest for a fresh start; otherwise the path or URL of the manifest the state came from.
 * ``{"op": "committed", "step": int, "manifest": str, "durable": bool, "emergency": bool,
   "seconds": float, "bytes": int}`` - after every commit: once with ``durable: false`` when the local
   tier has it, and once more with ``durable: true`` (and the durable manifest URL) when the durable tier
   has it. ``seconds`` runs from the start of the save; ``bytes`` is the checkpoint's size.
-* ``{"op": "stopping", "step": int, "durable": bool}`` - when ``should_stop`` becomes true; ``durable``
-  says whether the emergency checkpoint reached the durable tier before the deadline.
+  Under torch.distributed only rank 0 sends ``committed`` (the checkpoint is one for the whole job).
+* ``{"op": "stopping", "step": int, "durable": bool, "reason": str, "origin": "self"|"peer"}`` - when
+  ``should_stop`` becomes true; ``durable`` says whether the emergency checkpoint reached the durable tier
+  before the deadline; ``reason`` is the request's (``notice``, ``drill``, ``SIGTERM``...); ``origin`` is
+  ``peer`` when another rank received the request and this one learned it through the process group.
+* ``{"op": "failed", "step": int, "tier": "local"|"durable", "error": str}`` - a save did not commit on a
+  tier (the previous checkpoint is kept; training goes on).
+* ``{"op": "closed", "step": int|null}`` - ``close()`` is done: the training is over (a sidecar agent
+  cannot see the process exit). ``step`` is the last checkpoint's step.
 
 Agent -> library:
 
@@ -37,13 +45,14 @@ import json
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 from .log import get_logger
 
 log = get_logger()
 
-OPS_TO_AGENT = ("hello", "restored", "committed", "stopping")
+OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "closed")
 OPS_FROM_AGENT = ("checkpoint",)
 REASONS = ("notice", "rebalance", "drill")
 
@@ -60,6 +69,14 @@ def decode(line: bytes | str) -> dict | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return message if isinstance(message, dict) and isinstance(message.get("op"), str) else None
+
+
+def describe_deadline(deadline: float | None) -> str | None:
+    """A deadline in unix seconds as people read it: ISO 8601 UTC and the seconds left."""
+    if deadline is None:
+        return None
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
+    return f"{stamp} (in {max(0.0, deadline - time.time()):.1f} s)"
 
 
 @dataclass(frozen=True)
@@ -94,7 +111,8 @@ def parse_request(message: dict) -> CheckpointRequest | None:
 class ControlClient:
     """Connects to the agent, says hello, sends events, and hands requests to ``on_request``."""
 
-    def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None) -> None:
+    def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None,
+                 hello: dict | None = None) -> None:
         self.path = path
         self._on_request = on_request
         self._lock = threading.Lock()
@@ -110,7 +128,7 @@ class ControlClient:
             log.warning("control channel unreachable; relying on signals only", path=path, error=str(exc))
             return
         self._sock = sock
-        self.send({"op": "hello", "pid": os.getpid(), "job_id": job_id, "attempt": attempt})
+        self.send({"op": "hello", "pid": os.getpid(), "job_id": job_id, "attempt": attempt, **(hello or {})})
         self._reader = threading.Thread(target=self._read, name="runner-checkpoint-control", daemon=True)
         self._reader.start()
 

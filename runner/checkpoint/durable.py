@@ -86,15 +86,28 @@ class DurableTier:
 
     def upload(self, folder: Path, manifest: Manifest) -> str:
         """Upload every file of a committed local checkpoint in parallel, then the manifest; return its URL."""
-        step = manifest.step
-        self.uncommit(step)
+        self.uncommit(manifest.step)
+        self.put_files(manifest.step, folder, [f["name"] for f in manifest.files])
+        return self.write_manifest(manifest)
+
+    def put_files(self, step: int, folder: Path, names: list[str]) -> None:
+        """Upload some files of a local checkpoint folder in parallel (no manifest)."""
         self.fs.makedirs(self._path(step), exist_ok=True)
-        names = [f["name"] for f in manifest.files]
         with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(names), 1))) as pool:
             for future in [pool.submit(self.fs.put_file, str(folder / n), self._path(step, n)) for n in names]:
                 future.result()
-        self.fs.pipe_file(self._path(step, MANIFEST_NAME), manifest.to_json())
-        return self.location(step, MANIFEST_NAME)
+
+    def put_bytes(self, step: int, files: dict[str, bytes]) -> None:
+        """Upload files held in memory (the local tier could not take them), in parallel (no manifest)."""
+        self.fs.makedirs(self._path(step), exist_ok=True)
+        with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(files), 1))) as pool:
+            for future in [pool.submit(self.fs.pipe_file, self._path(step, n), d) for n, d in files.items()]:
+                future.result()
+
+    def write_manifest(self, manifest: Manifest) -> str:
+        """Commit a checkpoint whose files are all uploaded: write its manifest last; return its URL."""
+        self.fs.pipe_file(self._path(manifest.step, MANIFEST_NAME), manifest.to_json())
+        return self.location(manifest.step, MANIFEST_NAME)
 
     def uncommit(self, step: int) -> None:
         try:
@@ -127,9 +140,9 @@ class DurableTier:
                 out.append(step)
         return out
 
-    def download(self, step: int, manifest: Manifest, folder: Path) -> None:
-        """Copy a checkpoint's files into a local folder (verification happens when it is loaded)."""
-        names = [f["name"] for f in manifest.files]
+    def download(self, step: int, manifest: Manifest, folder: Path, names: list[str] | None = None) -> None:
+        """Copy a checkpoint's files (or the named ones) into a local folder (verified when loaded)."""
+        names = [f["name"] for f in manifest.files] if names is None else names
         with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(names), 1))) as pool:
             futures = [pool.submit(self.fs.get_file, self._path(step, n), str(folder / n)) for n in names]
             for future in futures:

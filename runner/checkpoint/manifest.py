@@ -18,6 +18,8 @@ from .errors import CorruptCheckpointError
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 STATE_NAME = "state.pkl"
+FLAT = "flat"  # one process: data parts and a skeleton (staging.py)
+DCP = "dcp"    # a process group: torch.distributed.checkpoint files and .metadata (dcp_format.py)
 _FOLDER = re.compile(r"^step-(\d{8,})$")
 
 
@@ -40,6 +42,8 @@ class Manifest:
     attempt: int | None = None
     job_id: str | None = None
     emergency: bool = False
+    layout: str = FLAT
+    world_size: int = 1
     created_at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -55,6 +59,8 @@ class Manifest:
             "attempt": self.attempt,
             "job_id": self.job_id,
             "emergency": self.emergency,
+            "layout": self.layout,
+            "world_size": self.world_size,
             "created_at": self.created_at,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created_at)),
             "checksum": self.checksum,
@@ -77,9 +83,16 @@ class Manifest:
                 raise CorruptCheckpointError(f"{where}: manifest format {doc['format']} is not {FORMAT_VERSION}")
             files = [{"name": str(f["name"]), "bytes": int(f["bytes"]), "checksum": str(f["checksum"])}
                      for f in doc["files"]]
+            for entry in files:  # a manifest names files inside its own folder, nothing else
+                if not entry["name"] or "/" in entry["name"] or "\\" in entry["name"] or entry["name"] in (".", ".."):
+                    raise CorruptCheckpointError(f"{where}: file name {entry['name']!r} is not inside the checkpoint")
+            layout = str(doc.get("layout", FLAT))
+            if layout not in (FLAT, DCP):
+                raise CorruptCheckpointError(f"{where}: unknown layout {layout!r}; a newer runner wrote it")
             return cls(step=int(doc["step"]), files=files, checksum=str(doc["checksum"]),
                        attempt=doc.get("attempt"), job_id=doc.get("job_id"),
-                       emergency=bool(doc.get("emergency")), created_at=float(doc["created_at"]),
+                       emergency=bool(doc.get("emergency")), layout=layout,
+                       world_size=int(doc.get("world_size", 1)), created_at=float(doc["created_at"]),
                        id=str(doc["id"]))
         except CorruptCheckpointError:
             raise

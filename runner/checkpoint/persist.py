@@ -1,64 +1,143 @@
-"""Phase two of a save, in a background thread: write and commit on the local tier, then upload.
+"""Phase two of a save, in the background: commit on the local tier, then upload to the durable one.
 
-A thread rather than a process: the work is ``os.write``, ``fsync``, xxh3 and network I/O, all of which
-release the GIL, and a thread reads the staged buffer in place where a process would need it in shared
-memory (see docs/checkpointing.md for the measurement). Jobs run one at a time in order. The staged
-buffer is handed back (``buffer_free``) as soon as the local files are written, so the next ``save`` can
-stage while the previous checkpoint is still uploading.
+Two threads, so that the durable tier can never hold up the training or the local tier:
+
+* the **writer** writes each staged checkpoint into its local folder (its files fsynced, the manifest
+  with every file's checksum written last), then hands the staged buffer back (``buffer_free``) so the
+  next ``save`` can stage at once;
+* the **uploader** takes the newest locally committed checkpoint (older ones still waiting are
+  superseded), uploads its files in parallel, then the manifest. An upload gets a deadline, and one in
+  flight is abandoned when an emergency checkpoint is waiting, so a notice is served from the local copy
+  within its deadline whatever the store is doing.
+
+Under torch.distributed both threads are collective (``Ranks.writer`` / ``Ranks.uploader``): the local
+folder is committed once every rank's share is on disk, and the durable manifest is written by rank 0
+only after every rank's files have landed. When the local disk fails (full, gone) on one process, the
+staged bytes go straight to the durable tier, so the bucket keeps getting checkpoints.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checksum import DEFAULT_ALGORITHM
+from .checksum import DEFAULT_ALGORITHM, digest
 from .durable import DurableTier
 from .local import LocalTier, fsync_file, write_file
 from .log import get_logger
-from .manifest import STATE_NAME, Manifest
-from .staging import Staged
+from .manifest import FLAT, MANIFEST_NAME, STATE_NAME, Manifest
 
 log = get_logger()
 
 PERSIST_NICENESS = 10
+UPLOAD_TIMEOUT_FLOOR_S = 120.0  # an upload may take this long, or 4x the last good one, before it is abandoned
+UPLOAD_TIMEOUT_FACTOR = 4.0
 
 
 @dataclass
 class SaveJob:
     step: int
-    staged: Staged
+    staged: object  # staging.Staged (one process) or a staged DCP state dict
     emergency: bool
     attempt: int | None
     job_id: str | None
+    seq: int = 0
     started: float = field(default_factory=time.monotonic)
     local_done: threading.Event = field(default_factory=threading.Event)
     durable_done: threading.Event = field(default_factory=threading.Event)
     local_manifest: Path | None = None
     durable_manifest: str | None = None
     manifest: Manifest | None = None
+    own_files: list[str] = field(default_factory=list)  # names this process wrote (it uploads those)
+    in_memory: dict[str, bytes] | None = None  # the files, when the local tier could not take them
     error: BaseException | None = None
+    durable_error: BaseException | None = None
+    superseded: bool = False
 
     @property
     def finished(self) -> bool:
         return self.durable_done.is_set()
 
 
-class Persister:
-    """Runs SaveJobs in order on one daemon thread; reports through ``on_local`` and ``on_durable``."""
+class FlatFormat:
+    """One process: the staged buffer's parts and the pickled skeleton, one file each (staging.py)."""
 
-    def __init__(self, local: LocalTier, durable: DurableTier | None, keep: int, on_local, on_durable) -> None:
+    layout = FLAT
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+
+    def write(self, job: SaveJob, folder: Path) -> list[dict]:
+        files = []
+        for name, data in self.files(job):
+            files.append({"name": name, "bytes": len(data), "checksum": write_file(folder / name, data, sync=False)})
+        for entry in files:  # every file is on disk before the manifest is written
+            fsync_file(folder / entry["name"])
+        return files
+
+    @staticmethod
+    def files(job: SaveJob):
+        for index, part in enumerate(job.staged.parts):
+            yield f"data-{index:05d}.bin", part
+        yield STATE_NAME, job.staged.skeleton
+
+    def nbytes(self, job: SaveJob) -> int:
+        return job.staged.nbytes
+
+
+class DcpFormat:
+    """A process group: torch.distributed.checkpoint files (dcp_format.py)."""
+
+    def __init__(self, comm) -> None:
+        from .manifest import DCP
+
+        self.comm = comm
+        self.layout = DCP
+
+    def write(self, job: SaveJob, folder: Path) -> list[dict]:
+        from . import dcp_format
+
+        return dcp_format.write(job.staged, folder, self.comm)
+
+    def nbytes(self, job: SaveJob) -> int:
+        return 0  # unknown before DCP plans it; the last checkpoint's size stands in
+
+
+class Persister:
+    """Runs SaveJobs through the writer and the uploader; reports through the callbacks."""
+
+    def __init__(self, local: LocalTier, durable: DurableTier | None, keep: int, on_local, on_durable,
+                 *, on_failed=None, writer=None, uploader=None, fmt=None, folder_leader: bool = True) -> None:
+        from .group import Solo
+
         self.local, self.durable, self.keep = local, durable, keep
         self._on_local, self._on_durable = on_local, on_durable
+        self._on_failed = on_failed or (lambda job, tier, error: None)
+        self.writer = writer or Solo()
+        self.uploader = uploader or Solo()
+        self.format = fmt or FlatFormat(self.writer)
+        self.folder_leader = folder_leader
         self.buffer_free = threading.Event()
         self.buffer_free.set()
+        self.upload_timeout_s = UPLOAD_TIMEOUT_FLOOR_S
+        self._last_bytes = 0
         self._queue: queue.Queue[SaveJob | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="runner-checkpoint-persist", daemon=True)
-        self._thread.start()
+        self._pending: list[SaveJob] = []  # locally done, waiting for the uploader, oldest first
+        self._pending_cond = threading.Condition()
+        self._stopping = False
+        self._writer = threading.Thread(target=self._write_loop, name="runner-checkpoint-write", daemon=True)
+        self._writer.start()
+        self._uploader = None
+        if durable is not None:
+            self._uploader = threading.Thread(target=self._upload_loop, name="runner-checkpoint-upload", daemon=True)
+            self._uploader.start()
 
     def submit(self, job: SaveJob) -> None:
         self.buffer_free.clear()
@@ -67,60 +146,185 @@ class Persister:
     def stop(self) -> None:
         self._queue.put(None)
 
-    def _run(self) -> None:
-        try:  # on Linux a thread has its own nice value: let the training thread win the CPU
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PERSIST_NICENESS)
-        except (AttributeError, OSError):
-            pass
+    # ------------------------------------------------------------------ the writer
+
+    def _write_loop(self) -> None:
+        _lower_priority()
         while (job := self._queue.get()) is not None:
             try:
                 self._write_local(job)
             finally:
-                job.staged = None  # the parts are views of the reused buffer: never touch them again
+                job.staged = None  # views of the reused buffer: never touch them again
                 self.buffer_free.set()
                 job.local_done.set()
+            if self.durable is None or (job.error is not None and job.in_memory is None):
+                job.durable_done.set()
+            else:
+                with self._pending_cond:
+                    self._pending.append(job)
+                    self._pending_cond.notify_all()
+        with self._pending_cond:
+            self._stopping = True
+            self._pending_cond.notify_all()
+
+    def _write_local(self, job: SaveJob) -> None:
+        folder = self.local.folder(job.step)
+        own, error = None, None
+        try:
+            if self.folder_leader:
+                self._make_room(job)
+                self.local.begin(job.step)
+        except Exception as exc:  # noqa: BLE001 - a full or unwritable disk must not stop the training
+            error = exc
+        if self.writer.all_true(error is None):
             try:
-                if job.error is None and self.durable is not None:
-                    self._upload(job)
+                own = self.format.write(job, folder)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        everyone = self.writer.gather(own)
+        if error is None and any(files is None for files in everyone):
+            failed = [rank for rank, files in enumerate(everyone) if files is None]
+            error = OSError(f"rank(s) {failed} could not write their share of the checkpoint")
+        if error is None:
+            files = [entry for share in everyone for entry in share]
+            job.own_files = [entry["name"] for entry in own]
+            job.manifest = Manifest(job.step, files, DEFAULT_ALGORITHM, job.attempt, job.job_id, job.emergency,
+                                    layout=self.format.layout, world_size=self.writer.world_size)
+            try:
+                if self.folder_leader:
+                    self.local.commit(folder, job.manifest)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+            if not self.writer.all_true(error is None) and error is None:
+                error = OSError("another rank could not commit its local folder")
+        if error is not None:
+            self._local_failed(job, folder, error)
+            return
+        job.local_manifest = folder / MANIFEST_NAME
+        self._last_bytes = job.manifest.bytes
+        if self.writer.rank == 0:
+            self._safely(self._on_local, job)
+        if self.folder_leader:
+            self._safely(self.local.prune, self.keep)
+
+    def _local_failed(self, job: SaveJob, folder: Path, error: BaseException) -> None:
+        job.error = error
+        if self.folder_leader:
+            self.local.discard(folder)
+        fallback = self.durable is not None and self.format.layout == FLAT and job.staged is not None
+        log.warning("checkpoint not saved on the local tier" + ("; sending it to the durable tier directly"
+                    if fallback else "; the previous checkpoint is kept and training goes on"),
+                    step=job.step, path=str(getattr(error, "filename", None) or folder),
+                    error=f"{type(error).__name__}: {error}")
+        if self.writer.rank == 0:
+            self._safely(lambda j: self._on_failed(j, "local", error), job)
+        if fallback:  # copy out of the reused buffer, so staging can go on while the upload runs
+            job.in_memory = {name: bytes(data) for name, data in FlatFormat.files(job)}
+            job.own_files = list(job.in_memory)
+            files = [{"name": n, "bytes": len(d), "checksum": digest(d)} for n, d in job.in_memory.items()]
+            job.manifest = Manifest(job.step, files, DEFAULT_ALGORITHM, job.attempt, job.job_id, job.emergency)
+
+    def _make_room(self, job: SaveJob) -> None:
+        """When the disk cannot hold another checkpoint, drop all but the newest committed one first."""
+        need = max(self.format.nbytes(job), self._last_bytes)
+        try:
+            free = shutil.disk_usage(self.local.root if self.local.root.exists() else self.local.root.parent).free
+        except OSError:
+            return
+        if need and free < need * 1.1:
+            removed = self.local.prune(1)
+            if removed:
+                log.warning("local disk nearly full: removed older checkpoints before writing",
+                            step=job.step, free_bytes=free, need_bytes=need, removed=[str(p) for p in removed])
+
+    # ------------------------------------------------------------------ the uploader
+
+    def _upload_loop(self) -> None:
+        _lower_priority()
+        while (job := self._next_upload()) is not None:
+            try:
+                self._upload(job)
             finally:
                 job.durable_done.set()
 
-    def _write_local(self, job: SaveJob) -> None:
-        folder = None
-        try:
-            folder = self.local.begin(job.step)
-            files = []
-            for index, part in enumerate(job.staged.parts):
-                name = f"data-{index:05d}.bin"
-                files.append({"name": name, "bytes": len(part),
-                              "checksum": write_file(folder / name, part, sync=False)})
-            files.append({"name": STATE_NAME, "bytes": len(job.staged.skeleton),
-                          "checksum": write_file(folder / STATE_NAME, job.staged.skeleton, sync=False)})
-            for entry in files:  # every file is on disk before the manifest is written
-                fsync_file(folder / entry["name"])
-            job.manifest = Manifest(job.step, files, DEFAULT_ALGORITHM, job.attempt, job.job_id, job.emergency)
-            job.local_manifest = self.local.commit(folder, job.manifest)
-        except Exception as exc:  # noqa: BLE001 - a full or unwritable disk must not stop the training
-            job.error = exc
-            log.warning("checkpoint not saved; the previous checkpoint is kept and training goes on",
-                        step=job.step, path=str(getattr(exc, "filename", None) or folder or self.local.root),
-                        error=f"{type(exc).__name__}: {exc}")
-            if folder is not None:
-                self.local.discard(folder)
-            return
-        self._safely(self._on_local, job)
-        self._safely(self.local.prune, self.keep)
+    def _next_upload(self) -> SaveJob | None:
+        """The newest pending job, the same on every rank; older pending ones are superseded."""
+        with self._pending_cond:
+            while not self._pending and not self._stopping:
+                self._pending_cond.wait()
+            if not self._pending:
+                return None
+            newest = self._pending[-1].seq
+        target = self.uploader.max_int(newest)
+        with self._pending_cond:  # every rank's writer delivers the same jobs, in the same order
+            while not any(j.seq >= target for j in self._pending):
+                self._pending_cond.wait()
+            chosen = next(j for j in self._pending if j.seq == target)
+            superseded = [j for j in self._pending if j.seq < target]
+            self._pending = [j for j in self._pending if j.seq > target]
+        for job in superseded:
+            job.superseded = True
+            log.info("upload superseded by a newer checkpoint", step=job.step, newer=chosen.step)
+            job.durable_done.set()
+        return chosen
+
+    def _emergency_waiting(self) -> bool:
+        with self._pending_cond:
+            return any(j.emergency for j in self._pending)
 
     def _upload(self, job: SaveJob) -> None:
-        try:
-            job.durable_manifest = self.durable.upload(job.local_manifest.parent, job.manifest)
-        except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the training
-            job.error = exc
-            log.warning("checkpoint not uploaded; it is kept on the local tier only",
-                        step=job.step, url=self.durable.location(job.step), error=f"{type(exc).__name__}: {exc}")
+        started = time.monotonic()
+        if self.uploader.rank == 0:
+            self._safely(lambda j: self.durable.uncommit(j.step), job)
+        self.uploader.barrier()  # the old manifest of this step is gone before any file is replaced
+        error = self._put_files(job)
+        ok = self.uploader.all_true(error is None)
+        if ok and self.uploader.rank == 0:
+            try:
+                self.durable.write_manifest(job.manifest)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        committed = self.uploader.all_true(error is None)
+        if not committed:
+            error = error or OSError("another rank's files did not reach the durable tier")
+            job.durable_error = error
+            if job.error is None:
+                job.error = error
+            log.warning("checkpoint not uploaded; it is kept on the local tier only", step=job.step,
+                        url=self.durable.location(job.step), error=f"{type(error).__name__}: {error}")
+            if self.uploader.rank == 0:
+                self._safely(lambda j: self._on_failed(j, "durable", error), job)
             return
-        self._safely(self._on_durable, job)
-        self._safely(self.durable.prune, self.keep)
+        job.durable_manifest = self.durable.location(job.step, MANIFEST_NAME)
+        seconds = time.monotonic() - started
+        self.upload_timeout_s = max(UPLOAD_TIMEOUT_FLOOR_S, UPLOAD_TIMEOUT_FACTOR * seconds)
+        if self.uploader.rank == 0:
+            self._safely(self._on_durable, job)
+            self._safely(self.durable.prune, self.keep)
+
+    def _put_files(self, job: SaveJob) -> BaseException | None:
+        """Upload this process's files; give up at the deadline, or for an emergency checkpoint waiting."""
+        pool = ThreadPoolExecutor(1, thread_name_prefix="runner-checkpoint-put")
+        if job.in_memory is not None:
+            future = pool.submit(self.durable.put_bytes, job.step, job.in_memory)
+        else:
+            future = pool.submit(self.durable.put_files, job.step, job.local_manifest.parent, job.own_files)
+        deadline = time.monotonic() + self.upload_timeout_s
+        try:
+            while True:
+                try:
+                    future.result(timeout=0.05)
+                    return None
+                except FutureTimeout:
+                    pass
+                if time.monotonic() > deadline:
+                    return TimeoutError(f"the upload took longer than {self.upload_timeout_s:.0f} s; abandoned")
+                if not job.emergency and self._emergency_waiting():
+                    return TimeoutError("abandoned for an emergency checkpoint")
+        except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the training
+            return exc
+        finally:
+            pool.shutdown(wait=False)  # an abandoned upload's thread is left to finish or fail on its own
 
     @staticmethod
     def _safely(fn, arg) -> None:
@@ -129,3 +333,10 @@ class Persister:
         except Exception as exc:  # noqa: BLE001 - reporting and pruning are best effort
             log.warning("checkpoint housekeeping failed", action=getattr(fn, "__name__", str(fn)),
                         error=f"{type(exc).__name__}: {exc}")
+
+
+def _lower_priority() -> None:
+    try:  # on Linux a thread has its own nice value: let the training thread win the CPU
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PERSIST_NICENESS)
+    except (AttributeError, OSError):
+        pass

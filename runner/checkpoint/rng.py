@@ -33,3 +33,21 @@ def restore(state: dict) -> None:
         count = min(len(cuda_states), torch.cuda.device_count())
         for index in range(count):
             torch.cuda.set_rng_state(cuda_states[index].cpu(), index)
+
+
+def portable(state: dict) -> dict:
+    """``state`` with NumPy's array as a tensor, so that it loads with ``torch.load(weights_only=True)``."""
+    out = dict(state)
+    if out.get("numpy") is not None:
+        name, keys, pos, has_gauss, cached = out["numpy"]
+        out["numpy"] = (name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
+    return out
+
+
+def from_portable(state: dict) -> dict:
+    """Inverse of ``portable``."""
+    out = dict(state)
+    if out.get("numpy") is not None and numpy is not None:
+        name, keys, pos, has_gauss, cached = out["numpy"]
+        out["numpy"] = (name, keys.numpy().astype(numpy.uint32), pos, has_gauss, cached)
+    return out

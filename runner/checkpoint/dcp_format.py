@@ -1,0 +1,292 @@
+"""The checkpoint of a process group, in torch.distributed.checkpoint (DCP) files.
+
+What goes in, per registered object:
+
+* an ``nn.Module`` (plain, DDP or FSDP2): ``get_model_state_dict``, keyed by parameter name without
+  wrapper prefixes, so replicated tensors are written once (DCP's dedup) and sharded DTensors by the
+  ranks that own them, and either loads onto another number of ranks (DCP reshards);
+* an optimizer whose parameters belong to a registered module: ``get_optimizer_state_dict``, keyed by
+  parameter name, resharded likewise (before its first step it has no state, and is kept as a plain
+  object instead: asking DCP for it would take a zero-learning-rate step to create one);
+* anything else (schedulers, samplers, scalers, ``extra``, and this rank's RNG states): one small blob
+  per rank, ``__runner__.rank<N>``, serialised with ``torch.save`` and read back with ``weights_only=True``.
+  At the same world size each rank loads its own; at another, every rank loads rank 0's and RNG states
+  are left as they are.
+
+Reading never unpickles code: DCP's ``.metadata`` goes through an unpickler that knows only DCP's own
+metadata classes, and byte items through ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import rng
+from .checksum import DEFAULT_ALGORITHM, new_hasher
+from .errors import CorruptCheckpointError, RestoreError
+
+METADATA_NAME = ".metadata"
+BLOB_PREFIX = "__runner__.rank"
+CHUNK = 16 * 1024 * 1024
+
+
+def _dcp():
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict as dsd
+
+    return dcp, dsd
+
+
+# ------------------------------------------------------------------ which object goes where
+
+def optimizer_owners(objects: dict) -> dict[str, str]:
+    """For each registered optimizer, the registered module holding all of its parameters."""
+    modules = {name: {id(p) for p in obj.parameters()} for name, obj in objects.items() if isinstance(obj, nn.Module)}
+    owners = {}
+    for name, obj in objects.items():
+        if isinstance(obj, torch.optim.Optimizer):
+            params = {id(p) for group in obj.param_groups for p in group["params"]}
+            for module_name, module_params in modules.items():
+                if params and params <= module_params:
+                    owners[name] = module_name
+                    break
+    return owners
+
+
+def capture(objects: dict, extra: dict, rank: int) -> dict:
+    """The state dict DCP saves for this rank (tensors still where they live; ``stage`` copies them)."""
+    _, dsd = _dcp()
+    owners = optimizer_owners(objects)
+    state, plain = {}, {}
+    for name, obj in objects.items():
+        if isinstance(obj, nn.Module):
+            state[name] = dsd.get_model_state_dict(obj)
+        elif name in owners and obj.state:
+            state[name] = dsd.get_optimizer_state_dict(objects[owners[name]], obj)
+        else:
+            plain[name] = obj.state_dict()
+    blob = {"objects": plain, "extra": dict(extra), "rng": rng.portable(rng.capture())}
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    buffer.seek(0)
+    state[f"{BLOB_PREFIX}{rank}"] = buffer
+    return state
+
+
+class Stager:
+    """Copies a DCP state dict to host memory that is kept and reused while its layout stays the same
+    (pinned when CUDA tensors are staged), using DCP's own staging helpers (DTensors stay DTensors)."""
+
+    def __init__(self) -> None:
+        self._cache = None
+        self._layout = None
+
+    def stage(self, state: dict) -> dict:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        blobs = {k: v for k, v in state.items() if isinstance(v, io.BytesIO)}
+        tensors = {k: v for k, v in state.items() if k not in blobs}
+        layout = _layout_of(tensors)
+        if self._cache is None or layout != self._layout:
+            self._cache = None
+            pin = torch.cuda.is_available() and any(t.is_cuda for t in _tensors(tensors))
+            self._cache = _create_cpu_state_dict(tensors, pin_memory=pin)
+            self._layout = layout
+        staged = _copy_state_dict(tensors, self._cache, non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        staged.update(blobs)
+        return staged
+
+
+def _tensors(node):
+    if isinstance(node, torch.Tensor):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _tensors(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from _tensors(value)
+
+
+def _layout_of(node):
+    """Keys, shapes and dtypes of a nest: staging reuses its buffers while this stays the same."""
+    if isinstance(node, torch.Tensor):
+        local = node.to_local() if hasattr(node, "to_local") else node
+        return ("T", tuple(local.shape), str(local.dtype), type(node).__name__)
+    if isinstance(node, dict):
+        return tuple((k, _layout_of(v)) for k, v in node.items())
+    if isinstance(node, (list, tuple)):
+        return tuple(_layout_of(v) for v in node)
+    return type(node).__name__
+
+
+# ------------------------------------------------------------------ writing
+
+def write(staged: dict, folder: Path, comm) -> list[dict]:
+    """Collective: write this rank's share of ``staged`` into ``folder``; return its files with checksums."""
+    dcp, _ = _dcp()
+    writer = dcp.FileSystemWriter(str(folder), sync_files=True, overwrite=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
+        dcp.save(staged, storage_writer=writer, process_group=comm.group, no_dist=comm.group is None)
+    return own_files(folder, comm.rank)
+
+
+def own_files(folder: Path, rank: int) -> list[dict]:
+    """The files this rank wrote (DCP names them ``__<rank>_<n>.distcp``; rank 0 adds ``.metadata``)."""
+    names = sorted(n for n in os.listdir(folder) if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+    if rank == 0:
+        names.append(METADATA_NAME)
+    return [{"name": n, "bytes": (folder / n).stat().st_size, "checksum": file_checksum(folder / n)} for n in names]
+
+
+def file_checksum(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> str:
+    hasher = new_hasher(algorithm)
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            hasher.update(view[:n])
+    return hasher.hexdigest()
+
+
+# ------------------------------------------------------------------ reading
+
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
+_SAFE_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"),
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes and refuses every other global (a forged .metadata cannot run code)."""
+
+    def find_class(self, module: str, name: str):
+        if module in _METADATA_MODULES or (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                          torch.memory_format)):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def read_metadata(folder: Path):
+    path = folder / METADATA_NAME
+    try:
+        with open(path, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path} is missing") from exc
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a damaged or forged file
+        raise CorruptCheckpointError(f"{path} cannot be read safely: {exc}") from exc
+
+
+def _reader(folder: Path):
+    dcp, _ = _dcp()
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(dcp.FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_metadata(Path(self.path))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(folder))
+
+
+def _planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._nested_dict import set_element
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        """Byte items: our blobs are kept as bytes, anything else loads with ``weights_only=True``."""
+
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            data = io.BytesIO(value.read()) if fqn.startswith(BLOB_PREFIX) else torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], data)
+            else:
+                self.state_dict[fqn] = data
+
+    return SafeLoadPlanner()
+
+
+def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> None:
+    """Collective: load the checkpoint in ``folder`` into the registered objects (resharding as needed)."""
+    dcp, dsd = _dcp()
+    metadata = read_metadata(folder)
+    keys = set(metadata.state_dict_metadata)
+    same_world = saved_world == comm.world_size
+    blob_key = f"{BLOB_PREFIX}{comm.rank if same_world else 0}"
+    if blob_key not in keys:
+        raise CorruptCheckpointError(f"{folder}: no {blob_key} in the checkpoint's metadata")
+    owners = optimizer_owners(objects)
+    target: dict = {blob_key: io.BytesIO()}
+    for name, obj in objects.items():
+        saved_here = any(k.startswith(f"{name}.") for k in keys)
+        if isinstance(obj, nn.Module):
+            target[name] = dsd.get_model_state_dict(obj)
+        elif name in owners and saved_here:
+            target[name] = dsd.get_optimizer_state_dict(objects[owners[name]], obj)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(target, storage_reader=_reader(folder), planner=_planner(), process_group=comm.group,
+                     no_dist=comm.group is None)
+    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure in one exception
+        raise RestoreError(f"{folder}: the checkpoint written by {saved_world} rank(s) cannot be loaded into "
+                           f"{', '.join(target)} on {comm.world_size} rank(s): {_first_line(exc)}. Register the "
+                           f"same model and optimizer as the run that saved it") from exc
+    try:
+        blob = torch.load(target[blob_key], weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a blob that is not plain data is refused
+        raise CorruptCheckpointError(f"{folder}: {blob_key} holds something a safe load refuses ({exc})") from exc
+    _apply(target, blob, objects, extra, owners, folder, restore_rng=same_world)
+
+
+def _apply(target: dict, blob: dict, objects: dict, extra: dict, owners: dict, folder: Path,
+           restore_rng: bool) -> None:
+    _, dsd = _dcp()
+    plain = blob.get("objects", {})
+    for name, obj in objects.items():
+        try:
+            if isinstance(obj, nn.Module):
+                dsd.set_model_state_dict(obj, target[name])
+            elif name in target:
+                dsd.set_optimizer_state_dict(objects[owners[name]], obj, target[name])
+            elif name in plain:
+                obj.load_state_dict(plain[name])
+            else:
+                raise RestoreError(f"{folder} has no state for {name}; register the same objects as the run that "
+                                   f"saved it, or point local_dir/durable_url elsewhere to start fresh")
+        except RestoreError:
+            raise
+        except Exception as exc:
+            raise RestoreError(f"{folder}: {name}.load_state_dict failed ({exc}); the checkpoint was saved by a "
+                               f"different {name}. Use the same setup, or another checkpoint folder") from exc
+    extra.update(blob.get("extra", {}))
+    if restore_rng:
+        rng.restore(rng.from_portable(blob["rng"]))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,138 @@
+"""The ranks a Checkpointer works with, and the collectives its threads use.
+
+``Solo`` is one process: every collective is the identity, so the save pipeline and the restore are the
+same code for one process and for a torch.distributed job. ``Ranks`` is a job under torch.distributed: the
+library never runs its collectives on the training's own group (it may be NCCL, and its order belongs to
+the training); it makes three gloo side groups at construction, one per thread that issues collectives
+(the training thread, the local writer, the uploader), because collectives on one group must be issued in
+the same order on every rank, which only one thread per group guarantees.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointConfigError
+
+# A rank that died leaves its peers waiting in a collective; torchrun stops them long before this.
+SIDE_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+class Solo:
+    """One process: collectives return what they are given."""
+
+    rank = 0
+    world_size = 1
+    group = None
+
+    def all_true(self, flag: bool) -> bool:
+        return bool(flag)
+
+    def max_int(self, value: int) -> int:
+        return int(value)
+
+    def gather(self, obj) -> list:
+        return [obj]
+
+    def barrier(self) -> None:
+        pass
+
+
+class GlooComm:
+    """The few collectives the library needs, on one gloo side group."""
+
+    def __init__(self, group, rank: int, world_size: int) -> None:
+        self.group, self.rank, self.world_size = group, rank, world_size
+
+    def all_true(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on every rank."""
+        import torch.distributed as dist
+
+        value = torch.tensor([0 if flag else 1], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
+        return int(value.item()) == 0
+
+    def max_int(self, value: int) -> int:
+        import torch.distributed as dist
+
+        tensor = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return int(tensor.item())
+
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        import torch.distributed as dist
+
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group)
+
+
+@dataclass
+class Ranks:
+    """This process's place in the job and the side groups of its threads."""
+
+    rank: int
+    world_size: int
+    steps: GlooComm      # the training thread: agreement on steps, restore
+    writer: GlooComm     # the local writer thread
+    uploader: GlooComm   # the uploader thread
+    folder_leader: bool  # the lowest rank writing into this rank's local folder: prepares it, commits it
+    local_rank: int | None = None
+
+
+def distributed() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - builds without distributed support
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def join(local_root: Path) -> Ranks | None:
+    """The Ranks of this process when torch.distributed is initialised (collective), else None."""
+    if not distributed():
+        return None
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        groups = [dist.new_group(backend="gloo", timeout=SIDE_GROUP_TIMEOUT) for _ in range(3)]
+    except (RuntimeError, ValueError) as exc:
+        raise CheckpointConfigError(f"the checkpoint library needs the gloo backend beside the training's "
+                                    f"({dist.get_backend()}): {exc}") from exc
+    steps, writer, uploader = (GlooComm(g, rank, world) for g in groups)
+    # Ranks of one node usually share one local folder: the lowest of them prepares and commits it.
+    where = (socket.gethostname(), str(Path(local_root).expanduser().absolute()))
+    everyone = steps.gather(where)
+    leader = min(r for r, w in enumerate(everyone) if w == where)
+    local_rank = os.environ.get("LOCAL_RANK")
+    return Ranks(rank, world, steps, writer, uploader, folder_leader=leader == rank,
+                 local_rank=int(local_rank) if local_rank and local_rank.isdigit() else None)
+
+
+def check_same_objects(ranks: Ranks, signature: dict) -> None:
+    """Raise on every rank when the ranks built their Checkpointers differently, naming both setups."""
+    everyone = ranks.steps.gather(signature)
+    for rank, theirs in enumerate(everyone):
+        if theirs != everyone[0]:
+            raise CheckpointConfigError(
+                f"rank {rank} built its Checkpointer with {_describe(theirs)}, rank 0 with {_describe(everyone[0])}; "
+                f"every rank must register the same objects and options")
+
+
+def _describe(signature: dict) -> str:
+    objects = ", ".join(f"{name}={kind}" for name, kind in signature["objects"])
+    options = ", ".join(f"{k}={v!r}" for k, v in signature.items() if k != "objects")
+    return f"({objects}; {options})" if options else f"({objects})"
