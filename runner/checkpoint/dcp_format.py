@@ -75,8 +75,7 @@ def capture(objects: dict, extra: dict, rank: int) -> dict:
     blob = {"objects": plain, "extra": dict(extra), "rng": rng.portable(rng.capture())}
     buffer = io.BytesIO()
     torch.save(blob, buffer)
-    buffer.seek(0)
-    state[f"{BLOB_PREFIX}{rank}"] = buffer
+    state[f"{BLOB_PREFIX}{rank}"] = buffer.getvalue()  # bytes: DCP writes them as one byte item of this rank
     return state
 
 
@@ -91,7 +90,7 @@ class Stager:
     def stage(self, state: dict) -> dict:
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-        blobs = {k: v for k, v in state.items() if isinstance(v, io.BytesIO)}
+        blobs = {k: v for k, v in state.items() if isinstance(v, bytes)}
         tensors = {k: v for k, v in state.items() if k not in blobs}
         layout = _layout_of(tensors)
         if self._cache is None or layout != self._layout:
@@ -216,11 +215,11 @@ def _planner():
     from torch.distributed.checkpoint._nested_dict import set_element
 
     class SafeLoadPlanner(DefaultLoadPlanner):
-        """Byte items: our blobs are kept as bytes, anything else loads with ``weights_only=True``."""
+        """Byte items load with ``weights_only=True`` (DCP's own planner unpickles them unrestricted)."""
 
         def load_bytes(self, read_item, value: io.BytesIO) -> None:
             fqn = read_item.dest_index.fqn
-            data = io.BytesIO(value.read()) if fqn.startswith(BLOB_PREFIX) else torch.load(value, weights_only=True)
+            data = torch.load(value, weights_only=True)
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[fqn], data)
             else:
@@ -239,7 +238,7 @@ def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> No
     if blob_key not in keys:
         raise CorruptCheckpointError(f"{folder}: no {blob_key} in the checkpoint's metadata")
     owners = optimizer_owners(objects)
-    target: dict = {blob_key: io.BytesIO()}
+    target: dict = {blob_key: b""}
     for name, obj in objects.items():
         saved_here = any(k.startswith(f"{name}.") for k in keys)
         if isinstance(obj, nn.Module):
@@ -256,7 +255,7 @@ def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> No
                            f"{', '.join(target)} on {comm.world_size} rank(s): {_first_line(exc)}. Register the "
                            f"same model and optimizer as the run that saved it") from exc
     try:
-        blob = torch.load(target[blob_key], weights_only=True)
+        blob = torch.load(io.BytesIO(target[blob_key]), weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a blob that is not plain data is refused
         raise CorruptCheckpointError(f"{folder}: {blob_key} holds something a safe load refuses ({exc})") from exc
     _apply(target, blob, objects, extra, owners, folder, restore_rng=same_world)
