@@ -34,6 +34,7 @@ class AgentConfig:
     drill_timeout_seconds: float = 120.0  # how long the job gets to checkpoint, and to restore, in the drill
     gcp_spot_grace_seconds: float | None = None  # what a GCP preemption leaves (default 30 s; simulations less)
     watch: str = "auto"  # auto (the endpoint variables, else probe link-local), off, or aws|gcp|azure
+    address: str | None = None  # where a gang's other nodes reach this one (default: the route to the controller)
 
     @property
     def reports(self) -> bool:

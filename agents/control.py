@@ -3,7 +3,8 @@
 Newline-delimited JSON (the protocol is described in runner/checkpoint/control.py). The agent sends
 ``checkpoint`` requests; the library reports ``hello``, ``restored``, ``committed`` and ``stopping``.
 A connection counts as a training process once it has said ``hello``; others (a health check that
-connects and leaves) are served the same way but never counted.
+connects and leaves) are served the same way but never counted. Under torchrun every rank connects; a
+message that does not say which rank sent it gets ``rank`` and ``local_rank`` from its connection's hello.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class ControlServer:
                     continue
                 if message.get("op") == "hello":
                     self._hello(conn, message)
+                else:
+                    message = self._with_sender(conn, message)
                 try:
                     self.on_message(message)
                 except Exception:
@@ -104,6 +107,12 @@ class ControlServer:
                 self._clients[conn] = message
         log.info("training process connected", pid=message.get("pid"), job=message.get("job_id"),
                  attempt=message.get("attempt"))
+
+    def _with_sender(self, conn: socket.socket, message: dict) -> dict:
+        with self._lock:
+            hello = self._clients.get(conn) or {}
+        sender = {k: hello.get(k) for k in ("rank", "local_rank", "pid") if k not in message and k in hello}
+        return {**message, **sender} if sender else message
 
     def send(self, message: dict) -> int:
         """Send to every connection; return how many training processes (connections that said hello) got it."""

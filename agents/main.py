@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from runner import sdnotify
+from runner import sdnotify, wire
 from runner.logconfig import configure_logging
 
 from .cancel import CancelStop
@@ -25,6 +25,7 @@ from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
 from .emergency import ChildProcess, EmergencyStop
+from .gang import GangRanks, gang_environment, node_address, register_for_attempt
 from .logship import LogShipper
 from .supervisor import Supervisor
 from .watchers import Notice
@@ -57,11 +58,13 @@ class Agent(AgentCore):
         self.phase = "starting"
         self.training_pid: int | None = None
         self.drill: ResumeDrill | None = None
+        self.gang = GangRanks()  # what this node's ranks said about a gang's stop and restore
         self.cancel_stop: CancelStop | None = None
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
-        assignment = self.reporter.register()
+        self.address = node_address(self.config.address, self.config.controller_url)
+        assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
         if assignment is None:
             return 1
         self.assignment = assignment
@@ -90,13 +93,23 @@ class Agent(AgentCore):
             offset = self.reporter.patiently(lambda: self.client.get("/v1/agent/logs/offset")["offset"],
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
+            self.gang.reset()
             reason, code, message, drill = self._run_job(workdir, with_setup=first)
             first = False
             if self.control is not None:
                 self.control.drain()  # commits the job reported reach the controller before its exit does
             if not self.shipper.close(timeout=60):
                 log.error("some output could not reach the controller", kept_in=str(self.local_log.name))
+            reason = self.gang.exit_reason(reason)
             reply = self.reporter.report_exit(reason, code, message, drill)
+            if reply and reply.get("action") == "stay":  # a gang node kept for the next attempt, on this node
+                log.info("kept for the gang's next attempt; registering for it")
+                assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
+                if assignment is None:
+                    return
+                self.assignment = assignment
+                log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"])
+                continue
             if not (reason == "drill" and reply and reply.get("next")):
                 return
             self.assignment = reply["next"]
@@ -147,7 +160,7 @@ class Agent(AgentCore):
         return ("succeeded" if code == 0 else "failed"), code, None, None
 
     def _verify_drill(self, expected: int, started: float) -> None:
-        result = self.drill.verify_resume(expected, started)
+        result = self.gang.drill_verdict(self.drill.verify_resume(expected, started), expected)
         log.info("resume drill verdict", **result)
         reply = self.reporter.drill(result)
         if reply and reply.get("action") == "shutdown":
@@ -190,6 +203,7 @@ class Agent(AgentCore):
         })
         if self.control is not None:
             env["RUNNER_CONTROL"] = str(self.control.path)
+        env.update(gang_environment(self.assignment))
         if checkpoint.get("interval") and checkpoint["interval"] != "auto":
             env["RUNNER_CHECKPOINT_INTERVAL"] = str(checkpoint["interval"])
         env["RUNNER_CHECKPOINT_KEEP"] = str(checkpoint.get("keep", 3))
@@ -200,6 +214,9 @@ class Agent(AgentCore):
         return {"phase": self.phase, "progress": self.progress}
 
     def _on_action(self, action: str) -> None:
+        if action == wire.STOP_FOR_PEER and self.current is not None and self.gang.on_stop_for_peer():
+            log.info("the gang's attempt ended elsewhere; stopping the job here to restart with the gang")
+            threading.Thread(target=self.current.stop, args=(self.config.stop_grace_seconds,), daemon=True).start()
         if action in ("cancel", "shutdown") and not self.cancelled.is_set():
             log.info("stopping the job", why=action)
             self.cancel_stop = CancelStop(self.send_control, lambda: self.current, self.config.stop_grace_seconds)
@@ -213,7 +230,12 @@ class Agent(AgentCore):
             self.cancel_stop.on_ack(message)
         if op == "hello":
             self.training_pid = message.get("pid")
-        elif op == "stopping" and self.drill is not None and self.drill.triggered and not self.emergency.active:
+        elif op == "restored":
+            self.gang.on_restored(message)
+        if op == "stopping" and self.gang.on_stopping(message) and not self.emergency.active and not (
+                self.drill is not None and self.drill.triggered):
+            return  # a peer's stop, not an answer to a request of this node's
+        if op == "stopping" and self.drill is not None and self.drill.triggered and not self.emergency.active:
             self.drill.on_stopping(message)
             return
         elif op == "restored" and self.drill is not None:

@@ -46,14 +46,15 @@ class Reporter:
     def standalone(self) -> bool:
         return self.client is None
 
-    def register(self) -> dict | None:
-        """The node's assignment; None when the controller refuses this node or stays unreachable too long."""
+    def register(self, body: dict | None = None) -> dict | None:
+        """The node's assignment (or, for a gang not yet complete, a reply saying to wait); None when the
+        controller refuses this node or stays unreachable too long. ``body``: the node's ``address``."""
         if self.client is None:
             return None
         deadline = time.monotonic() + self.patience
         while time.monotonic() < deadline:
             try:
-                return self.client.post("/v1/agent/register")
+                return self.client.post("/v1/agent/register", body)
             except ClientError as exc:
                 if exc.status in REFUSED:
                     log.error("registration refused", error=str(exc))

@@ -34,20 +34,28 @@ def load_config(home: Path | None = None) -> dict:
 
 
 def scheduler_settings(config: dict) -> dict:
-    """``scheduler:`` of config.yaml, checked: ``auto_on_demand_after`` in seconds (default 10 minutes)."""
+    """``scheduler:`` of config.yaml, checked: ``auto_on_demand_after`` in seconds (default 10 minutes) and
+    ``gang_timeout``, how long a multi-node job's nodes get to all register (default 10 minutes)."""
     from .durations import parse_duration
 
     raw = config.get("scheduler") or {}
     if not isinstance(raw, dict):
         raise ConfigError("config.yaml: scheduler: must be a mapping such as {auto_on_demand_after: 10m}")
-    unknown = set(raw) - {"auto_on_demand_after"}
+    unknown = set(raw) - {"auto_on_demand_after", "gang_timeout"}
     if unknown:
-        raise ConfigError(f"config.yaml: scheduler.{sorted(unknown)[0]}: unknown key (known: auto_on_demand_after)")
+        raise ConfigError(f"config.yaml: scheduler.{sorted(unknown)[0]}: unknown key "
+                          "(known: auto_on_demand_after, gang_timeout)")
     try:
         after = parse_duration(raw.get("auto_on_demand_after", "10m"))
     except ValueError as exc:
         raise ConfigError(f"config.yaml: scheduler.auto_on_demand_after: {exc}") from None
-    return {"auto_on_demand_after": after}
+    try:
+        gang_timeout = parse_duration(raw.get("gang_timeout", "10m"))
+    except ValueError as exc:
+        raise ConfigError(f"config.yaml: scheduler.gang_timeout: {exc}") from None
+    if gang_timeout <= 0:
+        raise ConfigError("config.yaml: scheduler.gang_timeout: must be a positive duration such as 10m")
+    return {"auto_on_demand_after": after, "gang_timeout": gang_timeout}
 
 
 # Files of a local controller under its data dir.

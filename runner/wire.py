@@ -13,10 +13,47 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+# --- gangs (CONTRACT §7) ---------------------------------------------------------------------------
+# What every node of a job's attempt is told, by the agent, in its job's environment.
+ENV_NUM_NODES = "RUNNER_NUM_NODES"
+ENV_NODE_RANK = "RUNNER_NODE_RANK"
+ENV_NODE_IPS = "RUNNER_NODE_IPS"            # one address per line, in rank order
+ENV_MASTER_ADDR = "RUNNER_MASTER_ADDR"      # node 0's address: it hosts the rendezvous
+ENV_MASTER_PORT = "RUNNER_MASTER_PORT"      # fresh for each attempt
+ENV_GPUS_PER_NODE = "RUNNER_GPUS_PER_NODE"  # the accelerator count of resources.accelerators (1 for CPU-only)
+
+# Exit reasons an agent reports (POST /v1/agent/exit). STOPPED_BY_PEER: the job's processes on this node
+# stopped because another node of the gang was preempted or drilled (they learned it through the process
+# group), not because of anything on this node; the node stays for the gang's next attempt.
+STOPPED_BY_PEER = "stopped-by-peer"
+EXIT_REASONS = ("succeeded", "failed", "preempted", "cancelled", "drill", STOPPED_BY_PEER)
+
+# A heartbeat's action for a gang node whose attempt ended (a peer was preempted) while its job still runs:
+# the agent stops the job and reports STOPPED_BY_PEER, then registers for the next attempt.
+STOP_FOR_PEER = "stop-for-peer"
+
+# A gang node's end in a restart-log row's ``nodes``, besides the attempt's own end reasons:
+NODE_KEPT = "kept"          # carries on into the next attempt
+NODE_RELEASED = "released"  # was healthy, but given up because the whole gang moved to another zone
+
+# POST /v1/agent/register answers {"status": REGISTER_WAITING, "message": ...} to a gang node while the
+# gang's attempt is not complete (or not planned yet); the agent asks again shortly.
+REGISTER_WAITING = "waiting"
+
+
 def attempt_cost(attempt: dict, now: float | None = None) -> float:
-    """Per-second billing from launch to end (or to now for the running attempt)."""
+    """Per-second billing from launch to end (or to now for the running attempt), summed over every node."""
     end = attempt["ended_at"] or now or time.time()
-    return round(attempt["price_per_hour"] * max(0.0, end - attempt["started_at"]) / 3600.0, 6)
+    nodes = attempt.get("nodes") or []
+    per_hour = sum(n["price_per_hour"] for n in nodes) if nodes else attempt["price_per_hour"]
+    return round(per_hour * max(0.0, end - attempt["started_at"]) / 3600.0, 6)
+
+
+def node_rows(attempt: dict) -> list[dict]:
+    """The restart-log ``nodes`` of a multi-node attempt: one object per node rank."""
+    return [{"rank": n["rank"], "node": n["node_id"], "zone": n["zone"], "instance_type": n["instance_type"],
+             "price_per_hour": n["price_per_hour"], "spot": n["spot"], "end_reason": n["end_reason"]}
+            for n in attempt.get("nodes") or []]
 
 
 def restart_row(attempt: dict, now: float | None = None) -> dict:
@@ -43,6 +80,9 @@ def restart_row(attempt: dict, now: float | None = None) -> dict:
     }
     if attempt.get("drill") is not None:
         row["drill"] = attempt["drill"]
+    if (attempt.get("num_nodes") or 1) > 1:
+        row["num_nodes"] = attempt["num_nodes"]
+        row["nodes"] = node_rows(attempt)
     return row
 
 

@@ -91,9 +91,11 @@ def status(job_id: str, as_json: bool):
 @click.argument("job_id")
 @click.option("--attempt", type=int, help="Only this attempt.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
-def logs(job_id: str, attempt: int | None, follow: bool):
+@click.option("--node", "rank", type=int, default=None,
+              help="Of a multi-node job: only this node rank's output (default: every node's, node 0 first).")
+def logs(job_id: str, attempt: int | None, follow: bool, rank: int | None):
     """The job's output, every attempt, each under a separator line."""
-    follow_logs(connect(), job_id, attempt, follow)
+    follow_logs(connect(), job_id, attempt, follow, only_node=rank)
 
 
 @click.command()
@@ -142,8 +144,11 @@ def cancel(job_id: str):
 @click.command()
 @click.argument("job_id")
 @click.option("--notice", type=click.Choice(["aws", "gcp", "azure"]), default="aws", show_default=True)
-def preempt(job_id: str, notice: str):
+@click.option("--node", "rank", type=int, default=0, show_default=True,
+              help="Of a multi-node job: the rank of the node to preempt.")
+def preempt(job_id: str, notice: str, rank: int):
     """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss."""
-    result = connect().post(f"/v1/jobs/{job_id}/preempt", {"notice": notice})
+    result = connect().post(f"/v1/jobs/{job_id}/preempt", {"notice": notice, "node": rank})
     label = {"aws": "an AWS", "gcp": "a GCP", "azure": "an Azure"}[notice]
-    click.echo(f"sent {label} notice to node {result['node']}; it is reclaimed in {result['grace_seconds']:.1f}s")
+    which = f"node {result['node']}" + (f" (rank {result['rank']})" if result.get("rank") else "")
+    click.echo(f"sent {label} notice to {which}; it is reclaimed in {result['grace_seconds']:.1f}s")

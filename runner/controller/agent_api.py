@@ -18,7 +18,9 @@ from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
 from ..scheduler.transitions import transition
 from ..state.store import NODE_RUNNING
-from . import metrics
+from ..scheduler.states import TERMINAL
+from ..wire import EXIT_REASONS, STOPPED_BY_PEER
+from . import gang_agent, metrics
 from .auth import Principal, require_node
 
 router = APIRouter(prefix="/v1/agent")
@@ -38,10 +40,20 @@ def _current(state, who: Principal) -> tuple[dict, dict | None]:
     return job, attempt
 
 
+class Registration(BaseModel):
+    address: str | None = None  # where the other nodes of a gang reach this node
+
+
 @router.post("/register")
-def register(request: Request, who: Principal = Depends(require_node)):
-    """The node's assignment: what to run, where to checkpoint, what to resume from."""
+def register(request: Request, who: Principal = Depends(require_node), body: Registration | None = None):
+    """The node's assignment: what to run, where to checkpoint, what to resume from.
+
+    A gang node gets ``{"status": "waiting"}`` until every node of its attempt has registered."""
     state = _state(request)
+    address = body.address if body else None
+    if gang_agent.is_gang(state.store.job(who.node["job_id"])):
+        attempt, wait = gang_agent.register(state, who.node, address or "127.0.0.1")
+        return wait or _assignment(state, who.node["job_id"], attempt, who.node, address)
     job, attempt = _current(state, who)
     if attempt is None:
         raise HTTPException(409, "this node's attempt has ended; shut down")
@@ -51,15 +63,21 @@ def register(request: Request, who: Principal = Depends(require_node)):
         state.store.mark_attempt_running(tx, job["id"], attempt["attempt"], now)
         if state.store.job(job["id"], tx)["state"] == PROVISIONING:
             transition(tx, job["id"], RUNNING, now=now, message=f"attempt {attempt['attempt']} running")
-    return _assignment(state, job["id"], attempt["attempt"])
+    return _assignment(state, job["id"], attempt["attempt"], who.node, address)
 
 
-def _assignment(state, job_id: str, attempt: int) -> dict:
-    """What an attempt runs, where it checkpoints, what it resumes from, whether it drills."""
+def _assignment(state, job_id: str, attempt: int, node: dict, address: str | None = None) -> dict:
+    """What an attempt runs, where it checkpoints, what it resumes from, whether it drills, its gang."""
     job = state.store.job(job_id)
     spec = job["spec"]
     drill_seconds = RecoverySpec.model_validate(spec["recovery"]).resume_drill_seconds()
-    return {
+    gang = gang_agent.gang_fields(state, job, attempt, node, address)
+    if gang["node_rank"] != 0:
+        drill_seconds = None  # the drill runs once for the whole gang: node 0 drives it
+    extra = {}
+    if gang["num_nodes"] > 1 and (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
+        extra["drill_expected_step"] = expected
+    return {**extra, "gang": gang,
         "job_id": job["id"],
         "attempt": attempt,
         "name": job["name"],
@@ -102,16 +120,20 @@ class Heartbeat(BaseModel):
 
 @router.post("/heartbeat")
 def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(require_node)):
-    """Record liveness and progress; the reply tells the agent to continue, cancel, or shut down."""
+    """Record liveness and progress; the reply tells the agent to continue, cancel, or shut down (or, a gang
+    node whose attempt ended while its job still runs, to stop that job and stay)."""
     state = _state(request)
     job, attempt = _current(state, who)
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, who.node["id"], last_heartbeat=time.time(),
                                 progress={"phase": body.phase, **(body.progress or {})})
-    if attempt is None or who.node["state"] != NODE_RUNNING:
+    kept = attempt is None and gang_agent.is_gang(job) and job["state"] not in TERMINAL
+    if (attempt is None and not kept) or who.node["state"] != NODE_RUNNING:
         return {"action": "shutdown"}
     if job["cancel_requested"]:
         return {"action": "cancel"}
+    if kept:
+        return {"action": gang_agent.heartbeat_action(state, who.node)}
     return {"action": "continue"}
 
 
@@ -125,13 +147,13 @@ def logs(body: LogChunk, request: Request, who: Principal = Depends(require_node
     """Append output of this node's attempt; reply with the offset to send next."""
     state = _state(request)
     data = base64.b64decode(body.data_b64)
-    size = state.logs.append(who.node["job_id"], who.node["attempt"], body.offset, data)
+    size = state.logs.append(who.node["job_id"], who.node["attempt"], body.offset, data, node=who.node["rank"])
     return {"offset": size}
 
 
 @router.get("/logs/offset")
 def log_offset(request: Request, who: Principal = Depends(require_node)):
-    return {"offset": _state(request).logs.size(who.node["job_id"], who.node["attempt"])}
+    return {"offset": _state(request).logs.size(who.node["job_id"], who.node["attempt"], node=who.node["rank"])}
 
 
 class AgentEvent(BaseModel):
@@ -147,7 +169,10 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
         if body.kind in metrics.NOTICE_KINDS:
             metrics.record_notice(tx, job_id, attempt, body.data)
         if body.kind == "notice":
-            state.store.set_attempt_notice(tx, job_id, attempt, metrics.without_timing(body.data))
+            notice = metrics.without_timing(body.data)
+            if gang_agent.is_gang(state.store.job(job_id, tx)):
+                notice = {**notice, "node_rank": who.node["rank"]}
+            state.store.set_attempt_notice(tx, job_id, attempt, notice)
             state.store.add_event(tx, job_id, "notice", f"{body.data.get('source')} {body.data.get('action')} "
                                   f"notice, deadline {body.data.get('deadline')}", attempt=attempt)
         elif body.kind == "checkpoint":
@@ -165,7 +190,7 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
 
 class ExitReport(BaseModel):
     exit_code: int | None = None
-    reason: str  # succeeded | failed | preempted | cancelled | drill
+    reason: str  # one of runner.wire.EXIT_REASONS
     message: str | None = None
     drill: dict | None = None  # reason drill: {"checkpoint_step", "seconds"} or {"passed": false, "message"}
 
@@ -174,8 +199,12 @@ class ExitReport(BaseModel):
 def exit_report(body: ExitReport, request: Request, who: Principal = Depends(require_node)):
     """The job's process ended: close the attempt and move the job on (a drill continues on this node)."""
     state = _state(request)
-    if body.reason not in ("succeeded", "failed", "preempted", "cancelled", "drill"):
-        raise HTTPException(422, f"reason: {body.reason!r} is not an end reason")
+    if body.reason not in EXIT_REASONS:
+        raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(EXIT_REASONS)}")
+    if gang_agent.is_gang(state.store.job(who.node["job_id"])):
+        return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
+    if body.reason == STOPPED_BY_PEER:
+        raise HTTPException(422, f"reason: {STOPPED_BY_PEER!r} is for a node of a multi-node job only")
     if body.reason == "drill":
         return _drill_exit(state, who.node, body)
     new_state = end_attempt(state.store, who.node["job_id"], who.node["attempt"], body.reason,
@@ -196,7 +225,7 @@ def _drill_exit(state, node: dict, body: ExitReport) -> dict:
                                   exit_code=body.exit_code)
     if attempt is None:
         return {"state": None}
-    next_assignment = {**_assignment(state, node["job_id"], attempt), "drill_expected_step": drill["checkpoint_step"]}
+    next_assignment = {**_assignment(state, node["job_id"], attempt, node), "drill_expected_step": drill["checkpoint_step"]}
     return {"state": RUNNING, "next": next_assignment}
 
 
@@ -206,12 +235,16 @@ class DrillResult(BaseModel):
     resumed_step: int | None = None
     seconds: float | None = None
     message: str | None = None
+    ranks: dict[str, int | None] | None = None  # of a gang: each global rank's restored step on this node
 
 
 @router.post("/drill")
 def drill_result(body: DrillResult, request: Request, who: Principal = Depends(require_node)):
     """The drill's verdict, from the attempt that resumed (or, when skipped, from the running one)."""
     state = _state(request)
-    new_state = record_drill_result(state.store, who.node, body.model_dump())
+    if gang_agent.is_gang(state.store.job(who.node["job_id"])):
+        new_state = gang_agent.record_drill(state, who.node, body.model_dump(exclude_none=True))
+    else:
+        new_state = record_drill_result(state.store, who.node, body.model_dump(exclude={"ranks"}))
     state.scheduler.nudge.set()
     return {"state": new_state, "action": "shutdown" if new_state == FAILED else "continue"}

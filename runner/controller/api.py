@@ -66,7 +66,7 @@ def submit(body: SubmitRequest, request: Request, who: Principal = Depends(requi
         raise HTTPException(422, "\n".join(exc.problems)) from None
     if body.workdir_digest and not (state.workdirs / f"{body.workdir_digest}.tar.gz").exists():
         raise HTTPException(422, "workdir_digest: upload the workdir first (PUT /v1/workdirs)")
-    problem = unsatisfiable(state, spec) or missing_durable_url(state, spec)
+    problem = unsatisfiable(state, spec) or gang_too_big(state, spec) or missing_durable_url(state, spec)
     if problem:
         raise HTTPException(422, problem)
     job_id = f"{spec.name[:40]}-{secrets.token_hex(3)}"
@@ -84,6 +84,23 @@ def unsatisfiable(state, spec) -> str | None:
 
     offers = [o for p in state.scheduler.providers.values() for o in p.offers()]
     return explain_unsatisfiable(offers, spec.resources)
+
+
+def gang_too_big(state, spec) -> str | None:
+    """Why ``resources.num_nodes`` nodes can never run together in one zone of an allowed provider, or None."""
+    wanted = spec.resources.num_nodes
+    if wanted <= 1:
+        return None
+    allowed = {name: p for name, p in state.scheduler.providers.items()
+               if spec.resources.cloud is None or name in spec.resources.cloud}
+    most = {name: p.gang_capacity() for name, p in allowed.items()}
+    if any(capacity >= wanted for capacity in most.values()):
+        return None
+    limits = "; ".join(f"{name} holds at most {n} nodes of a gang in one zone"
+                       + (" (clouds.local.zone_capacity in config.yaml)" if name == "local" else "")
+                       for name, n in sorted(most.items()))
+    return (f"resources.num_nodes: {wanted} nodes cannot run together in one zone: {limits}; "
+            f"use at most {max(most.values(), default=1)} nodes, or raise the capacity")
 
 
 def missing_durable_url(state, spec) -> str | None:
@@ -116,6 +133,11 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     summary["node"] = ({"id": nodes[-1]["id"], "state": nodes[-1]["state"], "zone": nodes[-1]["offer"]["zone"],
                         "last_heartbeat": wire.iso(nodes[-1]["last_heartbeat"]), "progress": nodes[-1]["progress"]}
                        if nodes else None)
+    if job["spec"]["resources"].get("num_nodes", 1) > 1:  # a gang: every live node, in rank order
+        summary["num_nodes"] = job["spec"]["resources"]["num_nodes"]
+        summary["nodes"] = [{"rank": n["rank"], "id": n["id"], "state": n["state"], "zone": n["offer"]["zone"],
+                             "last_heartbeat": wire.iso(n["last_heartbeat"]), "progress": n["progress"]}
+                            for n in sorted(nodes, key=lambda n: (n["rank"], n["created_at"]))]
     return summary
 
 
@@ -147,17 +169,20 @@ def events(job_id: str, request: Request, after: int = 0, who: Principal = Depen
 
 
 @router.get("/jobs/{job_id}/logs")
-def logs(job_id: str, request: Request, attempt: int, offset: int = 0,
+def logs(job_id: str, request: Request, attempt: int, offset: int = 0, node: int = 0,
          who: Principal = Depends(require_job_access)):
-    """A slice of one attempt's output; ``complete`` once the attempt has ended and all of it was read."""
+    """A slice of one attempt's output (of one node rank, for a multi-node job); ``complete`` once the
+    attempt has ended and all of it was read."""
     state = _state(request)
     job = _job_or_404(state, job_id)
     attempts = {a["attempt"]: a for a in state.store.attempts(job_id)}
     if attempt not in attempts:
         raise HTTPException(404, f"job {job_id} has no attempt {attempt} (it has {len(attempts)})")
-    data = state.logs.read(job_id, attempt, offset)
+    if not 0 <= node < max(1, attempts[attempt].get("num_nodes") or 1):
+        raise HTTPException(404, f"attempt {attempt} of job {job_id} has no node of rank {node}")
+    data = state.logs.read(job_id, attempt, offset, node=node)
     ended = attempts[attempt]["end_reason"] != "running" or job["state"] in TERMINAL
-    size = state.logs.size(job_id, attempt)
+    size = state.logs.size(job_id, attempt, node)
     return {"attempt": attempt, "offset": offset + len(data), "data": data.decode("utf-8", "replace"),
             "complete": ended and offset + len(data) >= size}
 
@@ -178,18 +203,23 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(require_admin
 
 class PreemptRequest(BaseModel):
     notice: str = "aws"
+    node: int = 0  # the node rank of a multi-node job
 
 
 @router.post("/jobs/{job_id}/preempt")
 def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal = Depends(require_admin)):
     """Chaos for the local provider: a notice through the node's metadata server, then the node's loss."""
     state = _state(request)
-    _job_or_404(state, job_id)
+    job = _job_or_404(state, job_id)
     if body.notice not in ("aws", "gcp", "azure"):
         raise HTTPException(422, f"notice: {body.notice!r} is not one of aws, gcp, azure")
-    nodes = state.store.nodes((NODE_RUNNING,), job_id=job_id)
+    num_nodes = job["spec"]["resources"].get("num_nodes", 1)
+    if not 0 <= body.node < num_nodes:
+        ranks = "0" if num_nodes == 1 else f"0 to {num_nodes - 1}"
+        raise HTTPException(422, f"node: job {job_id} has no node of rank {body.node}; its node ranks are {ranks}")
+    nodes = [n for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n["rank"] == body.node]
     if not nodes:
-        raise HTTPException(409, f"job {job_id} has no running node to preempt")
+        raise HTTPException(409, f"job {job_id} has no running node of rank {body.node} to preempt")
     node = nodes[-1]
     provider = state.scheduler.providers[node["provider"]]
     if not hasattr(provider, "inject_notice"):
@@ -197,9 +227,9 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
     grace = provider.inject_notice(node["id"], body.notice)
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, node["id"], terminate_at=time.time() + grace)
-        state.store.add_event(tx, job_id, "chaos", f"{body.notice} notice sent to {node['id']}; "
+        state.store.add_event(tx, job_id, "chaos", f"{body.notice} notice sent to {node['id']} (rank {node['rank']}); "
                               f"node reclaimed in {grace:.1f}s", attempt=node["attempt"])
-    return {"node": node["id"], "notice": body.notice, "grace_seconds": grace}
+    return {"node": node["id"], "rank": node["rank"], "notice": body.notice, "grace_seconds": grace}
 
 
 @router.get("/offers")

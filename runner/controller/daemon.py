@@ -19,6 +19,7 @@ import uvicorn
 from .. import sdnotify
 from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config, scheduler_settings
 from ..providers.local import LocalProvider
+from ..providers.local.provider import DEFAULT_ZONE_CAPACITY
 from ..providers.local.processes import process_start_ticks
 from ..scheduler.reconciler import Reconciler, SchedulerContext
 from ..state import Store, open_database
@@ -78,9 +79,13 @@ def build_providers(data_dir: Path, config: dict) -> dict:
     providers = {}
     if "local" in clouds:
         local = clouds["local"] or {}
-        providers["local"] = LocalProvider(data_dir, zones=local.get("zones"),
-                                           time_scale=float(local.get("time_scale", 1.0)),
-                                           no_capacity=local.get("no_capacity"))
+        try:
+            providers["local"] = LocalProvider(data_dir, zones=local.get("zones"),
+                                               time_scale=float(local.get("time_scale", 1.0)),
+                                               no_capacity=local.get("no_capacity"),
+                                               zone_capacity=local.get("zone_capacity", DEFAULT_ZONE_CAPACITY))
+        except ValueError as exc:
+            raise ServerError(f"config.yaml: {exc}") from None
     if "aws" in clouds:
         try:
             from ..providers.aws import AWSProvider

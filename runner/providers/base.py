@@ -45,6 +45,27 @@ class Provider(ABC):
     def offers(self) -> list[Offer]:
         """Every offer this provider can launch, with current prices."""
 
+    # Gangs (resources.num_nodes > 1) run in one zone. A cloud's zone has no capacity we can read, so a
+    # cloud caps a gang's size (its launches then find out what the zone has); the local market has a
+    # real per-zone capacity (clouds.local.zone_capacity).
+    max_gang_nodes: int = 64
+    RENDEZVOUS_PORTS = range(29500, 30000)  # where a cloud gang's rendezvous listens (open them node to node)
+
+    def gang_capacity(self) -> int:
+        """The most nodes one gang can hold in one zone of this provider."""
+        return self.max_gang_nodes
+
+    def free_slots(self, zone: str, live_here: int) -> int:
+        """How many more nodes ``zone`` takes now, given ``live_here`` live nodes of ours there."""
+        return self.max_gang_nodes
+
+    def rendezvous_port(self, previous: int | None = None) -> int:
+        """A port for node 0's rendezvous, different from the previous attempt's (a dying one may hold it)."""
+        import random
+
+        choices = [p for p in self.RENDEZVOUS_PORTS if p != previous]
+        return random.choice(choices)
+
     # clouds.NAME.checkpoint_url: where jobs that name no checkpoint.durable_url keep their checkpoints
     checkpoint_url: str | None = None
 

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import time
 
+from typing import Iterable
+
 from ..state import Store
+from ..state.gangs import GangStore
 from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
+from ..wire import NODE_KEPT
+from .gang import node_end_reasons
 from .outcomes import lost_seconds, next_state
+from .states import TERMINAL
 from .transitions import AttemptEnd, transition
 
 
 def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: float | None = None,
                 exit_code: int | None = None, notice: dict | None = None, drill: dict | None = None,
-                message: str | None = None, force_state: str | None = None) -> str | None:
-    """End a running attempt and move the job on; return the new state, or None if already ended."""
+                message: str | None = None, force_state: str | None = None, ranks: Iterable[int] = ()) -> str | None:
+    """End a running attempt and move the job on; return the new state, or None if already ended.
+
+    ``ranks``: of a gang, the node ranks that ended it (a preempted or lost node); while the job goes on
+    only their nodes are released and the others are kept for the next attempt."""
     now = now or time.time()
     with store.db.transaction() as tx:
         job = store.job(job_id, tx)
@@ -43,8 +52,26 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             drill=drill, message=message or why,
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)
-        release_nodes(store, tx, job_id, attempt)
+        if current["num_nodes"] > 1:
+            if notice and notice.get("node_rank") is not None and reason == "preempted":
+                ranks = (notice["node_rank"],)  # the node on notice ended it, whoever reported first
+            _end_gang(store, tx, current, reason, ranks, job_goes_on=state not in TERMINAL)
+        else:
+            release_nodes(store, tx, job_id, attempt)
         return state
+
+
+def _end_gang(store: Store, tx, attempt: dict, reason: str, ranks: Iterable[int], job_goes_on: bool) -> None:
+    """Each node's end in the restart log; the nodes not kept are released."""
+    reasons = node_end_reasons(attempt["num_nodes"], reason, ranks, job_goes_on)
+    gangs = GangStore(store)
+    gangs.set_end_reasons(tx, attempt["job_id"], attempt["attempt"], reasons)
+    for node in gangs.nodes_of(attempt["job_id"], attempt["attempt"], tx):
+        row = store.node(node["node_id"], tx)
+        if reasons.get(node["rank"]) != NODE_KEPT and row and row["state"] in (NODE_LAUNCHING, NODE_RUNNING):
+            store.update_node(tx, node["node_id"], state=NODE_TERMINATING)
+    if not job_goes_on:
+        release_nodes(store, tx, attempt["job_id"])
 
 
 def release_nodes(store: Store, tx, job_id: str, attempt: int | None = None) -> None:

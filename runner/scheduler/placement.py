@@ -6,7 +6,7 @@ import time
 
 from ..providers.offers import Offer
 from ..spec import Resources
-from .policy import BackoffBook, rank_offers
+from .policy import BackoffBook, Candidate, rank_offers
 
 RECENT_PREEMPTION_SECONDS = 3600.0  # a zone that preempted the job this recently is tried last
 AUTO_ON_DEMAND_AFTER_SECONDS = 600.0  # spot_policy auto: on-demand once spot has not launched this long (default)
@@ -27,9 +27,17 @@ def choose(offers: list[Offer], resources: Resources, *, avoid_zones: set[str], 
     """The cheapest launchable (offer, spot) for a job, or None when everything fitting is backed off.
 
     spot_policy auto turns to on-demand offers once the job has waited ``on_demand_after`` seconds."""
-    fallback = waiting_since is not None and now - waiting_since > on_demand_after
-    candidates = rank_offers(offers, resources, avoid_zones=avoid_zones, backoff=backoff, now=now,
-                             on_demand_fallback=fallback, on_demand_backoff=on_demand_backoff)
-    if not candidates:
+    ranked = candidates(offers, resources, avoid_zones=avoid_zones, backoff=backoff, now=now,
+                        waiting_since=waiting_since, on_demand_backoff=on_demand_backoff, on_demand_after=on_demand_after)
+    if not ranked:
         return None
-    return candidates[0].offer, candidates[0].spot
+    return ranked[0].offer, ranked[0].spot
+
+
+def candidates(offers: list[Offer], resources: Resources, *, avoid_zones: set[str], backoff: BackoffBook,
+               now: float, waiting_since: float | None = None, on_demand_backoff: BackoffBook | None = None,
+               on_demand_after: float = AUTO_ON_DEMAND_AFTER_SECONDS) -> list[Candidate]:
+    """Every launchable candidate, best first (a gang picks the first with room for its nodes)."""
+    fallback = waiting_since is not None and now - waiting_since > on_demand_after
+    return rank_offers(offers, resources, avoid_zones=avoid_zones, backoff=backoff, now=now,
+                       on_demand_fallback=fallback, on_demand_backoff=on_demand_backoff)

@@ -23,6 +23,8 @@ from ..state import Store
 from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
 from . import placement
 from .attempts import end_attempt
+from .gang import GANG_FORM_SECONDS
+from .gang_workers import abandon_gang_launch, gang_node_gone, plan_gang_attempt, watch_gang_formation
 from .policy import BackoffBook
 from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, TERMINAL
 
@@ -49,6 +51,7 @@ class SchedulerContext:
     backoff: BackoffBook = field(default_factory=BackoffBook)  # capacity errors of spot launches
     on_demand_backoff: BackoffBook = field(default_factory=BackoffBook)  # and of on-demand ones (another pool)
     auto_on_demand_after: float = placement.AUTO_ON_DEMAND_AFTER_SECONDS  # config.yaml scheduler.auto_on_demand_after
+    gang_timeout: float = GANG_FORM_SECONDS  # config.yaml scheduler.gang_timeout: launch to every node registered
 
 
 class Reconciler:
@@ -82,6 +85,7 @@ class Reconciler:
     def tick(self) -> None:
         finish_launches(self.ctx)
         watch_running_nodes(self.ctx)
+        watch_gang_formation(self.ctx)
         apply_cancellations(self.ctx)
         release_nodes(self.ctx)
         launch_pending_jobs(self.ctx)
@@ -91,6 +95,12 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
     """PENDING and RECOVERING jobs with no live node get a node row and an attempt, then a launch."""
     store = ctx.store
     for job in store.jobs((PENDING, RECOVERING)):
+        if not job["cancel_requested"] and job["spec"]["resources"].get("num_nodes", 1) > 1:
+            for node_id in plan_gang_attempt(ctx, job):
+                node = store.node(node_id)
+                if node["state"] == NODE_LAUNCHING:  # not released by a failed launch of its gang
+                    _launch(ctx, node)
+            continue
         if job["cancel_requested"] or store.nodes(job_id=job["id"]):
             continue
         resources = Resources.model_validate(job["spec"]["resources"])
@@ -150,6 +160,8 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
                 tx.execute("UPDATE jobs SET message = ? WHERE id = ?",
                            ("waiting to launch (other offers next, this one again after a backoff); last failure: "
                             f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", node["job_id"]))
+            if store.job(node["job_id"], tx)["spec"]["resources"].get("num_nodes", 1) > 1:
+                abandon_gang_launch(ctx, tx, node, exc)  # all or none: the rest of its gang goes too
         log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
         return
     backoff.record_success(key, time.time())
@@ -182,8 +194,11 @@ def watch_running_nodes(ctx: SchedulerContext) -> None:
             continue
         ctx.described_at.pop(node["id"], None)
         reason = "preempted" if status.reason == "preempted" else "lost"
-        end_attempt(store, node["job_id"], node["attempt"], reason,
-                    message=f"node {node['id']} is gone ({status.reason})")
+        if store.job(node["job_id"])["spec"]["resources"].get("num_nodes", 1) > 1:
+            gang_node_gone(ctx, node, reason, f"node {node['id']} (rank {node['rank']}) is gone ({status.reason})")
+        else:
+            end_attempt(store, node["job_id"], node["attempt"], reason,
+                        message=f"node {node['id']} is gone ({status.reason})")
         with store.db.transaction() as tx:
             store.update_node(tx, node["id"], state=NODE_TERMINATING)
         ctx.nudge.set()

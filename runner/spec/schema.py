@@ -14,6 +14,7 @@ from ..durations import parse_duration
 
 CLOUDS = ("local", "aws", "gcp", "azure")
 MAX_RESUME_DRILL_SECONDS = 15 * 60
+MAX_NUM_NODES = 1024  # the schema's bound; what fits in one zone is each provider's to say at submit
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):([1-9][0-9]*)$")
 
@@ -36,6 +37,8 @@ class Resources(_Section):
         default="spot", description="spot, on-demand, or auto (spot, falling back to on-demand)."
     )
     max_price_per_hour: Optional[float] = Field(default=None, gt=0, description="USD cap per node-hour.")
+    num_nodes: int = Field(default=1, ge=1, le=MAX_NUM_NODES, strict=True,
+                           description="Nodes launched together as one gang in one zone (docs/multinode.md).")
 
     @field_validator("cloud", mode="before")
     @classmethod

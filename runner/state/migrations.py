@@ -102,6 +102,30 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX measurements_name ON measurements(name);
         """,
     ),
+    (
+        3,
+        """
+        ALTER TABLE attempts ADD COLUMN num_nodes INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE attempts ADD COLUMN master_port INTEGER;
+        ALTER TABLE nodes ADD COLUMN rank INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE attempt_nodes (
+            job_id TEXT NOT NULL REFERENCES jobs(id),
+            attempt INTEGER NOT NULL,
+            rank INTEGER NOT NULL,
+            node_id TEXT NOT NULL,
+            zone TEXT, instance_type TEXT,
+            spot INTEGER NOT NULL DEFAULT 1,
+            price_per_hour REAL NOT NULL DEFAULT 0,
+            address TEXT,
+            registered_at REAL,
+            exit_reason TEXT,
+            exit_code INTEGER,
+            end_reason TEXT NOT NULL DEFAULT 'running',
+            PRIMARY KEY (job_id, attempt, rank)
+        );
+        CREATE INDEX attempt_nodes_node ON attempt_nodes(node_id, attempt)
+        """,
+    ),
 ]
 
 

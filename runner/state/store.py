@@ -44,6 +44,10 @@ class Store:
             rows = self.db.query("SELECT * FROM jobs ORDER BY created_at")
         return [_decode_job(r) for r in rows]
 
+    def set_job_message(self, tx: Tx, job_id: str, message: str) -> None:
+        """Say why a job waits, without a state change (``updated_at`` stays: it is when the wait began)."""
+        tx.execute("UPDATE jobs SET message = ? WHERE id = ?", (message, job_id))
+
     def request_cancel(self, tx: Tx, job_id: str, now: float) -> None:
         """Record when the user asked to cancel (the agent's grace runs from then); a second request keeps the first."""
         tx.execute("UPDATE jobs SET cancel_requested = ? WHERE id = ? AND cancel_requested = 0", (now, job_id))
@@ -65,22 +69,33 @@ class Store:
 
     # --- attempts ---------------------------------------------------------
     def insert_attempt(self, tx: Tx, job_id: str, node_id: str, offer: dict, spot: bool,
-                       resumed_from_step: int, now: float) -> int:
+                       resumed_from_step: int, now: float, num_nodes: int = 1, master_port: int | None = None) -> int:
+        """A new attempt; a gang's (``num_nodes`` > 1) names its rank-0 node and per-node price here, and its
+        ranks in ``attempt_nodes`` (runner/state/gangs.py)."""
         row = tx.one("SELECT COALESCE(MAX(attempt), 0) + 1 AS n FROM attempts WHERE job_id = ?", (job_id,))
         attempt = row["n"]
         price = offer["spot_price"] if spot else offer["on_demand_price"]
         tx.execute(
             """INSERT INTO attempts (job_id, attempt, node_id, cloud, region, zone, instance_type, spot,
-                   price_per_hour, started_at, resumed_from_step) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
+                   price_per_hour, started_at, resumed_from_step, num_nodes, master_port)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""",
             (job_id, attempt, node_id, offer["cloud"], offer["region"], offer["zone"],
-             offer["instance_type"], int(spot), price or 0.0, now, resumed_from_step),
+             offer["instance_type"], int(spot), price or 0.0, now, resumed_from_step, num_nodes, master_port),
         )
         return attempt
 
     def attempts(self, job_id: str, tx: Tx | None = None) -> list[dict]:
+        """The job's attempts in order; a gang's carry ``nodes``, its rank assignments in rank order."""
         sql, params = "SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
-        rows = tx.all(sql, params) if tx else self.db.query(sql, params)
-        return [_decode_attempt(r) for r in rows]
+        rows = [_decode_attempt(r) for r in (tx.all(sql, params) if tx else self.db.query(sql, params))]
+        if any(r["num_nodes"] > 1 for r in rows):
+            sql = "SELECT * FROM attempt_nodes WHERE job_id = ? ORDER BY attempt, rank"
+            ranks: dict[int, list[dict]] = {}
+            for node in (tx.all(sql, params) if tx else self.db.query(sql, params)):
+                ranks.setdefault(node["attempt"], []).append({**node, "spot": bool(node["spot"])})
+            for row in rows:
+                row["nodes"] = ranks.get(row["attempt"], [])
+        return rows
 
     def current_attempt(self, job_id: str, tx: Tx | None = None) -> dict | None:
         rows = self.attempts(job_id, tx)
@@ -96,11 +111,11 @@ class Store:
 
     # --- nodes ------------------------------------------------------------
     def insert_node(self, tx: Tx, node_id: str, job_id: str, attempt: int, provider: str,
-                    token_hash: str, offer: dict, spot: bool, now: float) -> None:
+                    token_hash: str, offer: dict, spot: bool, now: float, rank: int = 0) -> None:
         tx.execute(
-            """INSERT INTO nodes (id, job_id, attempt, provider, state, token_hash, offer, spot, created_at)
-               VALUES (?,?,?,?,?,?,?,?,?)""",
-            (node_id, job_id, attempt, provider, NODE_LAUNCHING, token_hash, json.dumps(offer), int(spot), now),
+            """INSERT INTO nodes (id, job_id, attempt, provider, state, token_hash, offer, spot, created_at, rank)
+               VALUES (?,?,?,?,?,?,?,?,?,?)""",
+            (node_id, job_id, attempt, provider, NODE_LAUNCHING, token_hash, json.dumps(offer), int(spot), now, rank),
         )
 
     def node(self, node_id: str, tx: Tx | None = None) -> dict | None:

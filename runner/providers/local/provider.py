@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +28,8 @@ from .processes import kill_session, process_ref
 log = structlog.get_logger(__name__)
 
 DEFAULT_ZONES = ("local-a", "local-b", "local-c")
+DEFAULT_ZONE_CAPACITY = 8  # nodes per simulated zone, all jobs together (clouds.local.zone_capacity)
+NODE_ADDRESS = "127.0.0.1"  # every simulated node is this machine
 # Seconds from a notice to the loss of the node, per cloud (FIELD-NOTES §1).
 GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 
@@ -38,13 +41,16 @@ class LocalProvider(Provider):
     describe_interval = 0.0  # a local check is free
 
     def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0,
-                 no_capacity: list[str] | None = None):
+                 no_capacity: list[str] | None = None, zone_capacity: int = DEFAULT_ZONE_CAPACITY):
         self.data_dir = Path(data_dir)
         self.nodes_dir = self.data_dir / "nodes"
         self.nodes_dir.mkdir(parents=True, exist_ok=True)
         self.zones = list(zones or DEFAULT_ZONES)
         self.time_scale = time_scale
         self.no_capacity = set(no_capacity or ())  # chaos: zones whose launches fail as a stockout would
+        if isinstance(zone_capacity, bool) or not isinstance(zone_capacity, int) or zone_capacity < 1:
+            raise ValueError(f"clouds.local.zone_capacity: {zone_capacity!r} is not a positive whole number of nodes")
+        self.zone_capacity = zone_capacity  # live nodes a simulated zone holds at once (every job's)
         self._children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
@@ -62,6 +68,35 @@ class LocalProvider(Provider):
     def node_dir(self, node_id: str) -> Path:
         return self.nodes_dir / node_id
 
+    # --- gangs --------------------------------------------------------------
+    def gang_capacity(self) -> int:
+        return self.zone_capacity
+
+    def free_slots(self, zone: str, live_here: int) -> int:
+        return max(0, self.zone_capacity - live_here)
+
+    def rendezvous_port(self, previous: int | None = None) -> int:
+        """A port free on this machine now (every simulated node is this machine)."""
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((NODE_ADDRESS, 0))
+                port = probe.getsockname()[1]
+            if port != previous:
+                return port
+
+    def _live_in_zone(self, zone: str) -> int:
+        """Simulated nodes alive in ``zone`` now (each holds its alive.lock for its whole life)."""
+        count = 0
+        for zone_file in self.nodes_dir.glob("*/zone"):
+            if zone_file.read_text() != zone:
+                continue
+            fd = _try_lock(zone_file.parent / "alive.lock")
+            if fd is None:
+                count += 1
+            else:
+                os.close(fd)
+        return count
+
     def launch(self, request: LaunchRequest) -> str:
         if request.offer.zone in self.no_capacity:
             raise NoCapacityError(f"no {request.offer.instance_type} capacity in {request.offer.zone} (simulated)")
@@ -74,6 +109,10 @@ class LocalProvider(Provider):
             try:
                 if (node_dir / "ref").exists():
                     raise ProviderError(f"node {request.node_id} was launched before and is gone")
+                if self._live_in_zone(request.offer.zone) >= self.zone_capacity:
+                    raise NoCapacityError(f"{request.offer.zone} is full: it holds {self.zone_capacity} nodes "
+                                          "(simulated; clouds.local.zone_capacity)")
+                (node_dir / "zone").write_text(request.offer.zone)
                 return self._spawn(request, node_dir, lock_fd)
             finally:
                 os.close(lock_fd)  # the node process keeps its inherited copy of the lock
@@ -88,6 +127,7 @@ class LocalProvider(Provider):
             "scratch_dir": str(scratch),
             "cloud": "local",
             "zone": request.offer.zone,
+            "address": NODE_ADDRESS,  # where the other nodes of a gang reach this one
             # Simulated time runs faster; the job still needs real seconds to import torch and restore.
             "drill_timeout_seconds": max(20.0, 120.0 * self.time_scale),
             # GCP's protocol states no deadline: tell the agent how soon this simulated node powers off.

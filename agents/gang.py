@@ -1,0 +1,134 @@
+"""The agent's part in a multi-node job (a gang, CONTRACT §7).
+
+- **Registration is the rendezvous barrier.** The agent registers with its address and, while the
+  controller answers ``{"status": "waiting"}`` (not every node of the attempt has registered yet, or this
+  node is kept and the next attempt is not planned yet), asks again. The assignment that finally comes
+  carries ``gang``: the node count, this node's rank, every node's address, the rendezvous port.
+- **The job's environment** gets RUNNER_NUM_NODES, RUNNER_NODE_RANK, RUNNER_NODE_IPS, RUNNER_MASTER_ADDR,
+  RUNNER_MASTER_PORT and RUNNER_GPUS_PER_NODE from it (a single node is a gang of one).
+- **A stop that came from a peer.** With torch.distributed, the checkpoint library stops every rank at
+  the same step when any node gets a notice or a drill: the ranks here then say ``stopping`` with
+  ``origin: "peer"``. Such a node reports that its job stopped because of a peer (not ``succeeded`` or
+  ``failed``), and the controller tells it to stay for the next attempt on this same node.
+- **The drill verdict per rank.** Every rank reports ``restored``; after a drill each node checks that
+  every local rank restored the drill's step and reports them by global rank.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from urllib.parse import urlparse
+
+import structlog
+
+from runner import wire
+
+log = structlog.get_logger(__name__)
+
+
+def node_address(configured: str | None, controller_url: str | None) -> str:
+    """Where the other nodes of a gang reach this one: the configured address, else the source address of
+    this node's route to the controller (the private address on a cloud VPC)."""
+    if configured:
+        return configured
+    host = urlparse((controller_url or "").split(",")[0].strip()).hostname
+    if host:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((host, 9))  # no packet is sent: this only picks the route
+                return probe.getsockname()[0]
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def register_for_attempt(register, address: str, stop: threading.Event) -> dict | None:
+    """Register until the controller hands over an assignment; None when it refuses this node (the job
+    ended or the node was released) or ``stop`` is set."""
+    said = None
+    while not stop.is_set():
+        reply = register({"address": address})
+        if reply is None:
+            return None
+        if reply.get("status") != wire.REGISTER_WAITING:
+            return reply
+        if reply.get("message") != said:
+            said = reply.get("message")
+            log.info("waiting for the gang", why=said)
+        stop.wait(float(reply.get("retry_seconds") or 0.5))
+    return None
+
+
+def gang_environment(assignment: dict) -> dict[str, str]:
+    """The CONTRACT §7 variables for this node's job ({} from a controller that sends no ``gang``)."""
+    gang = assignment.get("gang")
+    if not gang:
+        return {}
+    return {
+        wire.ENV_NUM_NODES: str(gang["num_nodes"]),
+        wire.ENV_NODE_RANK: str(gang["node_rank"]),
+        wire.ENV_NODE_IPS: "\n".join(gang["node_ips"]),
+        wire.ENV_MASTER_ADDR: gang["master_addr"],
+        wire.ENV_MASTER_PORT: str(gang["master_port"]),
+        wire.ENV_GPUS_PER_NODE: str(gang["gpus_per_node"]),
+    }
+
+
+class GangRanks:
+    """What this node's ranks said in one attempt: a stop learned from a peer, and the steps restored."""
+
+    def __init__(self) -> None:
+        self.peer_stop: dict | None = None
+        self.restored: dict[str, int] = {}  # global rank (or pid when the library sends no rank) -> step
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.peer_stop = None
+            self.restored = {}
+
+    def on_stopping(self, message: dict) -> bool:
+        """Record a ``stopping``; True when it came from a peer (this node had no request of its own)."""
+        if message.get("origin") != "peer":
+            return False
+        with self._lock:
+            if self.peer_stop is None:
+                self.peer_stop = message
+                log.info("the job stopped because a peer of the gang stopped", step=message.get("step"),
+                         reason=message.get("reason"))
+        return True
+
+    def on_stop_for_peer(self) -> bool:
+        """The controller says the gang's attempt ended elsewhere; True the first time (stop the job then)."""
+        with self._lock:
+            if self.peer_stop is not None:
+                return False
+            self.peer_stop = {"origin": "peer", "reason": "the gang's attempt ended"}
+            return True
+
+    def on_restored(self, message: dict) -> None:
+        key = message.get("rank") if message.get("rank") is not None else f"pid {message.get('pid')}"
+        with self._lock:
+            self.restored[str(key)] = int(message.get("step") or 0)
+
+    def exit_reason(self, reason: str) -> str:
+        """The exit to report: a job that stopped for a peer did neither succeed nor fail here."""
+        if self.peer_stop is not None and reason in ("succeeded", "failed"):
+            return wire.STOPPED_BY_PEER
+        return reason
+
+    def drill_verdict(self, result: dict, expected: int) -> dict:
+        """Add every local rank's restored step to a drill verdict; a rank with another step fails it."""
+        with self._lock:
+            ranks = dict(self.restored)
+        verdict = {**result, "ranks": ranks}
+        wrong = {rank: step for rank, step in ranks.items() if step != expected}
+        if result.get("passed") and wrong:
+            rank, step = sorted(wrong.items())[0]
+            verdict.update(passed=False, resumed_step=step,
+                           message=f"a different step restored: rank {rank} restored {step} instead of {expected}")
+        return verdict

@@ -1,0 +1,139 @@
+"""Gangs (``resources.num_nodes`` > 1): pure decisions over a job's nodes, offers and exit reports.
+
+- **Placement** (:func:`plan_gang`): a gang lives in one zone. Nodes kept from the previous attempt stay;
+  the missing ranks are launched in the kept nodes' zone when it has room for all of them, otherwise the
+  whole gang moves to the cheapest zone with room for every rank (the kept nodes are released).
+- **Outcome** (:func:`gang_outcome`): how the nodes' exit reports end the attempt. A node's preemption,
+  the job's failure or a cancel ends it at once; a node that stopped because a peer stopped waits for the
+  peer's report; the attempt succeeds when every node's job exited 0.
+- **Node ends** (:func:`node_end_reasons`): per rank, for the restart log: the node that ended the attempt
+  gets the attempt's reason (``preempted``/``lost``), the others ``kept`` while the job goes on.
+- **Rendezvous** (:func:`unregistered_ranks`): the ranks still missing once the bounded wait is over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from ..providers.offers import Offer
+from ..wire import NODE_KEPT, NODE_RELEASED, STOPPED_BY_PEER
+from .policy import Candidate
+
+GANG_FORM_SECONDS = 600.0  # default bound on launch-to-every-node-registered (config: scheduler.gang_timeout)
+
+
+@dataclass(frozen=True)
+class KeptNode:
+    """A live node of the job that carries on into the next attempt with its rank."""
+
+    rank: int
+    node_id: str
+    offer: Offer
+    spot: bool
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    """The next attempt of a gang: who keeps which rank, which ranks are launched where, what is released."""
+
+    keep: Mapping[int, KeptNode]
+    launch: tuple[int, ...]
+    candidate: Candidate | None  # where the launched ranks go; None when every rank is kept
+    release: tuple[str, ...] = field(default=())  # node ids of kept nodes given up: the gang moves
+
+    @property
+    def zone(self) -> str:
+        return self.candidate.offer.zone if self.candidate else next(iter(self.keep.values())).offer.zone
+
+
+def plan_gang(num_nodes: int, kept: Iterable[KeptNode], candidates: list[Candidate],
+              free_slots: Callable[[Offer], int]) -> GangPlan | None:
+    """Where a gang's next attempt runs, or None when no zone has room for the ranks it needs.
+
+    ``candidates`` come best first (runner/scheduler/policy.rank_offers); ``free_slots(offer)`` is how many
+    more nodes the offer's zone takes now (kept nodes already counted as there).
+    """
+    kept = {k.rank: k for k in kept if k.rank < num_nodes}
+    missing = tuple(rank for rank in range(num_nodes) if rank not in kept)
+    if kept and not missing:
+        return GangPlan(keep=kept, launch=(), candidate=None)
+    if kept:
+        home = next(iter(kept.values())).offer
+        types = {k.offer.instance_type for k in kept.values()}
+        same_zone = [c for c in candidates if (c.offer.cloud, c.offer.zone) == (home.cloud, home.zone)
+                     and free_slots(c.offer) >= len(missing)]
+        same_zone.sort(key=lambda c: c.offer.instance_type not in types)  # stable: the policy's order otherwise
+        if same_zone:
+            return GangPlan(keep=kept, launch=missing, candidate=same_zone[0])
+    away = [c for c in candidates if free_slots(c.offer) >= num_nodes and not (
+        kept and (c.offer.cloud, c.offer.zone) == (home.cloud, home.zone))]
+    if not away:
+        return None
+    return GangPlan(keep={}, launch=tuple(range(num_nodes)), candidate=away[0],
+                    release=tuple(k.node_id for k in kept.values()))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a gang's attempt ends: the attempt's end reason and the ranks whose nodes ended it."""
+
+    reason: str
+    ranks: tuple[int, ...] = ()
+
+
+DECISIVE = ("preempted", "failed", "cancelled", "drill")  # one node's report of these ends the attempt
+
+
+def gang_outcome(reports: Mapping[int, str | None], num_nodes: int) -> Outcome | None:
+    """The attempt's end given each rank's exit report so far (None: not reported), or None to wait.
+
+    The first decisive report wins in the order of DECISIVE (a preemption explains a peer's failure). With
+    every rank reported and none decisive, the attempt succeeded if every node's job exited 0; if some
+    stopped for a peer while no node was preempted or drilled, the stop came from outside the runner (a
+    SIGTERM to a launcher, say) and the job did not finish: the attempt failed, blamed on the ranks whose
+    processes stopped by themselves.
+    """
+    for reason in DECISIVE:
+        ranks = tuple(sorted(r for r, said in reports.items() if said == reason))
+        if ranks:
+            return Outcome(reason, ranks)
+    if sum(1 for r in range(num_nodes) if reports.get(r)) < num_nodes:
+        return None
+    if all(reports[r] == "succeeded" for r in range(num_nodes)):
+        return Outcome("succeeded")
+    return Outcome("failed", tuple(r for r in range(num_nodes) if reports[r] != STOPPED_BY_PEER))
+
+
+def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], job_goes_on: bool) -> dict[int, str]:
+    """Each rank's ``end_reason`` in the restart log's ``nodes``.
+
+    While the job goes on, a node that was preempted or lost gets that reason and every other node is
+    ``kept`` (a failure, a drill or a rendezvous that never formed keeps the healthy nodes too). When the
+    job ends, every node ends with the attempt, except a preempted or lost one, which keeps its own reason
+    while the others are ``released``.
+    """
+    ending = set(ending_ranks)
+    reasons = {}
+    for rank in range(num_nodes):
+        if reason in ("preempted", "lost") and rank in ending:
+            reasons[rank] = reason
+        elif job_goes_on:
+            reasons[rank] = NODE_KEPT
+        elif reason in ("preempted", "lost"):
+            reasons[rank] = NODE_RELEASED
+        else:
+            reasons[rank] = reason
+    return reasons
+
+
+def unregistered_ranks(ranks: Iterable[Mapping], started_at: float, now: float, timeout: float) -> list[int]:
+    """Ranks of an attempt not registered ``timeout`` seconds after it started ([] while the wait lasts)."""
+    if now - started_at < timeout:
+        return []
+    return [r["rank"] for r in ranks if r["registered_at"] is None]
+
+
+def gpus_per_node(accelerators: tuple[str, int] | None) -> int:
+    """RUNNER_GPUS_PER_NODE: the accelerator count of ``resources.accelerators``, 1 for CPU-only nodes."""
+    return accelerators[1] if accelerators else 1
