@@ -17,15 +17,18 @@ import structlog
 log = structlog.get_logger(__name__)
 
 
+NOT_CONNECTED = ("the job does not use runner.checkpoint (nothing connected to the control channel during the "
+                 "whole attempt), so there is no checkpoint to prove")
+
+
 class ResumeDrill:
-    def __init__(self, send: Callable[[dict], int], supervisor: Callable[[], object],
-                 connected: Callable[[], bool], timeout: float = 120.0):
+    def __init__(self, send: Callable[[dict], int], supervisor: Callable[[], object], timeout: float = 120.0):
         self.send = send                # control channel
         self.supervisor = supervisor    # the current Supervisor
-        self.connected = connected      # has the training process said hello on the control channel?
         self.timeout = timeout
         self.triggered = False
-        self.skipped: str | None = None
+        self.armed = False
+        self._hello = threading.Event()  # the training process has connected to the control channel
         self.ack: dict | None = None
         self.checkpoint_seconds = 0.0
         self._acked = threading.Event()
@@ -34,9 +37,18 @@ class ResumeDrill:
         self._cancel = threading.Event()
 
     # --- phase 1: the drill checkpoint -------------------------------------------
+    def on_hello(self) -> None:
+        """The training process connected: the drill's clock starts now (loading data first costs it nothing)."""
+        self._hello.set()
+
     def arm(self, after_seconds: float, may_run: Callable[[], bool]) -> None:
-        """Trigger the drill ``after_seconds`` from now, if ``may_run()`` still holds then."""
+        """Trigger the drill ``after_seconds`` after the training process connects, if ``may_run()`` holds then."""
+        self.armed = True
+
         def wait_then_trigger():
+            while not self._hello.wait(0.5):
+                if self._cancel.is_set():
+                    return
             if not self._cancel.wait(after_seconds) and may_run():
                 self._trigger()
         threading.Thread(target=wait_then_trigger, name="resume-drill", daemon=True).start()
@@ -44,12 +56,14 @@ class ResumeDrill:
     def disarm(self) -> None:
         self._cancel.set()
 
+    @property
+    def skipped(self) -> str | None:
+        """Why an armed drill could not run in this attempt: only a job that never connected gets a verdict."""
+        if self.armed and not self.triggered and not self._hello.is_set():
+            return NOT_CONNECTED
+        return None
+
     def _trigger(self) -> None:
-        if not self.connected():
-            self.skipped = ("the job does not use runner.checkpoint (nothing connected to the control "
-                            "channel), so there is no checkpoint to prove")
-            log.warning("resume drill skipped", why=self.skipped)
-            return
         self.triggered = True
         started = time.monotonic()
         log.info("resume drill: requesting a checkpoint and a stop")

@@ -136,8 +136,7 @@ class Agent(AgentCore):
                 return "failed", code, f"setup failed with exit code {code}", None
         self.phase = "running"
         self.training_pid = None
-        self.drill = ResumeDrill(self.send_control, lambda: self.current, lambda: self.training_pid is not None,
-                                 timeout=self.config.drill_timeout_seconds)
+        self.drill = ResumeDrill(self.send_control, lambda: self.current, timeout=self.config.drill_timeout_seconds)
         expected = self.assignment.get("drill_expected_step")
         started = time.monotonic()
         self._start_command(self.assignment["run"], workdir, env)
@@ -149,7 +148,8 @@ class Agent(AgentCore):
         code = self.current.wait()
         self.drill.disarm()
         log.info("process exited", code=code, phase=self.phase)
-        if self.drill.skipped:
+        if self.drill.skipped and not (self.emergency.active or self.cancelled.is_set()):
+            log.warning("resume drill skipped", why=self.drill.skipped)
             self.reporter.drill({"passed": None, "message": self.drill.skipped})
         if self.emergency.active:
             return "preempted", code, self.emergency.summary(), None
@@ -230,6 +230,8 @@ class Agent(AgentCore):
             self.cancel_stop.on_ack(message)
         if op == "hello":
             self.training_pid = message.get("pid")
+            if self.drill is not None:
+                self.drill.on_hello()
         elif op == "restored":
             self.gang.on_restored(message)
         if op == "stopping" and self.gang.on_stopping(message) and not self.emergency.active and not (

@@ -20,6 +20,8 @@ from runner.checkpoint import Checkpointer
 
 sabotage = os.environ.get("SABOTAGE", "")
 second = os.environ["RUNNER_ATTEMPT"] != "1"
+if not second:
+    time.sleep(float(os.environ.get("LOAD_SECONDS", "0")))  # loading data and weights before the Checkpointer
 local = Path(os.environ["RUNNER_CHECKPOINT_DIR"])
 durable = Path(os.environ["RUNNER_CHECKPOINT_URL"].removeprefix("file://"))
 
@@ -54,14 +56,14 @@ print("done", step, flush=True)
 JOB = """
 name: drilled
 run: python trainee.py
-env: {{SABOTAGE: "{sabotage}"}}
+env: {{SABOTAGE: "{sabotage}", LOAD_SECONDS: "{load}"}}
 resources: {{cloud: [local]}}
-recovery: {{max_failures: 0, resume_drill: 2s}}
+recovery: {{max_failures: 0, resume_drill: {drill}}}
 """
 
 
-def _submit(runner, tmp_path, sabotage: str = "", run: str | None = None) -> str:
-    text = JOB.format(sabotage=sabotage)
+def _submit(runner, tmp_path, sabotage: str = "", run: str | None = None, load: float = 0, drill: str = "2s") -> str:
+    text = JOB.format(sabotage=sabotage, load=load, drill=drill)
     if run:
         text = text.replace("python trainee.py", run)
     path = write_job(tmp_path / "job", text, {"trainee.py": TRAINEE})
@@ -83,6 +85,15 @@ def test_a_drill_that_resumes_passes_and_is_its_own_attempt(tmp_path, runner, co
     assert drill["drill"]["checkpoint_step"] == drill["drill"]["resumed_step"] == drill["checkpoint_step"] > 1
     assert resumed["resumed_from_step"] == drill["checkpoint_step"]
     assert drill["drill"]["seconds"] >= 0
+
+
+def test_a_job_that_loads_for_longer_than_the_drill_time_still_gets_a_passing_drill(tmp_path, runner, controller):
+    """The drill's clock starts when the training process connects, so 12 s of loading before it does not skip it."""
+    job_id = _submit(runner, tmp_path, load=12, drill="3s")
+    assert _end(runner, job_id)["state"] == "SUCCEEDED"
+    drill, resumed = runner.json("restarts", job_id)
+    assert drill["end_reason"] == "drill" and drill["drill"]["passed"] is True, drill
+    assert resumed["resumed_from_step"] == drill["drill"]["checkpoint_step"] > 1
 
 
 @pytest.mark.parametrize("sabotage, reason", [
