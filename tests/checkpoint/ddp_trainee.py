@@ -41,6 +41,7 @@ def parse(argv):
     p.add_argument("--signal-self")
     p.add_argument("--pause-for-sigterm", type=int)
     p.add_argument("--die-mid-save")
+    p.add_argument("--mismatch", action="store_true", help="rank 1 registers no optimizer")
     return p.parse_args(argv)
 
 
@@ -79,7 +80,10 @@ def main(argv) -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model, optimizer, sampler, loader = build(args)
-    ckpt = Checkpointer(model=model, optimizer=optimizer, sampler=sampler, local_dir=args.local_dir,
+    objects = {"model": model, "optimizer": optimizer, "sampler": sampler}
+    if args.mismatch and rank == 1:
+        del objects["optimizer"]
+    ckpt = Checkpointer(**objects, local_dir=args.local_dir,
                         durable_url=args.durable_url, every_steps=args.every_steps, interval="1h", keep=3)
     got_sigterm = threading.Event()
     library_handler = signal.getsignal(signal.SIGTERM)

@@ -80,3 +80,43 @@ def test_a_different_dataset_length_is_refused():
         assert "10" in str(exc) and "12" in str(exc)
     else:
         raise AssertionError("expected ValueError")
+
+
+def _epoch_of_two_ranks(length: int, seed: int = 7):
+    return [ResumableSampler(length, seed=seed, num_replicas=2, rank=r) for r in (0, 1)]
+
+
+def test_ranks_share_an_epoch_like_distributed_sampler():
+    """Two ranks together cover every index once per epoch (padded to equal shares), each a disjoint stride."""
+    zero, one = _epoch_of_two_ranks(11)
+    a, b = list(zero), list(one)
+    assert len(a) == len(b) == len(zero) == 6
+    assert sorted(set(a) | set(b)) == list(range(11))
+    assert a == zero.order(0)[0::2] and b[:5] == zero.order(0)[1::2]
+
+
+def test_same_world_size_resumes_each_rank_at_its_exact_position():
+    """Restarted with the same world size, each rank goes on with exactly the indices it had not yet given."""
+    for rank in (0, 1):
+        original = ResumableSampler(20, seed=3, num_replicas=2, rank=rank)
+        iterator = iter(original)
+        seen = [next(iterator) for _ in range(4)]
+        resumed = ResumableSampler(20, seed=3, num_replicas=2, rank=rank)
+        resumed.load_state_dict(original.state_dict())
+        assert seen + list(resumed) == original.shard(0)
+
+
+def test_another_world_size_continues_the_epoch_where_the_job_stopped():
+    """Two ranks consume 3 indices each; four ranks then share exactly the 14 indices left of that epoch."""
+    before = _epoch_of_two_ranks(20)
+    seen = []
+    for sampler in before:
+        iterator = iter(sampler)
+        seen += [next(iterator) for _ in range(3)]
+    after = [ResumableSampler(20, seed=7, num_replicas=4, rank=r) for r in range(4)]
+    for sampler in after:
+        sampler.load_state_dict(before[0].state_dict())
+    rest = [i for sampler in after for i in sampler]
+    order = before[0].order(0)
+    assert sorted(set(rest)) == sorted(order[6:]) and not set(rest) & set(seen)
+    assert all(sampler.epoch == 1 for sampler in after)  # the epoch ended on every rank

@@ -1,0 +1,136 @@
+"""The collective Checkpointer under torchrun (gloo, CPU): one checkpoint and one stop step for every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TRAINEE = Path(__file__).with_name("ddp_trainee.py")
+TIMEOUT = 240  # generous: a busy 2-core machine starts 4 ranks slowly; nothing here waits on a clock
+
+
+def torchrun(ranks: int, *args, check: bool = True) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+               str(TRAINEE), *map(str, args)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    if check and done.returncode != 0:
+        raise AssertionError(f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    return done
+
+
+def reports(prefix: Path, ranks: int) -> list[dict]:
+    return [json.loads(Path(f"{prefix}.{rank}.json").read_text()) for rank in range(ranks)]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    left, right = torch.load(a), torch.load(b)
+    return sorted(left) == sorted(right) and all(torch.equal(left[k], right[k]) for k in left)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """Final weights of a 2-rank DDP run of 30 steps that nothing interrupts."""
+    where = tmp_path_factory.mktemp("uninterrupted")
+    torchrun(2, "--steps", 30, "--local-dir", where / "local", "--every-steps", 10, "--out", where / "w.pt")
+    return where / "w.pt"
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step_and_resumes_bit_exact(tmp_path, uninterrupted):
+    """SIGTERM to rank 1 alone: both ranks stop at the same step with it committed; the resumed run ends
+    with the weights of the uninterrupted one."""
+    common = ["--steps", 30, "--local-dir", tmp_path / "local", "--durable-url", (tmp_path / "durable").as_uri(),
+              "--every-steps", 10]
+    torchrun(2, *common, "--report", tmp_path / "first", "--signal-self", "1:13")
+    first = reports(tmp_path / "first", 2)
+    assert [r["should_stop"] for r in first] == [True, True]
+    assert first[0]["step"] == first[1]["step"] < 30
+    stop = first[0]["step"]
+    manifest = json.loads((tmp_path / "durable" / f"step-{stop:08d}" / "manifest.json").read_text())
+    assert manifest["emergency"] and manifest["layout"] == "dcp" and manifest["world_size"] == 2
+    torchrun(2, *common, "--report", tmp_path / "second", "--out", tmp_path / "w.pt")
+    assert [r["restored"] for r in reports(tmp_path / "second", 2)] == [stop, stop]
+    assert same_weights(tmp_path / "w.pt", uninterrupted)
+
+
+def test_sigterm_to_torchrun_stops_every_rank_at_one_step(tmp_path):
+    """SIGTERM to the launcher reaches every worker; all stop at one step, committed, and torchrun ends."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(TRAINEE),
+               "--steps", "60", "--local-dir", str(tmp_path / "local"), "--every-steps", "50",
+               "--report", str(tmp_path / "r"), "--pause-for-sigterm", "7"]
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    try:
+        paused = tmp_path / "r.paused"
+        _wait_for_file(paused, launcher)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(TIMEOUT)
+    finally:
+        launcher.kill()
+    done = reports(tmp_path / "r", 2)
+    assert [r["should_stop"] for r in done] == [True, True]
+    assert done[0]["step"] == done[1]["step"] > 7
+    assert (tmp_path / "local" / f"step-{done[0]['step']:08d}" / "manifest.json").is_file()
+
+
+def _wait_for_file(path: Path, process: subprocess.Popen) -> None:
+    """Wait until ``path`` exists (the trainee writes it), failing early if the process ends first."""
+    import time
+
+    end = time.monotonic() + TIMEOUT
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"torchrun ended ({process.returncode}) before {path.name}: "
+                                 f"{process.stderr.read()[-3000:]}")
+        assert time.monotonic() < end, f"{path.name} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_four_rank_ddp_checkpoint_is_written_once(tmp_path):
+    """Replicated DDP state is deduplicated: four ranks write about one copy of the model and optimizer."""
+    torchrun(4, "--steps", 4, "--width", 4096, "--local-dir", tmp_path / "local", "--every-steps", 4)
+    folder = tmp_path / "local" / "step-00000004"
+    data = sum(p.stat().st_size for p in folder.glob("*.distcp"))
+    params = (8 * 4096 + 4096 + 4096 * 2 + 2) * 4  # float32 weights and biases
+    one_copy = 3 * params  # the weights, Adam's exp_avg and exp_avg_sq
+    assert one_copy <= data < 1.5 * one_copy
+    assert len(list(folder.glob("__*_0.distcp"))) >= 2  # the writing is shared out, not all on rank 0
+
+
+def test_fsdp2_state_reshards_from_four_ranks_to_two_and_one(tmp_path):
+    """An FSDP2 checkpoint of 4 ranks restores onto 2 ranks and onto 1 with equal full weights."""
+    durable = (tmp_path / "durable").as_uri()
+    torchrun(4, "--fsdp", "--steps", 12, "--local-dir", tmp_path / "l4", "--durable-url", durable,
+             "--every-steps", 12, "--out", tmp_path / "w4.pt")
+    for ranks in (2, 1):
+        torchrun(ranks, "--fsdp", "--steps", 12, "--local-dir", tmp_path / f"l{ranks}", "--durable-url", durable,
+                 "--dump-full", tmp_path / f"w{ranks}.pt")
+        assert same_weights(tmp_path / f"w{ranks}.pt", tmp_path / "w4.pt")
+
+
+def test_a_rank_killed_mid_save_leaves_that_step_uncommitted_and_the_previous_intact(tmp_path):
+    """Rank 1 dies after writing its share of step 10: step 10 never commits, and a restart resumes from 5."""
+    common = ["--steps", 20, "--local-dir", tmp_path / "local", "--durable-url", (tmp_path / "durable").as_uri(),
+              "--every-steps", 5]
+    died = torchrun(2, *common, "--die-mid-save", "1:10", check=False)
+    assert died.returncode != 0
+    for tier in ("local", "durable"):
+        assert not (tmp_path / tier / "step-00000010" / "manifest.json").exists()
+    assert (tmp_path / "local" / "step-00000005" / "manifest.json").is_file()
+    torchrun(2, *common, "--report", tmp_path / "again")
+    assert [r["restored"] for r in reports(tmp_path / "again", 2)] == [5, 5]
+
+
+def test_ranks_that_register_different_objects_get_an_error_naming_both(tmp_path):
+    """Rank 1 leaves out the optimizer: every rank fails at construction with both setups named."""
+    done = torchrun(2, "--steps", 2, "--local-dir", tmp_path / "local", "--mismatch", check=False)
+    assert done.returncode != 0
+    assert "rank 1 built its Checkpointer with (model=" in done.stderr + done.stdout
+    assert "optimizer=Adam" in done.stderr + done.stdout
