@@ -18,11 +18,17 @@ def load_job_file(path: str | os.PathLike) -> JobSpec:
     """Read and validate a job file; ``workdir`` comes back absolute."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
     except OSError as exc:
         raise SpecError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(str(path), [f"not a text YAML file (byte {exc.object[exc.start]:#04x} at offset {exc.start} is "
+                                    "not UTF-8); give the job's .yaml file"]) from None
+    if "\0" in text:
+        raise SpecError(str(path), [f"not a text YAML file (a NUL byte at offset {text.index(chr(0))}); give the "
+                                    "job's .yaml file"])
     spec = parse_job(text, source=str(path))
     workdir = (path.parent / spec.workdir).resolve()
     if not workdir.is_dir():

@@ -11,6 +11,7 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..durations import parse_duration
+from .urls import check_fsspec_url
 
 CLOUDS = ("local", "aws", "gcp", "azure")
 MAX_RESUME_DRILL_SECONDS = 15 * 60
@@ -67,6 +68,13 @@ class CheckpointSpec(_Section):
     durable_url: Optional[str] = Field(default=None, description="Any fsspec URL (s3://, gs://, file://).")
     interval: Union[str, float] = Field(default="auto", description="auto, or a duration such as 30s, 10m, 1h.")
     keep: int = Field(default=3, ge=1, description="Committed checkpoints kept.")
+
+    @field_validator("durable_url")
+    @classmethod
+    def _durable_url(cls, value):
+        if value is not None:
+            check_fsspec_url(value)
+        return value
 
     @field_validator("interval")
     @classmethod
