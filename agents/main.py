@@ -48,6 +48,10 @@ def run_agent(config_path: Path) -> int:
     return Agent(config).run()
 
 
+class JobCannotStart(Exception):
+    """The job's workdir or command cannot be brought to life on this node: the attempt fails, saying why."""
+
+
 class Agent(AgentCore):
     def __init__(self, config: AgentConfig):
         super().__init__(config)
@@ -87,14 +91,13 @@ class Agent(AgentCore):
 
     def _run_attempts(self) -> None:
         """Setup once, then the run command; a resume drill continues on this node as the next attempt."""
-        workdir = self._prepare_workdir()
         first = True
         while True:
             offset = self.reporter.patiently(lambda: self.client.get("/v1/agent/logs/offset")["offset"],
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
-            reason, code, message, drill = self._run_job(workdir, with_setup=first)
+            reason, code, message, drill = self._run_job_or_why_not(with_setup=first)
             first = False
             if self.control is not None:
                 self.control.drain()  # commits the job reported reach the controller before its exit does
@@ -124,6 +127,15 @@ class Agent(AgentCore):
             return None
 
     # --- lifecycle ----------------------------------------------------------
+    def _run_job_or_why_not(self, with_setup: bool) -> tuple[str, int | None, str | None, dict | None]:
+        """Run the job; one that cannot even start (its workdir, its command line) fails, saying why in its output."""
+        try:
+            return self._run_job(self._prepare_workdir(), with_setup)
+        except JobCannotStart as exc:
+            log.error("the job cannot start", why=str(exc))
+            self.shipper.write(f"[runner] {exc}\n".encode())
+            return "failed", None, str(exc), None
+
     def _run_job(self, workdir: Path, with_setup: bool) -> tuple[str, int | None, str | None, dict | None]:
         env = self._environment()
         setup = self.assignment.get("setup")
@@ -175,15 +187,23 @@ class Agent(AgentCore):
 
     def _start_command(self, command: str, workdir: Path, env: dict) -> None:
         self.current = Supervisor(command, str(workdir), env, self.shipper)
-        self.current.start()
+        try:
+            self.current.start()
+        except (OSError, ValueError) as exc:  # E2BIG, a NUL byte, a missing bash: no process to wait for
+            self.current = None
+            key = "setup" if self.phase == "setup" else "run"
+            raise JobCannotStart(f"the job's {key} command could not be started: {exc}") from None
 
     def _prepare_workdir(self) -> Path:
         workdir = self.config.scratch_dir / "work"
         workdir.mkdir(parents=True, exist_ok=True)
         if self.assignment.get("has_workdir") and not any(workdir.iterdir()):
             data = self.reporter.patiently(lambda: self.client.get("/v1/agent/workdir"), "workdir")
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                extract_safely(tar, workdir)
+            try:
+                with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                    extract_safely(tar, workdir)
+            except (tarfile.TarError, OSError) as exc:
+                raise JobCannotStart(f"the workdir could not be unpacked on the node: {exc}") from None
         return workdir
 
     def _environment(self) -> dict[str, str]:

@@ -5,6 +5,7 @@ Shared by the job file and the checkpoint library, which must import without the
 
 from __future__ import annotations
 
+import math
 import re
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -16,6 +17,8 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 10m or 1h")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a finite duration; use a number with a unit such as 30s, 10m or 1h")
         if value < 0:
             raise ValueError(f"{value!r} is negative; use a duration such as 30s, 10m or 1h")
         return float(value)

@@ -19,10 +19,10 @@ def next_state(end_reason: str, *, preemptions: int, failures: int, max_preempti
             return FAILED, f"the job failed {failures + 1} time(s); recovery.max_failures is {max_failures}"
         return RECOVERING, f"the job failed; relaunching ({failures + 1} of {max_failures} allowed failures)"
     if end_reason in ("preempted", "lost"):
-        what = "preempted" if end_reason == "preempted" else "lost its node without a notice"
+        what = "the job was preempted" if end_reason == "preempted" else "the job lost its node without a notice"
         if preemptions + 1 > max_preemptions:
-            return FAILED, f"the job was {what}; recovery.max_preemptions ({max_preemptions}) is used up"
-        return RECOVERING, f"the job was {what}; relaunching from the last committed checkpoint"
+            return FAILED, f"{what}; recovery.max_preemptions ({max_preemptions}) is used up"
+        return RECOVERING, f"{what}; relaunching from the last committed checkpoint"
     raise ValueError(f"unknown end reason {end_reason!r}")
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import SpecError
 from .schema import JobSpec
+from .workdir import escaping_links
 
 
 def load_job_file(path: str | os.PathLike) -> JobSpec:
@@ -33,6 +34,9 @@ def load_job_file(path: str | os.PathLike) -> JobSpec:
     workdir = (path.parent / spec.workdir).resolve()
     if not workdir.is_dir():
         raise SpecError(str(path), [f"workdir: {spec.workdir!r} is not a folder (resolved to {workdir})"])
+    problems = escaping_links(workdir)
+    if problems:
+        raise SpecError(str(path), problems)
     return spec.model_copy(update={"workdir": str(workdir)})
 
 
@@ -57,9 +61,13 @@ def validate_job(data: Any, source: str = "job") -> JobSpec:
         raise SpecError(source, [_describe(err) for err in exc.errors()]) from None
 
 
+_UNION_MEMBERS = ("str", "float", "int", "bool")  # pydantic's tags for the members of a Union field
+
+
 def _describe(err: dict) -> str:
-    loc = [str(part) for part in err["loc"] if not isinstance(part, int)]
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".") or "(top level)"
+    parts = [p for p in err["loc"] if p not in _UNION_MEMBERS]  # "interval.float" is the key interval
+    loc = [str(part) for part in parts if not isinstance(part, int)]
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "(top level)"
     kind = err["type"]
     if kind == "extra_forbidden":
         return f"{key}: unknown key{_suggestion(loc)}"

@@ -5,10 +5,11 @@ The same models generate docs/job-schema.json for editors (``python -m runner.sp
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..durations import parse_duration
 from .urls import check_fsspec_url
@@ -20,8 +21,28 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):([1-9][0-9]*)$")
 
 
+# One argument or one environment string of a new process (Linux MAX_ARG_STRLEN, 32 pages, NUL included):
+# ``run`` and ``setup`` each reach the node as one argument of ``bash -c``, each env entry as KEY=value.
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+# All of them together, leaving the node's own environment room under ARG_MAX (2 MiB on Linux).
+MAX_COMMAND_AND_ENV_BYTES = 1024 * 1024
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _command_text(key: str, value: str | None) -> str | None:
+    """``run``/``setup``: no NUL byte (no process can take it) and short enough to be one argument."""
+    if value is None:
+        return value
+    if "\0" in value:
+        raise ValueError("contains a NUL byte, which no command line can carry; remove it")
+    size = len(value.encode())
+    if size > MAX_ARGUMENT_BYTES:
+        raise ValueError(f"is {size // 1024} KiB; a command can be at most 128 KiB (one argument of bash -c); "
+                         f"put the commands in a script in the workdir and {key}: bash that-script.sh")
+    return value
 
 
 class Resources(_Section):
@@ -74,6 +95,13 @@ class CheckpointSpec(_Section):
     def _durable_url(cls, value):
         if value is not None:
             check_fsspec_url(value)
+        return value
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _finite_interval(cls, value):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a duration; use 'auto' or a duration such as 30s, 10m or 1h")
         return value
 
     @field_validator("interval")
@@ -137,7 +165,12 @@ class JobSpec(_Section):
     def _run(cls, value):
         if not value.strip():
             raise ValueError("must be a non-empty shell command")
-        return value
+        return _command_text("run", value)
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, value):
+        return _command_text("setup", value)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -150,5 +183,20 @@ class JobSpec(_Section):
                 if isinstance(item, (dict, list)) or item is None:
                     raise ValueError(f"{key}: value must be a string, number or boolean")
                 out[key] = str(item).lower() if isinstance(item, bool) else str(item)
+                if "\0" in out[key]:
+                    raise ValueError(f"{key}: the value contains a NUL byte, which no environment can carry; "
+                                     "remove it")
+                if len(f"{key}={out[key]}".encode()) > MAX_ARGUMENT_BYTES:
+                    raise ValueError(f"{key}: the value is over 128 KiB, more than one environment variable can "
+                                     "hold; put it in a file in the workdir and pass the file's name")
             return out
         return value
+
+    @model_validator(mode="after")
+    def _fits_in_one_process_start(self):
+        size = sum(len(text.encode()) for text in (self.run, self.setup or ""))
+        size += sum(len(f"{key}={value}".encode()) + 1 for key, value in self.env.items())
+        if size > MAX_COMMAND_AND_ENV_BYTES:
+            raise ValueError(f"run, setup and env together are {size // 1024} KiB; at most 1024 KiB can be passed "
+                             "to the job's process; move the long parts into files in the workdir")
+        return self

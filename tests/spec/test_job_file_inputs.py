@@ -56,3 +56,54 @@ def test_a_durable_url_whose_filesystem_is_not_installed_names_what_to_install(m
 def test_durable_urls_that_fsspec_can_open_are_accepted(url):
     """Buckets, file:// URLs and plain paths pass."""
     assert parse_job(GOOD + f"checkpoint: {{durable_url: '{url}'}}").checkpoint.durable_url == url
+
+
+def test_a_run_command_over_128_kib_is_refused_naming_run():
+    """A run: too long to be one argument of bash -c (E2BIG on the node) is refused at validate."""
+    (problem,) = _problems("name: ok\nrun: \"echo " + "x" * (128 * 1024) + "\"\n")
+    assert problem.startswith("run:") and "128 KiB" in problem and "script" in problem
+
+
+def test_a_nul_byte_in_an_env_value_is_refused_naming_the_variable():
+    """An env value with a NUL byte, which no process environment can carry, is refused naming env and the key."""
+    (problem,) = _problems(GOOD + 'env: {TOKEN: "abc\\0def"}\n')
+    assert problem.startswith("env:") and "TOKEN" in problem and "NUL" in problem
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_an_interval_that_is_not_a_finite_duration_is_refused(value):
+    """interval: inf (which the controller could not even serialise) is refused naming checkpoint.interval."""
+    problems = _problems(GOOD + f"checkpoint: {{interval: {value}}}\n")
+    assert problems and all(p.startswith("checkpoint.interval:") for p in problems), problems
+
+
+def test_a_submitted_interval_of_1e400_is_refused():
+    """JSON's 1e400 (inf once parsed) reaching the controller's validation is refused, not stored."""
+    import json
+
+    from runner.spec import validate_job
+
+    with pytest.raises(SpecError, match="checkpoint.interval"):
+        validate_job(json.loads('{"name": "ok", "run": "x", "checkpoint": {"interval": 1e400}}'))
+
+
+def test_a_workdir_with_an_absolute_symlink_is_refused_naming_the_link(tmp_path: Path):
+    """A link to an absolute path, which no node can unpack, is refused at validate naming workdir and the link."""
+    (tmp_path / "data").symlink_to("/etc/hostname")
+    (tmp_path / "job.yaml").write_text(GOOD)
+    with pytest.raises(SpecError) as caught:
+        load_job_file(tmp_path / "job.yaml")
+    (problem,) = caught.value.problems
+    assert problem.startswith("workdir: data is a symbolic link to /etc/hostname")
+
+
+def test_a_relative_symlink_that_leaves_the_workdir_is_refused(tmp_path: Path):
+    """../ out of the workdir is refused like an absolute link; a link inside the workdir is fine."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print(1)\n")
+    (tmp_path / "code" / "main.py").symlink_to("train.py")
+    (tmp_path / "code" / "secrets").symlink_to("../outside")
+    (tmp_path / "code" / "job.yaml").write_text(GOOD)
+    with pytest.raises(SpecError) as caught:
+        load_job_file(tmp_path / "code" / "job.yaml")
+    assert [p.split(" is ")[0] for p in caught.value.problems] == ["workdir: secrets"]
