@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import io
 import pickle
 from dataclasses import dataclass
 
@@ -30,6 +31,14 @@ class TensorRef:
     nbytes: int
     dtype: str
     shape: tuple
+    device: str
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """A tensor that is not a plain strided one, as ``torch.save`` bytes (loaded with ``weights_only=True``)."""
+
+    data: bytes
     device: str
 
 
@@ -62,8 +71,10 @@ def _flatten(value, tensors: list):
         return _Slot(len(tensors) - 1)
     if isinstance(value, (dict, list)) or type(value) is tuple:
         return map_container(value, lambda v: _flatten(v, tensors))
-    if isinstance(value, torch.Tensor):  # sparse, quantized, subclasses: pickled whole, from a CPU copy
-        return value.detach().to("cpu", copy=True)
+    if isinstance(value, torch.Tensor):  # sparse, quantized, subclasses: torch.save'd whole, from a CPU copy
+        buffer = io.BytesIO()
+        torch.save(value.detach().to("cpu", copy=True), buffer)
+        return SavedTensor(buffer.getvalue(), str(value.device))
     return value
 
 
@@ -171,9 +182,36 @@ class Stager:
         return self._streams[device]
 
 
+class SkeletonUnpickler(pickle.Unpickler):
+    """Unpickles a skeleton without running code: only plain containers, our refs and NumPy arrays.
+
+    A checkpoint may come from a bucket someone else can write to; ``pickle.loads`` would run whatever a
+    forged ``state.pkl`` names. Anything outside this list is refused, naming it.
+    """
+
+    ALLOWED = {
+        ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
+        ("builtins", "complex"), ("builtins", "bytearray"), ("builtins", "range"),
+        ("runner.checkpoint.staging", "TensorRef"), ("runner.checkpoint.staging", "SavedTensor"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+        ("torch", "Size"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED or (module.startswith("numpy") and name.endswith("DType")):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"the checkpoint's state names {module}.{name}, which a checkpoint may not "
+                                     f"load (it could run code); only plain values, tensors and NumPy arrays")
+
+
 def rebuild(skeleton_bytes: bytes, parts: list[torch.Tensor]):
-    """Inverse of ``stage``: unpickle the skeleton and put tensors (views of the parts) in their slots."""
-    skeleton = pickle.loads(skeleton_bytes)
+    """Inverse of ``stage``: unpickle the skeleton (safely) and put tensors (views of the parts) in their slots."""
+    skeleton = SkeletonUnpickler(io.BytesIO(skeleton_bytes)).load()
     cuda = torch.cuda.is_available()
 
     def tensor_of(ref: TensorRef) -> torch.Tensor:
@@ -190,6 +228,9 @@ def rebuild(skeleton_bytes: bytes, parts: list[torch.Tensor]):
     def walk(node):
         if isinstance(node, TensorRef):
             return tensor_of(node)
+        if isinstance(node, SavedTensor):
+            tensor = torch.load(io.BytesIO(node.data), weights_only=True)
+            return tensor.to(node.device) if node.device.startswith("cuda") and cuda else tensor
         if isinstance(node, (dict, list)) or type(node) is tuple:
             return map_container(node, walk)
         return node

@@ -99,7 +99,7 @@ def test_stop_request_commits_durably_then_stops_the_loop(setup, tmp_path, agent
     assert [c["durable"] for c in committed] == [False, True]
     assert all(c["step"] == step and c["emergency"] and c["bytes"] > 0 for c in committed)
     stopping = agent.wait_for("stopping")[0]
-    assert stopping == {"op": "stopping", "step": step, "durable": True}
+    assert stopping == {"op": "stopping", "step": step, "durable": True, "reason": "notice", "origin": "self"}
     ops = [m["op"] for m in agent.messages]
     assert ops.index("stopping") > max(i for i, op in enumerate(ops) if op == "committed")
     assert (tmp_path / "durable" / f"step-{step:08d}" / "manifest.json").is_file()

@@ -81,3 +81,50 @@ def test_a_damaged_local_copy_is_replaced_from_the_durable_tier(setup, make_setu
     with other.checkpointer(tmp_path, durable_url="memory://ckpt-test-damaged") as ckpt:
         assert ckpt.restore() == 3
     assert same(saved, other.weights())
+
+
+def test_a_forged_state_pkl_is_refused_without_running_it(tmp_path):
+    """A state.pkl that would run a command when unpickled is refused at restore, and the command never runs."""
+    import hashlib
+    import os
+    import json
+    import pickle
+
+    from runner.checkpoint import Checkpointer
+    from runner.checkpoint.checksum import digest
+
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    folder = tmp_path / "ckpt" / "step-00000009"
+    folder.mkdir(parents=True)
+    payload = pickle.dumps({"step": 9, "objects": {}, "extra": Exploit(), "rng": {}})
+    (folder / "state.pkl").write_bytes(payload)
+    manifest = {"format": 1, "id": hashlib.md5(payload).hexdigest(), "step": 9, "created_at": 0.0,
+                "checksum": "xxh3_64", "files": [{"name": "state.pkl", "bytes": len(payload),
+                                                  "checksum": digest(payload)}]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    ckpt = Checkpointer(local_dir=tmp_path / "ckpt")
+    assert ckpt.restore() == 0  # skipped as damaged, never loaded
+    ckpt.close()
+    assert not marker.exists()
+
+
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    """A manifest listing ../ or absolute file names is not a checkpoint: restore skips it."""
+    import json
+
+    from runner.checkpoint import Checkpointer
+
+    folder = tmp_path / "ckpt" / "step-00000003"
+    folder.mkdir(parents=True)
+    (tmp_path / "ckpt" / "secret").write_bytes(b"x")
+    manifest = {"format": 1, "id": "x", "step": 3, "created_at": 0.0, "checksum": "crc32",
+                "files": [{"name": "../secret", "bytes": 1, "checksum": "8cdc1683"}]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    ckpt = Checkpointer(local_dir=tmp_path / "ckpt")
+    assert ckpt.restore() == 0
+    ckpt.close()
