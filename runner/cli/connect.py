@@ -13,6 +13,7 @@ import click
 
 from ..client import Client, ClientError, ControllerUnreachable
 from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, load_config, runner_home
+from ..private import private_dir
 
 START_TIMEOUT_SECONDS = 30.0
 
@@ -63,7 +64,7 @@ def _local_client(home: Path) -> Client | None:
 
 
 def _start_local(home: Path) -> Client:
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)  # the controller keeps jobs' secrets here
     log_path = home / "controller.log"
     # Nodes know the controller by URL: reuse the last port so a restarted controller keeps its nodes.
     port = _last_port(home)
@@ -87,7 +88,7 @@ def _start_local(home: Path) -> Client:
 
 
 def _spawn_server(home: Path, port: int, log_path: Path) -> subprocess.Popen:
-    with open(log_path, "ab") as log:
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "runner.cli.main", "server", "--data-dir", str(home), "--port", str(port)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

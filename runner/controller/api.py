@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import time
 
@@ -47,7 +48,9 @@ async def upload_workdir(request: Request, who: Principal = Depends(require_admi
     target = folder / f"{digest}.tar.gz"
     if not target.exists():
         tmp = target.with_suffix(f".{secrets.token_hex(4)}.tmp")
-        tmp.write_bytes(body)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # a job's code may hold secrets too
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(body)
         tmp.replace(target)
     return {"digest": digest, "bytes": len(body)}
 

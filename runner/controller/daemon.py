@@ -18,6 +18,7 @@ import uvicorn
 
 from .. import sdnotify
 from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config, scheduler_settings
+from ..private import make_data_dir_private
 from ..providers.local import LocalProvider
 from ..providers.local.provider import DEFAULT_ZONE_CAPACITY
 from ..providers.local.processes import process_start_ticks
@@ -130,6 +131,7 @@ class _Server(uvicorn.Server):
 def serve(settings: ServerSettings) -> None:
     """Run until SIGTERM or SIGINT; leave the database consistent and nodes running."""
     data_dir = settings.data_dir.resolve()
+    make_data_dir_private(data_dir)  # jobs' env values, output and workdirs are kept here
     lock = acquire_lock(data_dir)
     sock = bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]

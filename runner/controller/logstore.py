@@ -36,7 +36,7 @@ class LogStore:
                 return size  # a gap: the agent resends from here
             new = data[size - offset:]
             if new:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 try:
                     os.write(fd, new)
                 finally:
