@@ -68,3 +68,79 @@ def test_a_missing_driver_names_the_package_to_install(tmp_path):
         pass
     with pytest.raises(CheckpointConfigError, match="pip install adlfs"):
         Checkpointer(local_dir=tmp_path, durable_url="abfs://container/x")
+
+
+def test_a_store_that_stops_answering_never_holds_up_training(s3_env, tmp_path, monkeypatch):
+    """With the S3 endpoint stalled, saves still commit locally one after another, and a SIGTERM notice is
+    served from the local copy: should_stop comes before the deadline and close() returns by it."""
+    import os
+    import signal
+    import threading
+    import time
+    from urllib.parse import urlparse
+
+    import boto3
+
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+    from tcp_proxy import StallingProxy
+
+    upstream = urlparse(s3_env)
+    boto3.client("s3", endpoint_url=s3_env).create_bucket(Bucket="stall")
+    proxy = StallingProxy((upstream.hostname, upstream.port))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    grace = 10.0
+    monkeypatch.setenv("RUNNER_SIGNAL_GRACE_SECONDS", str(grace))
+    state = Big(kib=256)
+    try:
+        ckpt = Checkpointer(local_dir=tmp_path / "local", durable_url="s3://stall/job", interval="1h", big=state)
+        ckpt.save(1)
+        assert ckpt.wait()  # the store answers: committed on both tiers
+        proxy.stall()
+        for step in (2, 3, 4):  # each save stages at once although the uploads hang
+            saver = threading.Thread(target=ckpt.save, args=(step,))
+            saver.start()
+            saver.join(grace)
+            assert not saver.is_alive(), f"save({step}) blocked on the stalled store"
+        _wait_for(lambda: (tmp_path / "local" / "step-00000004" / "manifest.json").is_file())
+        os.kill(os.getpid(), signal.SIGTERM)  # a notice: the library's handler records it
+        noticed = time.time()
+        ckpt.step(5)
+        assert ckpt.should_stop
+        assert time.time() < noticed + grace
+        assert (tmp_path / "local" / "step-00000005" / "manifest.json").is_file()
+        ckpt.close()
+        assert time.time() < noticed + grace
+    finally:
+        proxy.close()
+
+
+def _wait_for(condition, timeout: float = 120.0) -> None:
+    """Poll an event (a file appearing) with a generous bound that only a hang reaches."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "the condition never came true"
+        time.sleep(0.02)
+
+
+def test_a_full_local_disk_still_sends_checkpoints_to_the_durable_tier(tmpfs, tmp_path):
+    """ENOSPC on the local tier: the checkpoint goes from memory to the durable tier and restores from there."""
+    small = Big(kib=1100)
+    durable = tmp_path / "durable"
+    with capture_logs() as logs, Checkpointer(local_dir=tmpfs, durable_url=durable.as_uri(), keep=5,
+                                              big=small) as ckpt:
+        ckpt.save(1)
+        assert ckpt.wait()
+        small.tensor.fill_(2.0)
+        ckpt.save(2)  # does not fit on the 2 MiB tmpfs beside step 1
+        ckpt.wait()
+    assert (durable / "step-00000002" / "manifest.json").is_file()
+    assert "sending it to the durable tier directly" in str(logs)
+    restored = Big(kib=1100)
+    with Checkpointer(local_dir=tmp_path / "fresh", durable_url=durable.as_uri(), big=restored) as again:
+        assert again.restore() == 2
+    assert torch.equal(restored.tensor, torch.full((1100 * 256,), 2.0))
