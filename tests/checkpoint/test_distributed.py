@@ -134,3 +134,22 @@ def test_ranks_that_register_different_objects_get_an_error_naming_both(tmp_path
     assert done.returncode != 0
     assert "rank 1 built its Checkpointer with (model=" in done.stderr + done.stdout
     assert "optimizer=Adam" in done.stderr + done.stdout
+
+
+def test_a_single_process_restores_a_checkpoint_of_two_ranks(uninterrupted):
+    """A plain process (no process group) restores the 2-rank DDP checkpoint: the weights rank 0 wrote."""
+    sys.path.insert(0, str(TRAINEE.parent))
+    from ddp_trainee import parse
+
+    from runner.checkpoint import Checkpointer, ResumableSampler
+
+    args = parse(["--steps", "1", "--local-dir", str(uninterrupted.parent / "local")])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(args.width, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    with Checkpointer(model=model, optimizer=optimizer, sampler=ResumableSampler(96, seed=3),
+                      local_dir=args.local_dir) as ckpt:
+        assert ckpt.restore() == 30
+    final = torch.load(uninterrupted)
+    assert all(torch.equal(model.state_dict()[k], final[k]) for k in final)
