@@ -84,4 +84,6 @@ class AgentCore:
             step = message.get("step") or 0
             text = f"training resumed from step {step}" if step else "training started fresh (no checkpoint yet)"
             log.info(text, manifest=message.get("manifest"))
-            self.reporter.event("restored", {"message": text})
+            if message.get("expected") and step < message["expected"]:
+                text += f" (the checkpoint of step {message['expected']} was missing or did not verify)"
+            self.reporter.event("restored", {"message": text, "step": step, "expected": message.get("expected")})

@@ -184,8 +184,21 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
                 metrics.record_commit(tx, job_id, attempt, checkpoint)
             return {"accepted": accepted}
         else:
+            if body.kind == "restored":
+                _record_restored_step(state, tx, job_id, attempt, body.data)
             state.store.add_event(tx, job_id, body.kind, str(body.data.get("message", body.data)), attempt=attempt)
     return {"accepted": True}
+
+
+def _record_restored_step(state, tx, job_id: str, attempt: int, data: dict) -> None:
+    """A restore that fell short of the handed-over step is written into the restart log, never hidden."""
+    step, expected = data.get("step"), data.get("expected")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return
+    if isinstance(expected, int) and not isinstance(expected, bool) and 0 <= step < expected:
+        state.store.set_resumed_from(tx, job_id, attempt, step)
+        state.store.add_event(tx, job_id, "message", f"the checkpoint of step {expected} was missing or did not "
+                              f"verify; resumed from step {step} instead", attempt=attempt)
 
 
 class ExitReport(BaseModel):

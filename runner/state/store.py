@@ -105,6 +105,11 @@ class Store:
         tx.execute("UPDATE attempts SET running_at = COALESCE(running_at, ?) WHERE job_id = ? AND attempt = ?",
                    (now, job_id, attempt))
 
+    def set_resumed_from(self, tx: Tx, job_id: str, attempt: int, step: int) -> None:
+        """Record the step the training really restored (less than handed over when that one failed)."""
+        tx.execute("UPDATE attempts SET resumed_from_step = ? WHERE job_id = ? AND attempt = ?",
+                   (step, job_id, attempt))
+
     def set_attempt_notice(self, tx: Tx, job_id: str, attempt: int, notice: dict) -> None:
         tx.execute("UPDATE attempts SET notice = COALESCE(notice, ?) WHERE job_id = ? AND attempt = ?",
                    (json.dumps(notice), job_id, attempt))
