@@ -134,9 +134,8 @@ class Watcher(ABC):
 
 
 def http_session() -> "requests.Session":
-    """A session that never goes through a proxy: metadata servers are link-local (or loopback)."""
-    import requests
+    """A session that never goes through a proxy (metadata servers are link-local, or loopback) and puts a
+    total deadline on every request, so a server that trickles its answer cannot hold a watcher."""
+    from .deadline import DeadlineSession
 
-    session = requests.Session()
-    session.trust_env = False
-    return session
+    return DeadlineSession()

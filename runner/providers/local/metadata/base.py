@@ -14,6 +14,7 @@ Admin requests are neither counted nor subject to faults.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import select
 import socket
@@ -26,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 ADMIN_PREFIX = "/_fake/"
-FAULT_KINDS = ("status", "garbage", "slow", "drop")
+FAULT_KINDS = ("status", "garbage", "slow", "drop", "trickle")
 
 # Bodies that look like what a broken proxy or a half-written answer returns; none is a valid notice.
 GARBAGE = (
@@ -52,6 +53,7 @@ class Response:
     status: int = 200
     body: bytes | str = b""
     headers: dict[str, str] = field(default_factory=dict)
+    trickle: float = 0.0  # seconds between the bytes of the whole answer (status line and headers too)
 
     def encoded(self) -> bytes:
         return self.body.encode() if isinstance(self.body, str) else self.body
@@ -66,7 +68,9 @@ class Fault:
 
     kinds: ``status`` answers ``status`` with an empty body; ``garbage`` answers 200 with a body that no
     protocol accepts; ``slow`` waits ``delay`` seconds, then answers normally; ``drop`` reads the request
-    and never answers (a dropped packet, as IMDS does to a token PUT beyond the hop limit).
+    and never answers (a dropped packet, as IMDS does to a token PUT beyond the hop limit); ``trickle``
+    answers normally but one byte every ``delay`` seconds, from the status line on, so that no single read
+    waits long.
     """
 
     kind: str
@@ -238,6 +242,8 @@ class FakeMetadataServer:
                     self._garbage_turn += 1
                     body = GARBAGE[self._garbage_turn % len(GARBAGE)]
                 return Response(200, body, {"Content-Type": "text/plain"})
+            if fault.kind == "trickle":
+                return dataclasses.replace(self.handle(request), trickle=fault.delay)
             if self._stopping.wait(fault.delay):  # slow
                 return None
         return self.handle(request)
@@ -313,6 +319,9 @@ def _handler_for(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             payload = response.encoded()
+            if response.trickle:
+                self._trickle(response, payload)
+                return
             self.send_response(response.status)
             for key, value in response.headers.items():
                 self.send_header(key, value)
@@ -320,6 +329,21 @@ def _handler_for(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
+
+        def _trickle(self, response: Response, payload: bytes) -> None:
+            """The whole answer, one byte at a time, until it is out or the client leaves."""
+            self.close_connection = True
+            lines = [f"HTTP/1.1 {response.status} {self.responses.get(response.status, ('',))[0]}",
+                     f"Server: {self.version_string()}", f"Content-Length: {len(payload)}", "Connection: close"]
+            lines += [f"{key}: {value}" for key, value in response.headers.items()]
+            data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
+            for index in range(len(data)):
+                if server._stopping.wait(response.trickle):
+                    return
+                try:
+                    self.connection.sendall(data[index:index + 1])
+                except OSError:
+                    return
 
         def _hold_until_client_leaves(self) -> None:
             """Say nothing until the client gives up (or the server stops), like a dropped packet."""
