@@ -1,7 +1,8 @@
 """The agent's end of the control channel: a Unix socket the training library connects to.
 
 Newline-delimited JSON (the protocol is described in runner/checkpoint/control.py). The agent sends
-``checkpoint`` requests; the library reports ``hello``, ``restored``, ``committed`` and ``stopping``.
+``checkpoint`` requests; the library reports ``hello``, ``restored``, ``committed``, ``stopping`` and, from
+``Checkpointer.close()``, ``closed`` (a library that predates it never sends it).
 A connection counts as a training process once it has said ``hello``; others (a health check that
 connects and leaves) are served the same way but never counted. Under torchrun every rank connects; a
 message that does not say which rank sent it gets ``rank`` and ``local_rank`` from its connection's hello.
@@ -26,6 +27,7 @@ class ControlServer:
         self.path = path
         self.on_message = on_message
         self._clients: dict[socket.socket, dict | None] = {}  # connection -> its hello, once said
+        self._closed: set[socket.socket] = set()  # connections whose Checkpointer has said ``closed``
         self._readers: list[threading.Thread] = []  # one per open connection; each removes itself when done
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -45,6 +47,11 @@ class ControlServer:
         """The ``hello`` of every training process connected now."""
         with self._lock:
             return [hello for hello in self._clients.values() if hello is not None]
+
+    def training(self) -> list[dict]:
+        """The ``hello`` of every training process connected now that has not closed its Checkpointer."""
+        with self._lock:
+            return [hello for conn, hello in self._clients.items() if hello is not None and conn not in self._closed]
 
     def _accept(self) -> None:
         while True:
@@ -68,6 +75,7 @@ class ControlServer:
         finally:
             with self._lock:
                 hello = self._clients.pop(conn, None)
+                self._closed.discard(conn)
                 self._readers.remove(threading.current_thread())
             conn.close()
             if hello is not None:
@@ -94,6 +102,9 @@ class ControlServer:
                     continue
                 if message.get("op") == "hello":
                     self._hello(conn, message)
+                elif message.get("op") == "closed":
+                    with self._lock:
+                        self._closed.add(conn)
                 else:
                     message = self._with_sender(conn, message)
                 try:

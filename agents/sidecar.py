@@ -9,9 +9,11 @@ is set, or is stopped by its platform.
 
 With ``controller_url`` and ``token`` it registers in the background (the control channel does not wait for
 the controller), heartbeats, and reports notices, checkpoints and restores. The exit status of the training
-container is not visible from here, so the only end it reports is a preemption it handled, as soon as the
-emergency path is over; of any other end the controller learns only when its provider says the node is gone
-(and records the attempt as lost). Without a controller it runs standalone and its log is the record.
+container is not visible from here, so it reports the ends it can see: a preemption it handled, as soon as the
+emergency path is over, and the training's end, once every connected training process has closed its
+``Checkpointer`` (the library's ``closed`` message; the attempt ends ``succeeded``, exit code unknown). Of any
+other end (a training process that predates ``closed``, or dies without closing) the controller learns only
+when its provider says the node is gone. Without a controller it runs standalone and its log is the record.
 
 It runs until SIGTERM (a native sidecar is stopped after the main container has exited) or SIGINT, and then
 exits 0.
@@ -48,6 +50,7 @@ class Sidecar(AgentCore):
         self._signalled = False  # set by the signal handler, which must take no lock
         self._last_action = "continue"
         self._reported = threading.Event()
+        self._ended = threading.Event()  # the training closed its Checkpointer: the attempt's end is reported
 
     def run(self) -> int:
         sdnotify.start_watchdog()
@@ -72,8 +75,8 @@ class Sidecar(AgentCore):
             while not self._signalled:
                 time.sleep(0.2)
             log.info("stop signal: the sidecar exits", connected=len(self.control.trainees()))
-            if self.emergency.active:
-                self._reported.wait(REPORT_WAIT_SECONDS)  # a preemption report under way
+            if self.emergency.active or self._ended.is_set():
+                self._reported.wait(REPORT_WAIT_SECONDS)  # a preemption or end report under way
         finally:
             self.stopping.set()
             sdnotify.stopping()
@@ -99,6 +102,33 @@ class Sidecar(AgentCore):
         if action != self._last_action and action in ACTION_LOGS:
             log.warning(ACTION_LOGS[action])
         self._last_action = action
+
+    def on_control(self, message: dict) -> None:
+        super().on_control(message)
+        if message.get("op") != "closed":
+            return
+        still = len(self.control.training())
+        if still:
+            log.info("a training process closed its Checkpointer; waiting for the others", still_training=still)
+        else:
+            self._training_ended()
+
+    def _training_ended(self) -> None:
+        """Every connected training process has closed its Checkpointer: unless a notice stopped it, the training
+        is over, and the attempt ends (a preemption is reported by the emergency path instead)."""
+        emergency = getattr(self, "emergency", None)
+        if (emergency is not None and emergency.active) or self._ended.is_set():
+            return
+        self._ended.set()
+        log.info("the training process closed its Checkpointer: the training has ended")
+        threading.Thread(target=self._report_end, name="report-end", daemon=True).start()
+
+    def _report_end(self) -> None:
+        try:
+            self.reporter.report_exit("succeeded", None, "the training process closed its Checkpointer "
+                                                         "(a sidecar does not see its exit code)")
+        finally:
+            self._reported.set()
 
     def _report_preemption(self) -> None:
         """The emergency path is over: end the attempt as preempted (exit code unknown to a sidecar)."""

@@ -275,3 +275,40 @@ def test_with_a_controller_the_sidecar_reports_notice_checkpoint_and_preemption(
         {k: e["data"][k] for k in ("step", "durable", "emergency")} for e in events if e["kind"] == "checkpoint"]
     assert reported["exit"]["reason"] == "preempted" and reported["exit"]["exit_code"] is None
     assert f"step {step}, durable" in reported["exit"]["message"]
+
+
+class ProtocolTrainee:
+    """A training process as the control channel sees it: a connection that says hello, and later closed."""
+
+    def __init__(self, agent: SidecarAgent, pid: int):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(agent.socket))
+        self.send({"op": "hello", "pid": pid, "job_id": "j-notify", "attempt": 1})
+
+    def send(self, message: dict) -> None:
+        self.sock.sendall((json.dumps(message) + "\n").encode())
+
+
+def test_with_a_controller_the_sidecar_reports_the_end_once_every_training_process_closed(tmp_path: Path):
+    """`closed` from every connected Checkpointer ends the attempt as succeeded, not lost later; one is not enough."""
+    token = secrets.token_hex(16)
+    api = FakeAgentAPI(token, assignment("true", tmp_path / "durable"))
+    agent = SidecarAgent(tmp_path, {}, watch="off", controller_url=api.url, token=token, node_id="n-sidecar",
+                         heartbeat_seconds=0.2)
+    try:
+        agent.wait_for("registered")
+        ranks = [ProtocolTrainee(agent, pid) for pid in (101, 102)]
+        deadline = time.monotonic() + 30
+        while len([line for line in agent.lines() if line["event"] == "training process connected"]) < 2:
+            assert time.monotonic() < deadline, "the agent never saw both training processes connect"
+            time.sleep(0.05)
+        ranks[0].send({"op": "closed"})
+        agent.wait_for("a training process closed its Checkpointer; waiting for the others")
+        assert not api.bodies("/v1/agent/exit")
+        ranks[1].send({"op": "closed"})
+        exit_report = api.wait_for("/v1/agent/exit")
+        assert exit_report["reason"] == "succeeded" and exit_report["exit_code"] is None
+        assert "closed its Checkpointer" in exit_report["message"]
+    finally:
+        agent.stop()
+        api.close()
