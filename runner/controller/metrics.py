@@ -59,17 +59,26 @@ WARNING = HistogramSpec(
     ("source", "kind"), (1, 5, 10, 15, 30, 60, 90, 120, 300, 900, 3600))
 MEASURED = {"checkpoint_commit_seconds": COMMIT, "notice_detection_seconds": DETECTION,
             "notice_warning_seconds": WARNING}
+# Observations kept one by one (the newest); older ones are folded into per-bucket totals, so the table stays
+# bounded however long the controller runs, and the histograms still count every observation ever made.
+MAX_MEASUREMENTS = 10_000
 
 
-def histogram(spec: HistogramSpec, observations: Iterable[tuple[tuple[str, ...], float]]) -> HistogramMetricFamily:
-    """A histogram family from (label values, value) pairs: cumulative buckets, count and sum per label set."""
-    groups: dict[tuple[str, ...], list[float]] = {}
+def histogram(spec: HistogramSpec, observations: Iterable[tuple[tuple[str, ...], float]],
+              folded: dict[tuple[str, ...], dict[str, float]] | None = None) -> HistogramMetricFamily:
+    """A histogram family from (label values, value) pairs plus totals already folded (``{le: n}``, with
+    ``+Inf`` the count and ``sum`` the sum): cumulative buckets, count and sum per label set."""
+    folded = folded or {}
+    groups: dict[tuple[str, ...], list[float]] = {labels: [] for labels in folded}
     for labels, value in observations:
         groups.setdefault(labels, []).append(value)
     family = HistogramMetricFamily(spec.name, spec.doc, labels=spec.labels)
     for labels, values in sorted(groups.items()):
-        buckets = [(floatToGoString(b), sum(v <= b for v in values)) for b in spec.buckets]
-        family.add_metric(list(labels), buckets + [("+Inf", len(values))], sum(values))
+        before = folded.get(labels, {})
+        buckets = [(floatToGoString(b), before.get(repr(float(b)), 0) + sum(v <= b for v in values))
+                   for b in spec.buckets]
+        family.add_metric(list(labels), buckets + [("+Inf", before.get("+Inf", 0) + len(values))],
+                          before.get("sum", 0.0) + sum(values))
     return family
 
 
@@ -133,12 +142,21 @@ class StateCollector:
             spec = MEASURED.get(row["name"])
             if spec is not None:
                 observed[row["name"]].append((tuple(row["labels"].get(k, "") for k in spec.labels), row["value"]))
+        folded: dict[str, dict] = {name: {} for name in MEASURED}
+        for row in m.rollup(self.db):
+            spec = MEASURED.get(row["name"])
+            if spec is not None:
+                totals = folded[row["name"]].setdefault(tuple(row["labels"].get(k, "") for k in spec.labels), {})
+                totals[row["le"]] = row["n"]
+                if row["le"] == "+Inf":
+                    totals["sum"] = row["total"]
         for name, spec in MEASURED.items():
-            yield histogram(spec, observed[name])
+            yield histogram(spec, observed[name], folded[name])
 
 
 # --- agent reports -> measurements -----------------------------------------------------------------
-def record_commit(tx: Tx, job_id: str, attempt: int, checkpoint: dict, now: float | None = None) -> None:
+def record_commit(tx: Tx, job_id: str, attempt: int, checkpoint: dict, now: float | None = None,
+                  keep: int = MAX_MEASUREMENTS) -> None:
     """A durable commit the controller accepted: its commit seconds, once per job, attempt and step."""
     seconds = _number(checkpoint.get("seconds"))
     if seconds is None:
@@ -146,13 +164,27 @@ def record_commit(tx: Tx, job_id: str, attempt: int, checkpoint: dict, now: floa
     labels = {"emergency": "true" if checkpoint.get("emergency") else "false"}
     m.add_measurement(tx, f"{job_id}/{attempt}/step-{checkpoint.get('step')}/commit", job_id, attempt,
                       "checkpoint_commit_seconds", seconds, labels, now or time.time())
+    _bound(tx, keep)
 
 
-def record_notice(tx: Tx, job_id: str, attempt: int, notice: dict, now: float | None = None) -> None:
+def record_notice(tx: Tx, job_id: str, attempt: int, notice: dict, now: float | None = None,
+                  keep: int = MAX_MEASUREMENTS) -> None:
     """A notice report's timing, once per job, attempt and notice; a report without it records nothing."""
     received = _number(notice.get("received_unix"))
     if received is None:
         return
+    _record_notice_timing(tx, job_id, attempt, notice, received, now)
+    _bound(tx, keep)
+
+
+def _bound(tx: Tx, keep: int) -> None:
+    """Keep the newest ``keep`` observations one by one; fold the rest into the histograms' totals."""
+    if m.measurement_count(tx) > keep:
+        m.fold_oldest(tx, keep, lambda name: MEASURED[name].buckets if name in MEASURED else None)
+
+
+def _record_notice_timing(tx: Tx, job_id: str, attempt: int, notice: dict, received: float,
+                          now: float | None) -> None:
     labels = {"source": str(notice.get("source", "")), "kind": str(notice.get("kind", ""))}
     key = f"{job_id}/{attempt}/{notice.get('id') or labels['source'] + ':' + labels['kind']}"
     now = now or time.time()

@@ -7,6 +7,7 @@ its label values. Its ``key`` names what was measured, so a report that arrives 
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from .db import Database, Tx
 
@@ -21,8 +22,41 @@ def add_measurement(tx: Tx, key: str, job_id: str, attempt: int | None, name: st
 
 
 def measurements(db: Database) -> list[dict]:
-    """Every observation as ``{"name", "labels", "value"}``, labels decoded."""
+    """Every observation still kept one by one, as ``{"name", "labels", "value"}``, labels decoded."""
     rows = db.query("SELECT name, labels, value FROM measurements ORDER BY name, key")
+    return [{**row, "labels": json.loads(row["labels"])} for row in rows]
+
+
+def fold_oldest(tx: Tx, keep: int, buckets: Callable[[str], tuple[float, ...] | None]) -> int:
+    """Fold all but the newest ``keep`` observations into per-bucket totals and delete them; return how many.
+
+    ``buckets(name)``: the histogram bounds of a measurement name (None: drop it uncounted). The rollup keeps,
+    per name, labels and bound, how many folded observations were at most that bound; bound ``+Inf`` holds
+    the count and the sum. A report of a folded key that arrives again would be counted again: keys are
+    folded long after the agent's retries have stopped.
+    """
+    rows = tx.all("SELECT key, name, labels, value FROM measurements ORDER BY time DESC, key DESC "
+                  "LIMIT -1 OFFSET ?", (keep,))
+    for row in rows:
+        bounds = buckets(row["name"])
+        if bounds is None:
+            continue
+        for le in [*(repr(float(b)) for b in bounds if row["value"] <= b), "+Inf"]:
+            tx.execute("INSERT INTO measurement_rollup (name, labels, le, n, total) VALUES (?,?,?,1,?) "
+                       "ON CONFLICT(name, labels, le) DO UPDATE SET n = n + 1, total = total + excluded.total",
+                       (row["name"], row["labels"], le, row["value"] if le == "+Inf" else 0.0))
+    for row in rows:
+        tx.execute("DELETE FROM measurements WHERE key = ?", (row["key"],))
+    return len(rows)
+
+
+def measurement_count(tx: Tx) -> int:
+    return tx.one("SELECT COUNT(*) AS n FROM measurements")["n"]
+
+
+def rollup(db: Database) -> list[dict]:
+    """The folded totals as ``{"name", "labels", "le", "n", "total"}``, labels decoded."""
+    rows = db.query("SELECT name, labels, le, n, total FROM measurement_rollup ORDER BY name, labels, le")
     return [{**row, "labels": json.loads(row["labels"])} for row in rows]
 
 

@@ -126,6 +126,20 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX attempt_nodes_node ON attempt_nodes(node_id, attempt)
         """,
     ),
+    (
+        4,
+        """
+        CREATE TABLE measurement_rollup (
+            name TEXT NOT NULL,
+            labels TEXT NOT NULL,
+            le TEXT NOT NULL,
+            n INTEGER NOT NULL DEFAULT 0,
+            total REAL NOT NULL DEFAULT 0,
+            PRIMARY KEY (name, labels, le)
+        );
+        CREATE INDEX measurements_time ON measurements(time)
+        """,
+    ),
 ]
 
 

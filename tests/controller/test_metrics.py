@@ -254,3 +254,22 @@ def test_metrics_survive_a_controller_restart(store, tmp_path):
     """A second process opening the same database computes the same figures."""
     reopened = Store(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
     assert collect(reopened).get_sample_value("runner_recovery_seconds_sum", {"end_reason": "preempted"}) == 30
+
+
+def test_the_measurements_table_stays_bounded_while_the_histograms_count_every_observation(store):
+    """50 commits with room for 10 kept one by one: 10 rows remain, and count, sum and buckets cover all 50."""
+    from runner.state.measurements import measurements
+
+    values = [0.05 * step for step in range(1, 51)]  # 0.05 s .. 2.5 s
+    for step, seconds in enumerate(values, 1):
+        with store.db.transaction() as tx:
+            record_commit(tx, "j1", 2, {"step": step, "durable": True, "seconds": seconds}, now=2000.0 + step,
+                          keep=10)
+    assert len(measurements(store.db)) == 10
+    registry = collect(store)
+    labels = {"emergency": "false"}
+    assert registry.get_sample_value("runner_checkpoint_commit_seconds_count", labels) == 50
+    assert registry.get_sample_value("runner_checkpoint_commit_seconds_sum", labels) == pytest.approx(sum(values))
+    for le in (0.25, 1.0, 2.5):
+        expected = sum(v <= le for v in values)
+        assert registry.get_sample_value("runner_checkpoint_commit_seconds_bucket", {**labels, "le": str(le)}) == expected
