@@ -27,12 +27,25 @@ def iso(moment: datetime | None) -> str | None:
     return moment.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+# A deadline further ahead than this is taken as this far ahead: no real notice is (maintenance is scheduled
+# weeks ahead at most), and a time near the year 9999 would overflow the arithmetic on it.
+MAX_DEADLINE_AHEAD = timedelta(days=366)
+
+
+def to_utc(moment: datetime) -> datetime:
+    """An aware UTC datetime: a naive one is taken as UTC; one past the calendar's end in UTC is its end."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    try:
+        return moment.astimezone(timezone.utc)
+    except OverflowError:  # 9999-12-31T23:59:59-05:00 is in the year 10000 in UTC
+        edge = datetime.max if moment.year == datetime.max.year else datetime.min
+        return edge.replace(tzinfo=timezone.utc)
+
+
 def parse_iso(text: str) -> datetime:
     """``2017-09-18T08:22:00Z`` (and other RFC 3339 forms) as an aware UTC datetime."""
-    moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc)
+    return to_utc(datetime.fromisoformat(text.strip().replace("Z", "+00:00")))
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,8 @@ class Notice:
         received, mono = utcnow(), time.monotonic()
         if grace is not None:
             deadline = received + timedelta(seconds=grace)
+        if deadline is not None:
+            deadline = min(to_utc(deadline), received + MAX_DEADLINE_AHEAD)
         left = None if deadline is None else mono + (deadline - received).total_seconds()
         return cls(source, kind, action, f"{source}:{kind}:{key or action}", terminal, received, deadline,
                    left, dict(detail or {}))

@@ -91,8 +91,8 @@ class WatchLoop:
             thread.join(max(0.0, end - time.monotonic()))
 
     def wait_terminal(self, timeout: float | None = None) -> Notice | None:
-        self._terminal_seen.wait(timeout)
-        return self._terminal
+        """The first terminal notice once it has been delivered, else None after ``timeout``."""
+        return self._terminal if self._terminal_seen.wait(timeout) else None
 
     def __enter__(self) -> "WatchLoop":
         return self.start()
@@ -121,7 +121,10 @@ class WatchLoop:
                 log.info("metadata server answering again", source=watcher.source, failed_checks=failures)
                 failures = 0
             for notice in notices:
-                self._deliver(notice)
+                try:
+                    self._deliver(notice)
+                except Exception:  # noqa: BLE001 - one notice that cannot be handled must not end the watch
+                    log.exception("notice could not be delivered", source=watcher.source, notice=notice.id)
             # fixed-rate ticks (no drift from request time), never closer than min_gap
             now = time.monotonic()
             tick = max(tick + watcher.interval, now + self.min_gap)

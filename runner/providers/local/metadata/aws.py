@@ -69,11 +69,14 @@ class FakeIMDS(FakeMetadataServer):
         self._scheduled: list[dict[str, str]] | None = None
 
     # --- injection (thread-safe) ----------------------------------------------
-    def set_instance_action(self, action: str = "terminate", deadline_seconds: float = 120.0) -> None:
+    def set_instance_action(self, action: str = "terminate", deadline_seconds: float = 120.0,
+                            time_text: str | None = None) -> None:
+        """The spot interruption ``deadline_seconds`` ahead (``time_text``: this ``time`` value, verbatim)."""
         if action not in ("terminate", "stop", "hibernate"):
             raise ValueError(f"instance action {action!r} is not terminate, stop or hibernate")
         with self._lock:
             self._action = (action, _now() + timedelta(seconds=deadline_seconds), deadline_seconds)
+            self._action_time_text = time_text
 
     def clear_instance_action(self) -> None:
         with self._lock:
@@ -221,7 +224,8 @@ class FakeIMDS(FakeMetadataServer):
             if self.recompute_time:
                 at = now + timedelta(seconds=ahead)
             items["/spot"] = "instance-action\ntermination-time"
-            items["/spot/instance-action"] = json.dumps({"action": action, "time": iso_time(at)})
+            text = getattr(self, "_action_time_text", None) or iso_time(at)
+            items["/spot/instance-action"] = json.dumps({"action": action, "time": text})
             items["/spot/termination-time"] = iso_time(at)
         return items.get(path[len(base):])
 

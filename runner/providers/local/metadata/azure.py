@@ -46,7 +46,8 @@ class FakeScheduledEvents(FakeMetadataServer):
 
     # --- injection (thread-safe) -------------------------------------------------
     def add_event(self, event_type: str = "Preempt", *, deadline_seconds: float = 30.0,
-                  status: str = "Scheduled", event_id: str | None = None) -> str:
+                  status: str = "Scheduled", event_id: str | None = None, not_before: str | None = None) -> str:
+        """Schedule an event ``deadline_seconds`` ahead (``not_before``: this NotBefore text, verbatim)."""
         if event_type not in EVENT_TYPES:
             raise ValueError(f"event type {event_type!r} is not one of {', '.join(EVENT_TYPES)}")
         event = {
@@ -55,7 +56,7 @@ class FakeScheduledEvents(FakeMetadataServer):
             "EventType": event_type,
             "ResourceType": "VirtualMachine",
             "Resources": [self.vm_name],
-            "NotBefore": rfc1123(datetime.now(timezone.utc) + timedelta(seconds=deadline_seconds)),
+            "NotBefore": not_before or rfc1123(datetime.now(timezone.utc) + timedelta(seconds=deadline_seconds)),
             "Description": f"{event_type} scheduled by the local provider",
             "EventSource": "Platform",
             "DurationInSeconds": -1 if event_type in ("Preempt", "Terminate") else 10,
