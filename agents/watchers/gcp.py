@@ -14,6 +14,8 @@ stale ``last_etag`` returns at once, so nothing is missed between two waits.
 from __future__ import annotations
 
 import re
+import time
+
 import requests
 import structlog
 
@@ -27,6 +29,9 @@ MAINTENANCE = "instance/maintenance-event"
 KEYS = (PREEMPTED, MAINTENANCE)
 SPOT_GRACE = 30.0  # preempted TRUE -> hard power-off, best effort (FIELD-NOTES §1)
 MAINTENANCE_NOTICE = 3600.0  # TERMINATE_ON_HOST_MAINTENANCE comes about an hour ahead
+# A server that answers a hanging GET at once with the value unchanged ignores wait_for_change: poll it at this
+# interval instead of hammering it (a real one answers such a request only on a change, or after timeout_sec).
+IGNORED_WAIT_POLL = 1.0
 _UNKNOWN_EVENT = re.compile(r"^[A-Z][A-Z_]{2,63}$")
 
 
@@ -57,6 +62,7 @@ class GCPWatcher(Watcher):
         else:
             params = {"wait_for_change": "true", "timeout_sec": str(self.wait_seconds), "last_etag": self._etag}
             read_timeout = self.wait_seconds + self.timeout_margin
+        started = time.monotonic()
         try:
             response = self._session.get(self.url, params=params, headers={"Metadata-Flavor": "Google"},
                                          timeout=(self.timeout, read_timeout), allow_redirects=False)
@@ -79,7 +85,11 @@ class GCPWatcher(Watcher):
             raise WatcherError(f"{self.url} answered without Metadata-Flavor: Google; not a GCE metadata server")
         value = response.text.strip()
         notices = self._interpret(value)  # raises on garbage, before the etag moves on
-        self._etag = response.headers.get("ETag")
+        etag = response.headers.get("ETag")
+        if params:
+            self._pace(unchanged=etag == self._etag and value == self._last_value,
+                       seconds=time.monotonic() - started)
+        self._etag = etag
         if value != self._last_value:
             log.debug("gce metadata value", key=self.key, value=value)
             self._last_value = value
@@ -87,6 +97,16 @@ class GCPWatcher(Watcher):
 
     def close(self) -> None:
         self._session.close()
+
+    def _pace(self, unchanged: bool, seconds: float) -> None:
+        """Poll every IGNORED_WAIT_POLL seconds while the server answers hanging GETs at once with nothing new."""
+        ignored = unchanged and seconds < self.wait_seconds / 2
+        if ignored and not self.interval:
+            log.warning("gce metadata server ignores wait_for_change; polling instead", url=self.url,
+                        every_s=IGNORED_WAIT_POLL)
+        elif not ignored and self.interval:
+            log.info("gce metadata server waits for changes again", url=self.url)
+        self.interval = IGNORED_WAIT_POLL if ignored else 0.0
 
     def _interpret(self, value: str) -> list[Notice]:
         if self.key == PREEMPTED:

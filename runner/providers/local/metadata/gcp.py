@@ -47,6 +47,7 @@ class FakeGCEMetadata(FakeMetadataServer):
         }
         self._values: dict[str, str] = {}
         self._versions: dict[str, int] = {}
+        self.ignore_wait_for_change = False  # a broken server (or proxy) that answers every hanging GET at once
         self.reset_state()
 
     @property
@@ -126,7 +127,7 @@ class FakeGCEMetadata(FakeMetadataServer):
 
     def _leaf(self, key: str, query: dict[str, str]) -> Response:
         """Called with the lock held; a hanging GET waits on the condition, which releases it."""
-        if query.get("wait_for_change", "").lower() == "true":
+        if query.get("wait_for_change", "").lower() == "true" and not self.ignore_wait_for_change:
             try:
                 timeout = float(query.get("timeout_sec", DEFAULT_WAIT_SECONDS))
             except ValueError:
