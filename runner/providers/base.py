@@ -25,6 +25,7 @@ class LaunchRequest:
     offer: Offer
     spot: bool
     bootstrap: NodeBootstrap
+    gang_size: int = 1  # the job's num_nodes: a node of a gang asks for close placement where the cloud has it
 
 
 @dataclass(frozen=True)

@@ -138,8 +138,9 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
     provider = ctx.providers[node["provider"]]
     token = ctx.node_token(node["id"])
     offer = Offer(**node["offer"])
+    gang_size = store.job(node["job_id"])["spec"]["resources"].get("num_nodes", 1)
     request = LaunchRequest(node["id"], node["job_id"], node["attempt"], offer, node["spot"],
-                            NodeBootstrap(ctx.controller_url, node["id"], token))
+                            NodeBootstrap(ctx.controller_url, node["id"], token), gang_size=gang_size)
     key = (offer.cloud, offer.zone, offer.instance_type)
     backoff = ctx.backoff if node["spot"] else ctx.on_demand_backoff
     try:

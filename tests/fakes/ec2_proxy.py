@@ -11,6 +11,10 @@ Every request is forwarded unchanged and every answer comes back unchanged, exce
 - ``reclaim_as_spot(instance_id)``: ``DescribeInstances`` answers show the instance with the state reason
   of a spot interruption (``Server.SpotInstanceTermination``); the test terminates it in moto itself.
 
+- ``CreatePlacementGroup`` (which moto lacks) is answered by the proxy: ``placement_groups`` maps each
+  group's name to its strategy; a second group of one name gets ``InvalidPlacementGroup.Duplicate``.
+  ``launch_groups`` records the ``Placement.GroupName`` of every ``RunInstances`` (None without one).
+
 Point a client at ``url`` (``AWS_ENDPOINT_URL``). ``refusals`` records each refused launch.
 """
 
@@ -77,6 +81,8 @@ class EC2Proxy:
         self._rule: tuple[str, frozenset[str] | None, str | None] | None = None
         self._reclaimed: set[str] = set()
         self.refusals: list[Refusal] = []
+        self.placement_groups: dict[str, str] = {}
+        self.launch_groups: list[str | None] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -110,6 +116,26 @@ class EC2Proxy:
             self._thread.join(5)
 
     # --- the proxy ------------------------------------------------------------------------------
+    def _placement_group(self, params: dict[str, str]) -> tuple[int, bytes] | None:
+        """Answer CreatePlacementGroup as EC2 would; record the group of every launch."""
+        action = params.get("Action")
+        if action == "RunInstances":
+            with self._lock:
+                self.launch_groups.append(params.get("Placement.GroupName"))
+            return None
+        if action != "CreatePlacementGroup":
+            return None
+        name = params.get("GroupName", "")
+        with self._lock:
+            if name in self.placement_groups:
+                return 400, error_body("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
+            self.placement_groups[name] = params.get("Strategy", "")
+        return 200, (f'<?xml version="1.0" encoding="UTF-8"?>\n<CreatePlacementGroupResponse '
+                     f'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>{uuid.uuid4()}</requestId>'
+                     f"<placementGroup><groupName>{escape(name)}</groupName><strategy>"
+                     f"{escape(params.get('Strategy', ''))}</strategy><state>available</state></placementGroup>"
+                     "</CreatePlacementGroupResponse>").encode()
+
     def _refusal(self, params: dict[str, str]) -> tuple[int, bytes] | None:
         if params.get("Action") != "RunInstances":
             return None
@@ -170,7 +196,7 @@ class EC2Proxy:
                 params = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
                 if "x-www-form-urlencoded" in (self.headers.get("Content-Type") or ""):
                     params.update({k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()})
-                refused = proxy._refusal(params)
+                refused = proxy._refusal(params) or proxy._placement_group(params)
                 if refused is not None:
                     self._answer(refused[0], [("Content-Type", "text/xml;charset=UTF-8"),
                                               ("Date", self.date_time_string())], refused[1])

@@ -34,6 +34,8 @@ from .requests import (
     node_status,
     parse_ref,
     pick_instance,
+    placement_group_name,
+    placement_group_params,
     run_instances_params,
 )
 
@@ -241,6 +243,8 @@ class AWSProvider(Provider):
         user_data = render_bootstrap(request.bootstrap, cloud="aws", zone=offer.zone,
                                      package=self.settings.agent_package)
         params = run_instances_params(request, settings, user_data, subnet_id)
+        if "GroupName" in params.get("Placement", {}):
+            self._ensure_placement_group(client, request.job_id, action)
         with translated(action):
             instance = instances_in(client.run_instances(**params))[0]
         ref = format_ref(offer.region, instance["InstanceId"])
@@ -249,6 +253,17 @@ class AWSProvider(Provider):
         log.info("node launched", node=request.node_id, ref=ref, zone=offer.zone, type=offer.instance_type,
                  spot=request.spot)
         return ref
+
+    def _ensure_placement_group(self, client, job_id: str, action: str) -> None:
+        """Create the job's cluster placement group unless it exists (one per job, kept across attempts)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            client.create_placement_group(**placement_group_params(job_id))
+            log.info("placement group created", job=job_id, group=placement_group_name(job_id))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidPlacementGroup.Duplicate":
+                raise translate(exc, f"{action} (creating placement group {placement_group_name(job_id)})") from exc
 
     def _find(self, client, node_id: str) -> dict | None:
         """The instance already launched for ``node_id`` in the client's region, if any."""

@@ -65,6 +65,37 @@ def instance_profile(value: str) -> dict:
     return {"Arn": value} if value.startswith("arn:") else {"Name": value}
 
 
+# Instance families that a cluster placement group packs onto one low-latency network segment (EFA and
+# high-bandwidth types; burstable and most small types cannot join one).
+CLUSTER_PLACEMENT_FAMILIES = frozenset({
+    "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g4dn", "g5", "g6", "g6e", "trn1", "trn1n", "trn2",
+    "inf2", "dl1", "c5n", "c6in", "c7gn", "hpc6a", "hpc7g",
+})
+
+
+def supports_cluster_placement(instance_type: str) -> bool:
+    """Whether an instance type can launch into a cluster placement group."""
+    return instance_type.split(".")[0] in CLUSTER_PLACEMENT_FAMILIES
+
+
+def placement_group_name(job_id: str) -> str:
+    """One cluster placement group per job (every attempt's gang joins it; it costs nothing)."""
+    return f"runner-{job_id}"
+
+
+def placement_group_params(job_id: str) -> dict:
+    """Keyword arguments of ``ec2.create_placement_group`` for a job's gang."""
+    return {"GroupName": placement_group_name(job_id), "Strategy": "cluster",
+            "TagSpecifications": [{"ResourceType": "placement-group", "Tags": [{"Key": TAG_JOB, "Value": job_id}]}]}
+
+
+def gang_placement_group(request: LaunchRequest) -> str | None:
+    """The placement group a node launches into: its job's, for a gang of a type that supports one."""
+    if request.gang_size > 1 and supports_cluster_placement(request.offer.instance_type):
+        return placement_group_name(request.job_id)
+    return None
+
+
 def run_instances_params(request: LaunchRequest, settings: RegionSettings, user_data: str,
                          subnet_id: str | None = None) -> dict:
     """Keyword arguments of ``ec2.run_instances`` for one node.
@@ -92,6 +123,9 @@ def run_instances_params(request: LaunchRequest, settings: RegionSettings, user_
         params["SubnetId"] = subnet_id
     else:
         params["Placement"] = {"AvailabilityZone": offer.zone}
+    group = gang_placement_group(request)
+    if group:  # a gang: every node of the job in one cluster placement group (all in the offer's zone)
+        params["Placement"] = {**params.get("Placement", {}), "GroupName": group}
     if request.spot:
         params["InstanceMarketOptions"] = {
             "MarketType": "spot",

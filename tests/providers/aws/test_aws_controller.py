@@ -236,3 +236,29 @@ def test_an_unauthorized_launch_fails_the_job_with_a_message_naming_the_fix(tmp_
     job = runner.wait_for(job_id, lambda j: j["state"] == "FAILED", timeout=30, what="the failure")
     assert "UnauthorizedOperation" in job["message"] and "IAM policy in docs/aws.md" in job["message"]
     assert len(proxy.refusals) == 1 and not _job_instances(session, job_id)
+
+
+def test_a_gang_launches_every_node_in_one_zone_and_one_cluster_placement_group(tmp_path, moto_endpoint, ami,
+                                                                                  session):
+    """num_nodes 2 of a g5 type: two tagged instances in one zone, both launched into the job's cluster
+    placement group, which is created once."""
+    home = tmp_path / "home"
+    home.mkdir()
+    gang = ("name: gang-on-aws\nrun: torchrun train.py\n"
+            "resources: {cloud: [aws], accelerators: 'A10G:4', num_nodes: 2}\n" + CHECKPOINT)
+    with EC2Proxy(moto_endpoint) as proxy:
+        ctl, runner = _start(home, ami, proxy.url)
+        try:
+            job_id = runner.json("submit", str(write_job(tmp_path / "j", gang)))["id"]
+            runner.wait_for(job_id, lambda j: len(_instances(session, job_id)) == 2, what="both launches")
+            instances = _instances(session, job_id)
+            assert len({i["Placement"]["AvailabilityZone"] for i in instances}) == 1
+            assert proxy.placement_groups == {f"runner-{job_id}": "cluster"}
+            assert proxy.launch_groups == [f"runner-{job_id}"] * 2
+            (row,) = runner.json("restarts", job_id)
+            assert [n["rank"] for n in row["nodes"]] == [0, 1]
+            assert {n["zone"] for n in row["nodes"]} == {instances[0]["Placement"]["AvailabilityZone"]}
+            runner("cancel", job_id)
+        finally:
+            ctl.stop()
+            kill_nodes(home)

@@ -13,7 +13,9 @@ from runner.providers.aws.requests import (
     node_status,
     parse_ref,
     pick_instance,
+    placement_group_params,
     run_instances_params,
+    supports_cluster_placement,
 )
 from runner.providers.base import LaunchRequest, NodeBootstrap, NodeStatus
 from runner.providers.offers import Offer
@@ -149,3 +151,29 @@ def test_instances_are_read_from_reservations_or_a_run_answer():
         {"InstanceId": "i-1"}, {"InstanceId": "i-2"}]
     assert instances_in({"Instances": [{"InstanceId": "i-3"}]}) == [{"InstanceId": "i-3"}]
     assert instances_in({}) == []
+
+
+def gang_request(instance_type: str, gang_size: int = 2) -> LaunchRequest:
+    offer = Offer("aws", "us-east-1", "us-east-1b", instance_type, "A100", 8, 96, 1152.0, 9.8, 32.77)
+    return LaunchRequest("n-8", "j-1", 1, offer, True, NodeBootstrap("http://ctl:8470", "n-8", "tok"),
+                         gang_size=gang_size)
+
+
+def test_a_gang_node_of_a_supported_type_joins_its_jobs_cluster_placement_group():
+    """p4d in a gang of 2: Placement names the job's group and keeps the zone."""
+    params = run_instances_params(gang_request("p4d.24xlarge"), SETTINGS, "")
+    assert params["Placement"] == {"AvailabilityZone": "us-east-1b", "GroupName": "runner-j-1"}
+
+
+def test_a_single_node_or_an_unsupported_type_gets_no_placement_group():
+    """One node, or a t3 gang, launches without a GroupName."""
+    assert "GroupName" not in run_instances_params(gang_request("p4d.24xlarge", 1), SETTINGS, "")["Placement"]
+    assert "GroupName" not in run_instances_params(gang_request("t3.large"), SETTINGS, "")["Placement"]
+
+
+def test_the_placement_group_is_a_cluster_group_tagged_with_the_job():
+    """create_placement_group parameters: cluster strategy, the job's name and tag."""
+    params = placement_group_params("j-1")
+    assert params["GroupName"] == "runner-j-1" and params["Strategy"] == "cluster"
+    assert params["TagSpecifications"][0]["Tags"] == [{"Key": "runner:job", "Value": "j-1"}]
+    assert supports_cluster_placement("g5.48xlarge") and not supports_cluster_placement("m5.large")
