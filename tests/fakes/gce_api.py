@@ -18,6 +18,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +29,7 @@ from loopback import LoopbackServer
 BASE = "https://www.googleapis.com/compute/v1"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 ZONE_PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/(?P<rest>.+)$")
+POLICY_PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)/resourcePolicies$")
 CLAUSE = re.compile(r'^\(?\s*(?P<key>[\w.\-]+)\s*(?P<op>=|!=|eq|ne)\s*"?(?P<value>[^"()]*?)"?\s*\)?$')
 
 
@@ -62,6 +64,7 @@ class FakeGCE(LoopbackServer):
     project: str = "test-project"
     requests: list[Recorded] = field(default_factory=list)
     instances: dict[tuple[str, str], dict] = field(default_factory=dict)  # (zone, name) -> instance JSON
+    policies: dict[tuple[str, str], dict] = field(default_factory=dict)  # (region, name) -> resource policy JSON
     operations: dict[str, list[dict]] = field(default_factory=dict)  # zone -> its operations, oldest first
 
     def __post_init__(self):
@@ -171,6 +174,9 @@ class FakeGCE(LoopbackServer):
             if self._transient:
                 status = self._transient.pop(0)
                 raise APIError(status, "backendError", f"Internal error (fake {status}). Please try again.")
+            policy = POLICY_PATH.match(path)
+            if policy and policy["project"] == self.project and method == "POST":
+                return 200, self._insert_policy(policy["region"], body or {})
             match = ZONE_PATH.match(path)
             if not match or match["project"] != self.project:
                 raise APIError(404, "notFound", f"The resource '{path}' was not found")
@@ -202,6 +208,19 @@ class FakeGCE(LoopbackServer):
                 raise APIError(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}"
                                f"/operations/{parts[1]}' was not found")
             raise APIError(400, "invalid", f"the fake does not implement {method} {path}")
+
+    def _insert_policy(self, region: str, body: dict) -> dict:
+        """resourcePolicies.insert: the policy exists at once; its region operation comes back DONE."""
+        name = body.get("name", "")
+        if (region, name) in self.policies:
+            raise APIError(409, "alreadyExists",
+                           f"The resource 'projects/{self.project}/regions/{region}/resourcePolicies/{name}' "
+                           "already exists")
+        self.policies[(region, name)] = {**body, "region": region, "status": "READY"}
+        region_url = f"https://www.googleapis.com/compute/v1/projects/{self.project}/regions/{region}"
+        return {"kind": "compute#operation", "name": f"operation-{uuid.uuid4().hex[:12]}", "status": "DONE",
+                "progress": 100, "operationType": "insert", "region": region_url,
+                "targetLink": f"{region_url}/resourcePolicies/{name}", "insertTime": _now(), "endTime": _now()}
 
     def _insert(self, zone: str, request_id: str | None, body: dict) -> dict:
         if request_id and request_id in self._by_request_id:

@@ -76,6 +76,8 @@ class GCPProvider(Provider):
             raise ProviderError(f"{what}: the offer is not in clouds.gcp.zones ({', '.join(self.config.zones)})")
         script = render_bootstrap(request.bootstrap, cloud="gcp", zone=zone, package=self.config.agent_package)
         body = build.instance_body(self.config, request, script)
+        if body.get("resourcePolicies"):
+            self._ensure_placement_policy(request.job_id, build.region_of(zone), what)
         from google.cloud import compute_v1
 
         instances, _ = self._client()
@@ -91,6 +93,36 @@ class GCPProvider(Provider):
             raise failure
         log.info("gcp node launched", node=request.node_id, zone=zone, vm=name, spot=request.spot)
         return build.make_ref(zone, name)
+
+    def _ensure_placement_policy(self, job_id: str, region: str, what: str) -> None:
+        """Create the job's compact placement policy unless it exists (one per job, kept across attempts)."""
+        from google.cloud import compute_v1
+
+        policies = self._policies_client()
+        body = build.placement_policy_body(job_id)
+        insert = compute_v1.InsertResourcePolicyRequest(
+            project=self.config.project, region=region, request_id=build.request_id(f"policy-{job_id}"),
+            resource_policy_resource=compute_v1.ResourcePolicy.from_json(json.dumps(body)))
+        operation = self._call(f"{what}: creating placement policy {body['name']}", policies.insert_unary,
+                               request=insert, conflict_ok=True)
+        if operation is not CONFLICT:
+            failure = operation_error(_as_dict(operation), where=f"{what}: placement policy {body['name']}")
+            if failure is not None:
+                raise failure
+            log.info("gcp placement policy created", job=job_id, policy=body["name"], region=region)
+
+    def _policies_client(self):
+        with self._lock:
+            if getattr(self, "_policies", None) is None:
+                from google.cloud import compute_v1
+
+                credentials, options = self._credentials_and_options()
+                try:
+                    self._policies = compute_v1.ResourcePoliciesClient(
+                        credentials=credentials, client_options=options, transport="rest")
+                except _api_errors() as exc:
+                    raise api_error(exc, where="connecting to the Compute API") from exc
+            return self._policies
 
     def _adopt(self, node_id: str, zone: str, name: str, what: str) -> str:
         instance = self._get(zone, name, what)
@@ -216,9 +248,9 @@ class GCPProvider(Provider):
                 self._clients = self._build_clients()
             return self._clients
 
-    def _build_clients(self):
+    def _credentials_and_options(self):
+        """The credentials and client options every client uses (anonymous against an ``http://`` endpoint)."""
         from google.api_core.client_options import ClientOptions
-        from google.cloud import compute_v1
 
         credentials = self._credentials
         options = None
@@ -228,6 +260,12 @@ class GCPProvider(Provider):
                 from google.auth.credentials import AnonymousCredentials
 
                 credentials = AnonymousCredentials()
+        return credentials, options
+
+    def _build_clients(self):
+        from google.cloud import compute_v1
+
+        credentials, options = self._credentials_and_options()
         try:
             return (compute_v1.InstancesClient(credentials=credentials, client_options=options, transport="rest"),
                     compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options,

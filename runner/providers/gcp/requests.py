@@ -217,6 +217,36 @@ def network_interface(config: GCPConfig, zone: str) -> dict:
     return interface
 
 
+# Machine series that a compact placement policy can place close together (low network latency).
+COMPACT_PLACEMENT_SERIES = frozenset({"a2", "a3", "a4", "g2", "c2", "c2d", "c3", "c3d", "c4", "h3", "n2", "n2d"})
+
+
+def supports_compact_placement(instance_type: str) -> bool:
+    """Whether a machine type's series takes a compact placement policy."""
+    return instance_type.split("-")[0] in COMPACT_PLACEMENT_SERIES
+
+
+def placement_policy_name(job_id: str) -> str:
+    """One compact placement policy per job (every attempt's gang uses it); a valid resource name."""
+    cleaned = re.sub(r"[^a-z0-9-]", "-", job_id.lower())
+    return (NAME_PREFIX + cleaned)[:MAX_NAME].rstrip("-")
+
+
+def placement_policy_body(job_id: str) -> dict:
+    """The REST body of ``resourcePolicies.insert``: VMs that use it are collocated. No ``vmCount``: a
+    replacement may join while the VM it replaces is still being deleted."""
+    return {"name": placement_policy_name(job_id), "description": f"runner gang of job {job_id}",
+            "groupPlacementPolicy": {"collocation": "COLLOCATED"}}
+
+
+def gang_placement_policy(config: GCPConfig, request: LaunchRequest) -> str | None:
+    """The resource policy URL a node uses: its job's, for a gang of a series that supports one."""
+    if request.gang_size > 1 and supports_compact_placement(request.offer.instance_type):
+        region = region_of(request.offer.zone)
+        return f"projects/{config.project}/regions/{region}/resourcePolicies/{placement_policy_name(request.job_id)}"
+    return None
+
+
 def instance_body(config: GCPConfig, request: LaunchRequest, startup_script: str) -> dict:
     """The REST body of ``instances.insert`` for one node."""
     offer = request.offer
@@ -243,6 +273,9 @@ def instance_body(config: GCPConfig, request: LaunchRequest, startup_script: str
     }
     if accelerators:
         body["guestAccelerators"] = accelerators
+    policy = gang_placement_policy(config, request)
+    if policy:  # a gang: its VMs collocated by the job's compact placement policy
+        body["resourcePolicies"] = [policy]
     if config.service_account:
         body["serviceAccounts"] = [{"email": config.service_account, "scopes": [CLOUD_PLATFORM_SCOPE]}]
     return body

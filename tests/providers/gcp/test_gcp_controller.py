@@ -196,3 +196,18 @@ def test_a_job_with_no_bucket_anywhere_is_refused_naming_durable_url(tmp_path, g
         assert gce.calls("POST", "/instances") == []
     finally:
         controller.stop()
+
+
+def test_a_gang_launches_every_vm_in_one_zone_under_the_jobs_compact_placement_policy(tmp_path, cluster):
+    """num_nodes 2 of an L4 (G2) type: two VMs in one zone, both naming one compact placement policy."""
+    gang = ("name: gang-on-gcp\nrun: torchrun train.py\n"
+            "resources: {cloud: [gcp], accelerators: 'L4:1', num_nodes: 2}\nrecovery: {resume_drill: 'off'}\n")
+    job_id = cluster.runner.json("submit", str(write_job(tmp_path / "gang", gang)))["id"]
+    vms = eventually(lambda: (lambda found: found if len(found) == 2 else None)(cluster.vms(job_id)), "two VMs")
+    assert len({zone_of(vm) for vm in vms}) == 1
+    (policy,) = cluster.gce.policies.values()
+    assert policy["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}
+    assert all(vm["resourcePolicies"] == [vms[0]["resourcePolicies"][0]] for vm in vms)
+    assert vms[0]["resourcePolicies"][0].endswith(f"/regions/us-central1/resourcePolicies/{policy['name']}")
+    (row,) = cluster.restarts(job_id)
+    assert [n["rank"] for n in row["nodes"]] == [0, 1]

@@ -175,3 +175,23 @@ def test_a_ref_is_zone_slash_name():
     assert parse_ref("us-central1-a/runner-n-1") == ("us-central1-a", "runner-n-1")
     with pytest.raises(ProviderError):
         parse_ref("runner-n-1")
+
+
+def test_a_gang_vm_of_a_compact_series_names_its_jobs_placement_policy():
+    """A G2 VM of a 2-node gang carries the job's resource policy; a single node or an N1 gang does not."""
+    from runner.providers.base import LaunchRequest, NodeBootstrap
+    from runner.providers.gcp.requests import placement_policy_body, supports_compact_placement
+
+    def body(instance_type: str, gang_size: int) -> dict:
+        gpu = "T4" if instance_type.startswith("n1-") else "L4"
+        offer = Offer("gcp", "us-central1", "us-central1-a", instance_type, gpu, 1, 4, 16.0, 0.28, 0.71)
+        request = LaunchRequest("n-1", "Job-1", 1, offer, True, NodeBootstrap("http://c", "n-1", "t"),
+                                gang_size=gang_size)
+        return instance_body(parse_config(CONFIG), request, "#!/bin/sh")
+
+    assert body("g2-standard-4", 2)["resourcePolicies"] == [
+        f"projects/{CONFIG['project']}/regions/us-central1/resourcePolicies/runner-job-1"]
+    assert "resourcePolicies" not in body("g2-standard-4", 1) and "resourcePolicies" not in body("n1-standard-8", 2)
+    assert placement_policy_body("Job-1")["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}
+    assert supports_compact_placement("a3-highgpu-8g") and not supports_compact_placement("e2-medium")
+
