@@ -5,12 +5,11 @@ The job is always taken from the token's node row, never from the request body.
 
 from __future__ import annotations
 
-import base64
 import time
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..scheduler.attempts import end_attempt
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
@@ -20,7 +19,7 @@ from ..scheduler.transitions import transition
 from ..state.store import NODE_RUNNING
 from ..scheduler.states import TERMINAL
 from ..wire import EXIT_REASONS, STOPPED_BY_PEER
-from . import gang_agent, metrics
+from . import gang_agent, metrics, reports
 from .auth import Principal, require_node
 
 router = APIRouter(prefix="/v1/agent")
@@ -126,7 +125,7 @@ def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(requir
     job, attempt = _current(state, who)
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, who.node["id"], last_heartbeat=time.time(),
-                                progress={"phase": body.phase, **(body.progress or {})})
+                                progress={"phase": body.phase, **(reports.progress(body.progress) or {})})
     kept = attempt is None and gang_agent.is_gang(job) and job["state"] not in TERMINAL
     if (attempt is None and not kept) or who.node["state"] != NODE_RUNNING:
         return {"action": "shutdown"}
@@ -138,7 +137,7 @@ def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(requir
 
 
 class LogChunk(BaseModel):
-    offset: int
+    offset: int = Field(ge=0, le=reports.MAX_INT)
     data_b64: str
 
 
@@ -146,7 +145,7 @@ class LogChunk(BaseModel):
 def logs(body: LogChunk, request: Request, who: Principal = Depends(require_node)):
     """Append output of this node's attempt; reply with the offset to send next."""
     state = _state(request)
-    data = base64.b64decode(body.data_b64)
+    data = reports.base64_bytes(body.data_b64, "data_b64")
     size = state.logs.append(who.node["job_id"], who.node["attempt"], body.offset, data, node=who.node["rank"])
     return {"offset": size}
 
@@ -176,6 +175,7 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
             state.store.add_event(tx, job_id, "notice", f"{body.data.get('source')} {body.data.get('action')} "
                                   f"notice, deadline {body.data.get('deadline')}", attempt=attempt)
         elif body.kind == "checkpoint":
+            reports.step(body.data.get("step"), "data.step")
             if not body.data.get("durable"):
                 return {"accepted": False}  # only a checkpoint on the durable tier survives the node
             checkpoint = {**body.data, "attempt": attempt, "time": body.data.get("time", time.time())}
@@ -234,6 +234,7 @@ def _drill_exit(state, node: dict, body: ExitReport) -> dict:
                                 force_state=FAILED)
         state.scheduler.nudge.set()
         return {"state": new_state}
+    reports.step(drill.get("checkpoint_step"), "drill.checkpoint_step")
     attempt = restart_after_drill(state.store, node, int(drill["checkpoint_step"]), float(drill.get("seconds", 0)),
                                   exit_code=body.exit_code)
     if attempt is None:
@@ -244,8 +245,8 @@ def _drill_exit(state, node: dict, body: ExitReport) -> dict:
 
 class DrillResult(BaseModel):
     passed: bool | None
-    checkpoint_step: int | None = None
-    resumed_step: int | None = None
+    checkpoint_step: int | None = Field(default=None, ge=0, le=reports.MAX_INT)
+    resumed_step: int | None = Field(default=None, ge=0, le=reports.MAX_INT)
     seconds: float | None = None
     message: str | None = None
     ranks: dict[str, int | None] | None = None  # of a gang: each global rank's restored step on this node

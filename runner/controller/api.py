@@ -7,7 +7,7 @@ import os
 import secrets
 import time
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel
 
 from .. import wire
@@ -15,6 +15,7 @@ from ..scheduler.states import TERMINAL
 from ..spec import SpecError, validate_job
 from ..state.store import NODE_RUNNING
 from .auth import Principal, require_admin, require_job_access
+from .reports import MAX_INT
 
 router = APIRouter(prefix="/v1")
 MAX_WORKDIR_BYTES = 256 << 20
@@ -165,14 +166,16 @@ ATTEMPT_EVENT_KINDS = ("notice", "rebalance", "maintenance", "chaos")
 
 
 @router.get("/jobs/{job_id}/events")
-def events(job_id: str, request: Request, after: int = 0, who: Principal = Depends(require_job_access)):
+def events(job_id: str, request: Request, after: int = Query(0, ge=0, le=MAX_INT),
+           who: Principal = Depends(require_job_access)):
     state = _state(request)
     _job_or_404(state, job_id)
     return [{**e, "time": wire.iso(e["time"])} for e in state.store.events(job_id, after)]
 
 
 @router.get("/jobs/{job_id}/logs")
-def logs(job_id: str, request: Request, attempt: int, offset: int = 0, node: int = 0,
+def logs(job_id: str, request: Request, attempt: int = Query(ge=1, le=MAX_INT),
+         offset: int = Query(0, ge=0, le=MAX_INT), node: int = Query(0, ge=0, le=MAX_INT),
          who: Principal = Depends(require_job_access)):
     """A slice of one attempt's output (of one node rank, for a multi-node job); ``complete`` once the
     attempt has ended and all of it was read."""

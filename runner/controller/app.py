@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ..scheduler.reconciler import SchedulerContext
 from ..state import Store
+from .auth import principal
 from .logstore import LogStore
 
 
@@ -30,7 +31,8 @@ class ControllerState:
 def create_app(state: ControllerState) -> FastAPI:
     from . import agent_api, api, metrics
 
-    app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None)
+    # No /openapi.json: every endpoint needs a token, and the API's description is not one to hand out.
+    app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.controller = state
     app.include_router(api.router)
     app.include_router(agent_api.router)
@@ -38,6 +40,10 @@ def create_app(state: ControllerState) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError):
+        try:  # the body is read and checked before the route's token check: a caller without one learns nothing
+            principal(request)
+        except HTTPException as refused:
+            return JSONResponse({"detail": refused.detail}, status_code=refused.status_code, headers=refused.headers)
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=422)

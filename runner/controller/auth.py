@@ -59,7 +59,7 @@ def principal(request: Request) -> Principal:
     """Who is calling: the admin, or a node whose node row is not terminated."""
     token = _bearer(request)
     state = request.app.state.controller
-    if hmac.compare_digest(token, state.admin_token):
+    if hmac.compare_digest(token.encode(), state.admin_token.encode()):  # bytes: a non-ASCII token is just wrong
         return Principal("admin")
     node = state.store.node_by_token_hash(hash_token(token))
     if node is None or node["state"] == NODE_TERMINATED:

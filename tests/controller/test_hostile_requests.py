@@ -1,0 +1,89 @@
+"""Requests an attacker or a broken agent sends: refused with 401 or 422 naming the field, never a 500."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import yaml
+
+from types import SimpleNamespace
+
+from conftest import Controller, Runner, kill_nodes, write_job
+
+SLEEPER = """
+name: sleeper
+run: sleep 600
+resources: {cloud: [local]}
+recovery: {resume_drill: "off"}
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One controller for the module, with one running job and the headers of its node's token."""
+    home = tmp_path_factory.mktemp("hostile") / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    try:
+        job_id = runner.json("submit", str(write_job(home.parent / "job", SLEEPER)))["id"]
+        runner.wait_for(job_id, lambda j: j["state"] == "RUNNING", what="running")
+        node = runner.json("status", job_id)["current_attempt"]["node"]
+        token = next(yaml.safe_load(c.read_text())["token"] for c in home.glob("nodes/*/agent.yaml")
+                     if yaml.safe_load(c.read_text())["node_id"] == node)
+        yield SimpleNamespace(controller=controller, runner=runner, job_id=job_id,
+                              node_headers={"Authorization": f"Bearer {token}"})
+    finally:
+        controller.stop()
+        kill_nodes(home)
+
+
+def test_a_non_ascii_bearer_token_is_401(server):
+    """A token with non-ASCII characters is a wrong token (401), not a crash in the comparison (500)."""
+    headers = {"Authorization": "Bearer t\u00f6ken-\u00e9\u00e9".encode().decode("latin-1")}
+    assert requests.get(server.controller.url + "/v1/jobs", headers=headers, timeout=10).status_code == 401
+
+
+def test_the_api_description_is_not_served_without_a_token(server):
+    """/openapi.json does not hand the API's description to anyone who asks."""
+    response = requests.get(server.controller.url + "/openapi.json", timeout=10)
+    assert response.status_code in (401, 404) and "paths" not in response.text
+
+
+def test_a_malformed_body_without_a_token_is_401_not_422(server):
+    """The token is checked before the body: a caller without one is told nothing about the body."""
+    response = requests.post(server.controller.url + "/v1/jobs", data=b"{not json", timeout=10,
+                             headers={"content-type": "application/json"})
+    assert response.status_code == 401
+
+
+def test_an_event_cursor_beyond_64_bits_is_422(server):
+    """events?after=2**70 is refused naming the parameter instead of overflowing SQLite (500)."""
+    response = requests.get(f"{server.controller.url}/v1/jobs/{server.job_id}/events", params={"after": 2**70},
+                            headers=server.controller.headers(), timeout=10)
+    assert response.status_code == 422 and "after" in response.json()["detail"]
+
+
+def test_agent_output_that_is_not_base64_is_422(server):
+    """A log chunk with bad base64 is refused naming data_b64 instead of failing the decode (500)."""
+    response = requests.post(server.controller.url + "/v1/agent/logs", timeout=10, headers=server.node_headers,
+                             json={"offset": 0, "data_b64": "@@not base64@@"})
+    assert response.status_code == 422 and "data_b64" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("step", ["abc", -5, 2**70, True])
+def test_a_checkpoint_report_whose_step_is_not_a_step_is_refused_and_not_shown(server, step):
+    """A durable checkpoint 'at step abc' or '-5' is refused (422) and the job's step stays as it was."""
+    response = requests.post(server.controller.url + "/v1/agent/events", headers=server.node_headers, timeout=10,
+                             json={"kind": "checkpoint", "data": {"step": step, "durable": True, "seconds": 0.1}})
+    assert response.status_code == 422 and "step" in response.json()["detail"]
+    assert server.runner.json("status", server.job_id)["step"] == 0
+
+
+def test_a_heartbeat_with_a_step_that_is_not_a_step_is_refused(server):
+    """Progress 'checkpoint_step: abc' in a heartbeat, shown by `runner status`, is refused (422)."""
+    response = requests.post(server.controller.url + "/v1/agent/heartbeat", headers=server.node_headers, timeout=10,
+                             json={"phase": "running", "progress": {"checkpoint_step": "abc"}})
+    assert response.status_code == 422 and "progress.checkpoint_step" in response.json()["detail"]
