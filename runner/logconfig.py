@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import TextIO
 
@@ -46,6 +47,14 @@ class _Tee:
             pass
 
 
+def _log_thread_crash(args: threading.ExceptHookArgs) -> None:
+    """A thread that dies of an exception: one JSON line with its traceback, not a bare traceback on stderr."""
+    if args.exc_type is SystemExit:
+        return
+    structlog.get_logger(__name__).error("thread crashed", thread=getattr(args.thread, "name", None),
+                                         exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+
 def configure_logging(json_file: Path | None = None, level: str = "info", stream=None,
                       to_stderr: bool | None = None) -> None:
     """Route structlog (and the stdlib loggers it wraps) to a JSON file or a readable stream.
@@ -79,7 +88,15 @@ def configure_logging(json_file: Path | None = None, level: str = "info", stream
         logger_factory=structlog.PrintLoggerFactory(file=handle),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=logging.WARNING, stream=handle, force=True)
+    stdlib = logging.StreamHandler(handle)
+    # Records of the stdlib loggers (uvicorn's "Exception in ASGI application", a library's warning) are rendered
+    # like structlog's own: in the JSON file one line each, their traceback in the "exception" field.
+    stdlib.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *processors],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
+    logging.basicConfig(level=logging.WARNING, handlers=[stdlib], force=True)
+    if json_file is not None:
+        threading.excepthook = _log_thread_crash
     if problem is not None:
         structlog.get_logger(__name__).warning("log file unusable; logging to stderr only", path=str(json_file),
                                                error=str(problem))
