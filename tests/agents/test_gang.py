@@ -1,0 +1,73 @@
+"""The agent's part in a gang, without processes: registration that waits, the job's variables, peer stops."""
+
+from __future__ import annotations
+
+import threading
+
+from agents.gang import GangRanks, gang_environment, node_address, register_for_attempt
+
+ASSIGNMENT = {"job_id": "j", "attempt": 3, "gang": {"num_nodes": 2, "node_rank": 1, "node_ips": ["10.0.0.1", "10.0.0.2"],
+                                                  "master_addr": "10.0.0.1", "master_port": 29611, "gpus_per_node": 8}}
+
+
+def test_registration_asks_again_while_the_controller_says_wait():
+    """Two waiting replies, then the assignment: it is returned, and every call sent the node's address."""
+    replies = iter([{"status": "waiting", "message": "ranks [1]", "retry_seconds": 0},
+                    {"status": "waiting", "message": "ranks [1]", "retry_seconds": 0}, ASSIGNMENT])
+    bodies = []
+
+    def register(body):
+        bodies.append(body)
+        return next(replies)
+
+    assert register_for_attempt(register, "10.0.0.2", threading.Event()) == ASSIGNMENT
+    assert bodies == [{"address": "10.0.0.2"}] * 3
+
+
+def test_a_refused_registration_ends_the_wait():
+    """The controller refuses the node (its job ended): None."""
+    assert register_for_attempt(lambda body: None, "10.0.0.2", threading.Event()) is None
+
+
+def test_the_job_gets_the_gang_variables_with_addresses_one_per_line():
+    """Every CONTRACT §7 variable, from the assignment's gang."""
+    assert gang_environment(ASSIGNMENT) == {
+        "RUNNER_NUM_NODES": "2", "RUNNER_NODE_RANK": "1", "RUNNER_NODE_IPS": "10.0.0.1\n10.0.0.2",
+        "RUNNER_MASTER_ADDR": "10.0.0.1", "RUNNER_MASTER_PORT": "29611", "RUNNER_GPUS_PER_NODE": "8"}
+
+
+def test_an_assignment_without_a_gang_adds_no_variables():
+    """A controller that sends no gang: the job's environment is as before."""
+    assert gang_environment({"job_id": "j", "attempt": 1}) == {}
+
+
+def test_a_stop_learned_from_a_peer_is_reported_as_such_whatever_the_exit_code():
+    """origin peer: succeeded and failed both become stopped-by-peer; a preemption stays a preemption."""
+    ranks = GangRanks()
+    assert ranks.on_stopping({"op": "stopping", "step": 7, "origin": "peer", "reason": "notice"})
+    assert ranks.exit_reason("succeeded") == ranks.exit_reason("failed") == "stopped-by-peer"
+    assert ranks.exit_reason("preempted") == "preempted"
+
+
+def test_a_stop_of_this_nodes_own_is_not_a_peers():
+    """origin self (or a library that sends no origin): the exit is reported as it is."""
+    ranks = GangRanks()
+    assert not ranks.on_stopping({"op": "stopping", "step": 7, "origin": "self"})
+    assert not ranks.on_stopping({"op": "stopping", "step": 7})
+    assert ranks.exit_reason("succeeded") == "succeeded"
+
+
+def test_the_drill_verdict_lists_every_local_rank_and_fails_on_a_different_step():
+    """Ranks 2 and 3 restored 40 and 38 of an expected 40: the verdict fails, naming rank 3."""
+    ranks = GangRanks()
+    ranks.on_restored({"op": "restored", "step": 40, "rank": 2})
+    ranks.on_restored({"op": "restored", "step": 38, "rank": 3})
+    verdict = ranks.drill_verdict({"passed": True, "resumed_step": 40, "checkpoint_step": 40}, expected=40)
+    assert verdict["ranks"] == {"2": 40, "3": 38} and verdict["passed"] is False
+    assert "rank 3 restored 38 instead of 40" in verdict["message"]
+
+
+def test_a_configured_address_wins_and_otherwise_the_route_to_the_controller_decides():
+    """address in the agent config is used as is; without it, the loopback controller gives 127.0.0.1."""
+    assert node_address("10.1.2.3", "http://10.0.0.9:8470") == "10.1.2.3"
+    assert node_address(None, "http://127.0.0.1:8470") == "127.0.0.1"
