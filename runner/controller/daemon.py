@@ -167,7 +167,8 @@ def serve(settings: ServerSettings) -> None:
 def _write_controller_file(data_dir: Path, url: str) -> None:
     (data_dir / LAST_PORT_FILE).write_text(url.rsplit(":", 1)[1])
     tmp = data_dir / (CONTROLLER_FILE + ".tmp")
-    tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    # "started" tells this process from a later one that happens to get the same pid.
+    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "started": process_start_ticks(os.getpid())}))
     tmp.replace(data_dir / CONTROLLER_FILE)
 
 
@@ -178,10 +179,29 @@ def _read_controller_file(data_dir: Path) -> dict | None:
         return None
 
 
+def _still_serving(data_dir: Path, running: dict) -> bool:
+    """Is the recorded pid still the controller that wrote the file, not a later process given its pid?"""
+    started = process_start_ticks(int(running["pid"]))
+    if started is None:
+        return False
+    if running.get("started") is not None:
+        return started == running["started"]
+    try:  # a file from before "started" was recorded: a controller is serving only while the lock is held
+        with open(data_dir / LOCK_FILE, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+
+
 def stop_running(data_dir: Path, timeout: float = 15.0) -> dict | None:
     """SIGTERM the controller serving ``data_dir`` and wait for it to exit; None if none was running."""
     running = _read_controller_file(data_dir)
     if not running:
+        return None
+    if not _still_serving(data_dir, running):
+        log.info("controller file is stale: its process is gone; nothing signalled", pid=running.get("pid"))
+        (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)
         return None
     try:
         os.kill(running["pid"], signal.SIGTERM)

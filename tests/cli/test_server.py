@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
+
+import pytest
 
 from conftest import Controller, write_job
 
@@ -62,3 +67,22 @@ def test_restarted_controller_keeps_jobs(tmp_path, runner, controller, home):
         assert runner.json("status", job_id)["state"] == "SUCCEEDED"
     finally:
         again.stop()
+
+
+@pytest.mark.parametrize("shape", ["as this version writes it", "as an older version wrote it"])
+def test_server_stop_never_signals_a_process_that_took_a_dead_controllers_pid(runner, home, shape):
+    """A controller.json left by a controller that died names a pid now someone else's: stop leaves it alone."""
+    from runner.providers.local.processes import process_start_ticks
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        record = {"url": "http://127.0.0.1:9", "pid": bystander.pid}
+        if shape == "as this version writes it":
+            record["started"] = process_start_ticks(bystander.pid) - 1  # the dead controller's start
+        (home / "controller.json").write_text(json.dumps(record))
+        result = runner("server", "stop")
+        assert result.returncode == 0 and "no controller is running" in result.stdout
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
