@@ -20,9 +20,9 @@ from .workdir import pack_workdir
 def submit(job_file: Path, follow: bool, as_json: bool):
     """Validate and submit a job file; print the job id."""
     spec = load_job_file(job_file)
-    client = connect()
-    upload = client.request("PUT", "/v1/workdirs", data=pack_workdir(Path(spec.workdir)),
-                            headers={"content-type": "application/gzip"})
+    with pack_workdir(Path(spec.workdir)) as packed:  # before connecting: a workdir too big is bad input
+        client = connect()
+        upload = client.request("PUT", "/v1/workdirs", data=packed, headers={"content-type": "application/gzip"})
     body = spec.model_dump()
     body.pop("workdir")
     job_id = client.post("/v1/jobs", {"spec": body, "workdir_digest": upload["digest"]})["id"]

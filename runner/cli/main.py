@@ -74,10 +74,6 @@ def _known_error(exc: Exception) -> str:
 
     if isinstance(exc, (ServerError, DatabaseError)):
         return str(exc)
-    from .workdir import WorkdirTooLarge
-
-    if isinstance(exc, WorkdirTooLarge):
-        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 

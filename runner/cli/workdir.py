@@ -1,31 +1,54 @@
-"""Packing a job's workdir for the controller."""
+"""Packing a job's workdir for the controller: streamed to a temporary file, refused as soon as it is too big."""
 
 from __future__ import annotations
 
-import io
 import tarfile
+import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
-EXCLUDED = {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", "checkpoints"}
+from ..spec import SpecError
+from ..spec.workdir import shipped
+
 MAX_BYTES = 256 << 20
 
 
-class WorkdirTooLarge(Exception):
-    pass
+class WorkdirTooLarge(SpecError):
+    """The packed workdir passes the controller's limit (bad input: exit 2)."""
 
 
-def pack_workdir(folder: Path) -> bytes:
-    """A gzipped tarball of ``folder`` without VCS data, caches, virtualenvs and local checkpoints."""
+class _Capped:
+    """A write-only file that raises WorkdirTooLarge once more than ``limit`` bytes were written to it."""
+
+    def __init__(self, out: BinaryIO, limit: int, folder: Path):
+        self.out, self.limit, self.folder, self.written = out, limit, folder, 0
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written > self.limit:
+            raise WorkdirTooLarge(str(self.folder), [
+                f"workdir: packs to more than {self.limit >> 20} MiB, the limit; move data sets out of it (read "
+                "them from the durable URL instead), or add them to .git, .venv or checkpoints/, which are not sent"])
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def pack_workdir(folder: Path) -> BinaryIO:
+    """A gzipped tarball of ``folder`` without VCS data, caches, virtualenvs and local checkpoints, in a temporary
+    file rewound for reading; packing stops with WorkdirTooLarge as soon as it passes MAX_BYTES."""
 
     def keep(info: tarfile.TarInfo):
-        parts = Path(info.name).parts
-        return None if any(p in EXCLUDED for p in parts) or info.name.endswith(".pyc") else info
+        return info if shipped(info.name) else None
 
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
-        tar.add(folder, arcname=".", filter=keep)
-    data = buffer.getvalue()
-    if len(data) > MAX_BYTES:
-        raise WorkdirTooLarge(f"workdir {folder} packs to {len(data) >> 20} MiB, over the 256 MiB limit; "
-                              "move data sets out of it (read them from the durable URL instead)")
-    return data
+    out = tempfile.TemporaryFile()
+    try:
+        with tarfile.open(fileobj=_Capped(out, MAX_BYTES, folder), mode="w:gz",
+                          compresslevel=6) as tar:
+            tar.add(folder, arcname=".", filter=keep)
+    except BaseException:
+        out.close()
+        raise
+    out.seek(0)
+    return out
