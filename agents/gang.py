@@ -84,7 +84,7 @@ class GangRanks:
     def __init__(self) -> None:
         self.peer_stop: dict | None = None
         self.restored: dict[str, int] = {}  # global rank (or pid when the library sends no rank) -> step
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     def reset(self) -> None:
         with self._lock:
@@ -114,6 +114,13 @@ class GangRanks:
         key = message.get("rank") if message.get("rank") is not None else f"pid {message.get('pid')}"
         with self._lock:
             self.restored[str(key)] = int(message.get("step") or 0)
+            self._lock.notify_all()
+
+    def wait_restored(self, ranks: int, timeout: float) -> bool:
+        """Wait until ``ranks`` local ranks have reported their restore (every rank restores collectively, so
+        they report together); False if some had not within ``timeout`` seconds."""
+        with self._lock:
+            return self._lock.wait_for(lambda: len(self.restored) >= ranks, timeout)
 
     def exit_reason(self, reason: str) -> str:
         """The exit to report: a job that stopped for a peer did neither succeed nor fail here."""

@@ -172,7 +172,10 @@ class Agent(AgentCore):
         return ("succeeded" if code == 0 else "failed"), code, None, None
 
     def _verify_drill(self, expected: int, started: float) -> None:
-        result = self.gang.drill_verdict(self.drill.verify_resume(expected, started), expected)
+        result = self.drill.verify_resume(expected, started)
+        if self.control is not None and result.get("passed"):  # every local rank's restore, not just the first
+            self.gang.wait_restored(len(self.control.trainees()), self.config.drill_timeout_seconds)
+        result = self.gang.drill_verdict(result, expected)
         log.info("resume drill verdict", **result)
         reply = self.reporter.drill(result)
         if reply and reply.get("action") == "shutdown":

@@ -71,3 +71,14 @@ def test_a_configured_address_wins_and_otherwise_the_route_to_the_controller_dec
     """address in the agent config is used as is; without it, the loopback controller gives 127.0.0.1."""
     assert node_address("10.1.2.3", "http://10.0.0.9:8470") == "10.1.2.3"
     assert node_address(None, "http://127.0.0.1:8470") == "127.0.0.1"
+
+
+def test_waiting_for_the_local_ranks_restores_ends_when_each_has_reported():
+    """Two ranks: the wait ends once the second reports, from another thread."""
+    ranks = GangRanks()
+    ranks.on_restored({"op": "restored", "step": 5, "rank": 0})
+    later = threading.Thread(target=ranks.on_restored, args=({"op": "restored", "step": 5, "rank": 1},))
+    later.start()
+    assert ranks.wait_restored(2, timeout=60)
+    later.join()
+    assert not GangRanks().wait_restored(1, timeout=0.01)

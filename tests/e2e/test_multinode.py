@@ -1,6 +1,8 @@
-"""A 2-node x 2-rank DDP job (torchrun, gloo, CPU) on the local provider loses node 1 to a notice.
+"""A 2-node x 2-rank DDP job (torchrun, gloo, CPU) on the local provider: the resume drill, then node 1 lost.
 
-`runner preempt JOB --node 1` sends the notice to node 1's metadata server only. Its agent asks its ranks
+The drill runs once for the gang: node 0's agent asks for it, every rank stops at one step, the gang
+restarts on the same two nodes, and every node checks that its ranks restored that step. Then
+`runner preempt JOB --node 1` sends a notice to node 1's metadata server only. Its agent asks its ranks
 for the emergency checkpoint; the collective Checkpointer stops every rank (node 0's too, through the
 process group) at one step. Node 0 is kept and waits for the next attempt; node 1 is replaced in the same
 zone; all four ranks resume from that checkpoint. The final weights equal those of the same 2 x 2 run
@@ -22,7 +24,7 @@ import yaml
 from conftest import REPO, Controller, Runner, kill_nodes, write_job
 
 TRAIN = REPO / "examples" / "multinode" / "train.py"
-ARGS = "--steps 240 --step-time 0.03 --log-every 10 --interval 1h"
+ARGS = "--steps 400 --step-time 0.03 --log-every 10 --interval 1h"
 TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
             "--master-addr={addr} --master-port={port}")
 JOB = f"""
@@ -32,7 +34,7 @@ run: >-
                    port="$RUNNER_MASTER_PORT")} train.py {ARGS}
 resources: {{cloud: [local], num_nodes: 2}}
 checkpoint: {{interval: 1h}}
-recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: "off"}}
+recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 5s}}
 """
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 
@@ -63,8 +65,9 @@ def uninterrupted_sha(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def preempted_gang(tmp_path_factory):
-    """Runs the scenario once: submit, node 0 reaches step 40, `runner preempt JOB --node 1`, the job ends.
-    Returns the CLI driver, the job id, the preempt command's output and the job's final status."""
+    """Runs the scenario once: submit; the drill ends attempt 1 and attempt 2 resumes; 20 steps later
+    `runner preempt JOB --node 1`; the job ends. Returns the CLI driver, the job id, the preempt command's
+    output and the job's final status."""
     home = tmp_path_factory.mktemp("home")
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
     controller = Controller(home).start()
@@ -74,8 +77,11 @@ def preempted_gang(tmp_path_factory):
         folder = tmp_path_factory.mktemp("job")
         shutil.copy(TRAIN, folder / "train.py")
         job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
-        runner.wait_for(job_id, lambda j: re.search(r"^step 40 ", runner("logs", job_id).stdout, re.M),
-                        timeout=240, what="node 0's output of step 40")
+        runner.wait_for(job_id, lambda j: j["attempts"] == 2, timeout=240, what="the drill's restart")
+        drill_step = runner.json("restarts", job_id)[0]["checkpoint_step"]
+        runner.wait_for(job_id, lambda j: any(int(n) >= drill_step + 20 for n in re.findall(
+            r"^step (\d+) ", runner("logs", job_id, "--attempt", "2").stdout, re.M)),
+            timeout=240, what="20 steps of attempt 2")
         preempted = runner("preempt", job_id, "--node", "1")
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=300, what="the end")
         yield runner, job_id, preempted, job
@@ -84,12 +90,24 @@ def preempted_gang(tmp_path_factory):
         kill_nodes(home)
 
 
+def test_the_drill_runs_once_for_the_gang_and_every_rank_restores_its_step(preempted_gang):
+    """Attempt 1 ends as the drill, both nodes kept; the drill passed with all four ranks at its step."""
+    runner, job_id, _, _ = preempted_gang
+    drilled, resumed, _ = runner.json("restarts", job_id)
+    assert drilled["end_reason"] == "drill" and [n["end_reason"] for n in drilled["nodes"]] == ["kept", "kept"]
+    assert [n["node"] for n in resumed["nodes"]] == [n["node"] for n in drilled["nodes"]]  # the same nodes
+    drill = drilled["drill"]
+    assert drill["passed"] is True and drill["resumed_step"] == drill["checkpoint_step"] == drilled["checkpoint_step"]
+    assert drill["ranks"] == {str(rank): drill["checkpoint_step"] for rank in range(4)}
+    assert resumed["resumed_from_step"] == drill["checkpoint_step"]
+
+
 def test_a_notice_to_node_1_keeps_node_0_and_replaces_node_1_in_its_zone(preempted_gang):
-    """One preemption, two attempts: node 1 preempted and replaced in the same zone, node 0 carried on."""
+    """One preemption after the drill: node 1 preempted and replaced in the same zone, node 0 carried on."""
     runner, job_id, preempted, job = preempted_gang
     assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
-    assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 2
-    first, second = runner.json("restarts", job_id)
+    assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 3
+    _, first, second = runner.json("restarts", job_id)
     assert first["end_reason"] == "preempted" and first["notice"]["node_rank"] == 1
     assert [(n["rank"], n["end_reason"]) for n in first["nodes"]] == [(0, "kept"), (1, "preempted")]
     assert second["nodes"][0]["node"] == first["nodes"][0]["node"]  # node 0 carried on
@@ -104,12 +122,12 @@ def test_a_notice_to_node_1_keeps_node_0_and_replaces_node_1_in_its_zone(preempt
 def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
     """All four ranks stop at the step of the emergency checkpoint, and all four resume from it."""
     runner, job_id, _, _ = preempted_gang
-    first, second = runner.json("restarts", job_id)
-    logs = runner("logs", job_id).stdout
+    _, first, second = runner.json("restarts", job_id)
+    logs = runner("logs", job_id, "--attempt", "2").stdout + runner("logs", job_id, "--attempt", "3").stdout
     stops = re.findall(r"^rank \d: stopping at step (\d+)", logs, re.M)
     assert len(stops) == 4 and len(set(stops)) == 1
     stopped_at = int(stops[0])
-    assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] > 40
+    assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] > first["resumed_from_step"]
     assert len(re.findall(rf"^rank \d/4: resumed from step {stopped_at}$", logs, re.M)) == 4
 
 
