@@ -22,7 +22,7 @@ from ..scheduler.states import PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from ..scheduler.transitions import AttemptEnd, transition
 from ..spec import Resources
 from ..state.gangs import GangStore
-from ..state.store import NODE_RUNNING
+from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..wire import REGISTER_WAITING, STOP_FOR_PEER
 
 
@@ -102,6 +102,8 @@ def exit_report(state, node: dict, reason: str, exit_code: int | None, message: 
             new_state = _restart_after_drill(state, current, drill or {}, exit_code)
         else:
             new_state = _settle(state, current, drill, message)
+    if reason == "preempted":
+        new_state = _release_preempted(state, node) or new_state
     state.scheduler.nudge.set()
     return {"state": new_state, "action": "stay" if _kept(state, node["id"]) else "shutdown"}
 
@@ -130,6 +132,23 @@ def _settle(state, current: dict, drill: dict | None, message: str | None) -> st
     return end_attempt(store, job_id, attempt, outcome.reason, ranks=outcome.ranks, drill=drill,
                        exit_code=codes.get(outcome.ranks[0]) if outcome.ranks else codes.get(0), message=text,
                        force_state=force)
+
+
+def _release_preempted(state, node: dict) -> str | None:
+    """A node that had its own notice goes, even when another node's preemption ended its attempt first
+    and it was kept: it is released, and an attempt planned with it ends (its rank is replaced)."""
+    store, gangs = state.store, GangStore(state.store)
+    new_state = None
+    planned = gangs.latest_for_node(node["id"])
+    current = store.current_attempt(node["job_id"])
+    if planned and current and planned["attempt"] == current["attempt"] != node["attempt"]:
+        new_state = end_attempt(store, node["job_id"], current["attempt"], "preempted", ranks=(planned["rank"],),
+                                message=f"node {node['id']} (rank {planned['rank']}) had a notice of its own")
+    with store.db.transaction() as tx:
+        if store.node(node["id"], tx)["state"] == NODE_RUNNING:
+            store.update_node(tx, node["id"], state=NODE_TERMINATING)
+        gangs.mark_released(tx, node["id"], "preempted")
+    return new_state
 
 
 def _gone_node(state, ranks: list[dict]) -> tuple[int, str] | None:
