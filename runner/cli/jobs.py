@@ -110,15 +110,27 @@ def restarts(job_id: str, as_json: bool):
 
 
 def print_restart_log(rows: list[dict], err: bool = False) -> None:
+    gang = any(r.get("nodes") for r in rows)  # a multi-node job: each node rank's end, and the noticed rank
     print_table(
         ["ATTEMPT", "ZONE", "TYPE", "PRICE/H", "STARTED", "ENDED", "REASON", "NOTICE", "SAVED", "RESUMED",
-         "LOST", "COST", "EXIT", "DRILL"],
+         "LOST", "COST", "EXIT", "DRILL"] + (["NODES"] if gang else []),
         [[r["attempt"], r["zone"], r["instance_type"], money(r["price_per_hour"]), r["started_at"],
-          r["ended_at"], r["end_reason"], (r["notice"] or {}).get("source"), r["checkpoint_step"],
+          r["ended_at"], r["end_reason"], _notice(r), r["checkpoint_step"],
           r["resumed_from_step"], None if r["lost_seconds"] is None else f"{r['lost_seconds']:.1f}s",
-          money(r["cost_usd"]), r["exit_code"], _drill(r)] for r in rows],
+          money(r["cost_usd"]), r["exit_code"], _drill(r)] + ([_nodes(r)] if gang else []) for r in rows],
         empty="No attempts yet.", err=err,
     )
+
+
+def _notice(row: dict) -> str | None:
+    notice = row["notice"] or {}
+    rank = notice.get("node_rank")
+    return notice.get("source") if rank is None else f"{notice.get('source')} (node {rank})"
+
+
+def _nodes(row: dict) -> str:
+    """``0:kept 1:preempted``: each node rank's end."""
+    return " ".join(f"{n['rank']}:{n['end_reason']}" for n in row.get("nodes") or [])
 
 
 def _drill(row: dict) -> str | None:
