@@ -79,6 +79,12 @@ class AgentCore:
             log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
             self.progress["checkpoint_step"] = message.get("step")
             self.reporter.event("checkpoint", fields)
+        elif op == "failed":
+            text = (f"checkpoint of step {message.get('step')} not saved on the {message.get('tier')} tier: "
+                    f"{message.get('error')}")
+            log.warning("checkpoint failed", step=message.get("step"), tier=message.get("tier"),
+                        error=message.get("error"))
+            self.reporter.event("checkpoint_failed", {"message": text})
         elif op == "restored":
             self.progress["restored_step"] = message.get("step")
             step = message.get("step") or 0

@@ -349,7 +349,7 @@ class Checkpointer:
                         step=step, estimate_s=round(estimate, 2), left_s=round(remaining(), 2),
                         path=str(self.local.folder(step)))
         done = job.durable_done.wait(remaining())
-        durable = done and job.error is None and (self.durable is None or job.durable_manifest is not None)
+        durable = done and (job.durable_manifest is not None if self.durable is not None else job.error is None)
         if not done and self.durable is not None:
             log.warning("emergency checkpoint did not reach the durable tier before the deadline; stopping with "
                         "the local copy only", step=step, path=str(self.local.folder(step)), url=self.durable.url)

@@ -81,6 +81,9 @@ def status(job_id: str, as_json: bool):
         ("node", f"{node.get('id')} ({node.get('state')}, last heartbeat {node.get('last_heartbeat')})"
          if node else None),
         ("run", job["spec"]["run"]),
+        ("save failed", (f"{job['last_checkpoint_failure']['time']} "
+                                    f"{job['last_checkpoint_failure']['message']}")
+         if job.get("last_checkpoint_failure") else None),
     ]
     for key, value in lines:
         if value is not None:

@@ -133,6 +133,9 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     summary = wire.job_summary(job, state.store.attempts(job_id))
     summary["spec"] = {k: v for k, v in job["spec"].items() if k != "env"}  # env may hold secrets
     summary["spec"]["env"] = sorted(job["spec"].get("env", {}))
+    failure = state.store.last_event(job_id, "checkpoint_failed")
+    summary["last_checkpoint_failure"] = ({"time": wire.iso(failure["time"]), "attempt": failure["attempt"],
+                                           "message": failure["message"]} if failure else None)
     nodes = state.store.nodes(job_id=job_id)
     summary["node"] = ({"id": nodes[-1]["id"], "state": nodes[-1]["state"], "zone": nodes[-1]["offer"]["zone"],
                         "last_heartbeat": wire.iso(nodes[-1]["last_heartbeat"]), "progress": nodes[-1]["progress"]}

@@ -154,6 +154,11 @@ class Store:
         tx.execute("INSERT INTO events (job_id, attempt, time, kind, message) VALUES (?,?,?,?,?)",
                    (job_id, attempt, now or time.time(), kind, message))
 
+    def last_event(self, job_id: str, kind: str) -> dict | None:
+        rows = self.db.query("SELECT * FROM events WHERE job_id = ? AND kind = ? ORDER BY id DESC LIMIT 1",
+                             (job_id, kind))
+        return rows[0] if rows else None
+
     def events(self, job_id: str, after_id: int = 0) -> list[dict]:
         return self.db.query("SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id", (job_id, after_id))
 
