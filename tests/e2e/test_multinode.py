@@ -24,7 +24,7 @@ import yaml
 from conftest import REPO, Controller, Runner, kill_nodes, write_job
 
 TRAIN = REPO / "examples" / "multinode" / "train.py"
-ARGS = "--steps 400 --step-time 0.03 --log-every 10 --interval 1h"
+ARGS = "--steps 400 --step-time 0.03 --log-every 10 --interval 1h --bit-exact"
 TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
             "--master-addr={addr} --master-port={port}")
 JOB = f"""
@@ -131,9 +131,6 @@ def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
     assert len(re.findall(rf"^rank \d/4: resumed from step {stopped_at}$", logs, re.M)) == 4
 
 
-@pytest.mark.xfail(reason="the collective Checkpointer does not resume 4-rank DDP bit-exactly yet (its own "
-                          "tests/checkpoint/ddp_trainee.py with 4 ranks shows it too); remove once it does",
-                   strict=False)
 def test_the_final_weights_equal_an_uninterrupted_run_of_the_same_topology(preempted_gang, uninterrupted_sha):
     """The preempted and resumed gang ends with the weights of the same 2 x 2 run never interrupted."""
     runner, job_id, _, _ = preempted_gang
