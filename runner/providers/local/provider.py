@@ -130,7 +130,8 @@ class LocalProvider(Provider):
             "address": NODE_ADDRESS,  # where the other nodes of a gang reach this one
             # Simulated time runs faster; the job still needs real seconds to import torch and restore, and a
             # gang's simulated nodes share this machine's CPUs: every rank of every node restarts at once.
-            "drill_timeout_seconds": max(20.0, 120.0 * self.time_scale, 30.0 * request.gang_size),
+            "drill_timeout_seconds": max(20.0, 120.0 * self.time_scale,
+                                         30.0 * request.gang_size if request.gang_size > 1 else 0.0),
             # GCP's protocol states no deadline: tell the agent how soon this simulated node powers off.
             "gcp_spot_grace_seconds": self.grace_seconds("gcp"),
         }))
