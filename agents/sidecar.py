@@ -107,6 +107,8 @@ class Sidecar(AgentCore):
         super().on_control(message)
         if message.get("op") != "closed":
             return
+        if message.get("error"):
+            self._failed_close = True
         still = len(self.control.training())
         if still:
             log.info("a training process closed its Checkpointer; waiting for the others", still_training=still)
@@ -124,9 +126,12 @@ class Sidecar(AgentCore):
         threading.Thread(target=self._report_end, name="report-end", daemon=True).start()
 
     def _report_end(self) -> None:
+        failed = getattr(self, "_failed_close", False)
         try:
-            self.reporter.report_exit("succeeded", None, "the training process closed its Checkpointer "
-                                                         "(a sidecar does not see its exit code)")
+            self.reporter.report_exit("failed" if failed else "succeeded", None,
+                                      "the training process closed its Checkpointer "
+                                      + ("after an exception " if failed else "")
+                                      + "(a sidecar does not see its exit code)")
         finally:
             self._reported.set()
 

@@ -206,7 +206,7 @@ class Checkpointer:
         self._jobs = [j for j in self._jobs if not j.finished]
         return ok
 
-    def close(self) -> None:
+    def close(self, _error: bool = False) -> None:
         """Wait for saves and uploads in flight (no later than an emergency's deadline), then release everything."""
         if self._closed:
             return
@@ -217,15 +217,15 @@ class Checkpointer:
         self._closed = True
         self._persister.stop()
         self._signals.uninstall()
-        self._send({"op": "closed", "step": self._last_job.step if self._last_job else None})
+        self._send({"op": "closed", "step": self._last_job.step if self._last_job else None, "error": _error})
         if self._control is not None:
             self._control.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(_error=exc_type is not None)
 
     # ------------------------------------------------------------------ hooks
 

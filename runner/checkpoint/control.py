@@ -26,12 +26,13 @@ Library -> agent:
   ``peer`` when another rank received the request and this one learned it through the process group.
 * ``{"op": "failed", "step": int, "tier": "local"|"durable", "error": str}`` - a save did not commit on a
   tier (the previous checkpoint is kept; training goes on).
-* ``{"op": "closed", "step": int|null}`` - ``close()`` is done: the training is over (a sidecar agent
-  cannot see the process exit). ``step`` is the last checkpoint's step.
+* ``{"op": "closed", "step": int|null, "error": bool}`` - ``close()`` is done: the training is over (a
+  sidecar agent cannot see the process exit). ``step`` is the last checkpoint's step; ``error`` is true
+  when the Checkpointer's ``with`` block ended with an exception (the training failed).
 
 Agent -> library:
 
-* ``{"op": "checkpoint", "reason": "notice"|"rebalance"|"drill", "deadline": float|null, "stop": bool}``
+* ``{"op": "checkpoint", "reason": "notice"|"rebalance"|"drill"|"cancel", "deadline": float|null, "stop": bool}``
   - ``deadline`` is in unix seconds. ``stop: true`` is the emergency path: the next ``step()`` saves,
   waits until the checkpoint is durable (or until the deadline minus a margin), sends ``stopping`` and
   sets ``should_stop``. ``stop: false`` asks for an opportunistic checkpoint; training goes on.
@@ -54,7 +55,7 @@ log = get_logger()
 
 OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "closed")
 OPS_FROM_AGENT = ("checkpoint",)
-REASONS = ("notice", "rebalance", "drill")
+REASONS = ("notice", "rebalance", "drill", "cancel")
 
 
 def encode(message: dict) -> bytes:

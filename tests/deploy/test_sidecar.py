@@ -312,3 +312,21 @@ def test_with_a_controller_the_sidecar_reports_the_end_once_every_training_proce
     finally:
         agent.stop()
         api.close()
+
+
+def test_a_checkpointer_closed_by_an_exception_ends_the_attempt_as_failed(tmp_path: Path):
+    """`closed` with error: true (the with-block raised) is reported as a failure, not a success."""
+    token = secrets.token_hex(16)
+    api = FakeAgentAPI(token, assignment("true", tmp_path / "durable"))
+    agent = SidecarAgent(tmp_path, {}, watch="off", controller_url=api.url, token=token, node_id="n-sidecar",
+                         heartbeat_seconds=0.2)
+    try:
+        agent.wait_for("registered")
+        trainee = ProtocolTrainee(agent, 101)
+        agent.wait_for("training process connected")
+        trainee.send({"op": "closed", "step": 4, "error": True})
+        exit_report = api.wait_for("/v1/agent/exit")
+        assert exit_report["reason"] == "failed" and "after an exception" in exit_report["message"]
+    finally:
+        agent.stop()
+        api.close()
