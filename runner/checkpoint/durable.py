@@ -45,6 +45,12 @@ def open_filesystem(url: str):
     return fs, root.rstrip("/")
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """A connection that could not be made or timed out (botocore's errors are not OSErrors)."""
+    names = " ".join(t.__name__ for t in type(exc).__mro__)
+    return isinstance(exc, (ConnectionError, TimeoutError)) or "Connect" in names or "Timeout" in names
+
+
 class DurableTier:
     """Checkpoint folders under one fsspec URL."""
 
@@ -60,16 +66,24 @@ class DurableTier:
     def _probe(self) -> None:
         """Touch the URL once so that missing credentials fail at construction, not at the first upload."""
         try:
-            if self.protocol in _BUCKET_STORES and not self.fs.exists(self.root.split("/", 1)[0]):
-                raise CheckpointConfigError(
-                    f"durable_url {self.url!r}: bucket {self.root.split('/', 1)[0]!r} does not exist or is not "
-                    f"visible with these credentials; create it, or fix the URL")
+            if self.protocol in _BUCKET_STORES:
+                bucket = self.root.split("/", 1)[0]
+                try:  # ls, not exists: exists() answers False for an endpoint it cannot reach
+                    self.fs.ls(bucket, detail=False)
+                except FileNotFoundError:
+                    raise CheckpointConfigError(
+                        f"durable_url {self.url!r}: bucket {bucket!r} does not exist or is not visible with these "
+                        f"credentials; create it, or fix the URL") from None
             self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
             pass
         except CheckpointConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - credentials and permission errors differ by driver
+            if _unreachable(exc):
+                raise CheckpointConfigError(
+                    f"durable_url {self.url!r}: the store cannot be reached ({type(exc).__name__}: {exc}). Check "
+                    f"the endpoint (AWS_ENDPOINT_URL for S3-compatible stores) and the network") from exc
             raise CheckpointConfigError(
                 f"durable_url {self.url!r} is not usable: {type(exc).__name__}: {exc}. Check the credentials "
                 f"for {self.protocol}:// (AWS: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; "

@@ -165,3 +165,20 @@ def test_a_training_process_configured_by_environment_resumes_from_gcs(tmp_path,
                 cwd=tmp_path)
     second = run_trainee("--steps", "20", "--local-dir", str(tmp_path / "b"), "--durable-url", url, cwd=tmp_path)
     assert second[0] == f"ready 20 {reference_hashes[20]}"
+
+
+def test_an_unreachable_s3_endpoint_is_named_as_such_not_as_a_missing_bucket(tmp_path, monkeypatch):
+    """An endpoint nobody listens on fails at construction saying the store cannot be reached."""
+    import socket
+
+    s3fs = pytest.importorskip("s3fs")
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached by an earlier test would know moto's endpoint
+    with socket.socket() as sock:  # a port that was free a moment ago: connections to it are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with pytest.raises(CheckpointConfigError) as error:
+        Checkpointer(local_dir=tmp_path, durable_url=f"s3://bucket-{uuid.uuid4().hex[:8]}/job")
+    assert "cannot be reached" in str(error.value) and "does not exist" not in str(error.value)
