@@ -138,11 +138,17 @@ def s3_endpoint():
 
 @pytest.fixture
 def s3_env(s3_endpoint, monkeypatch):
+    """The S3 variables pointing at moto. s3fs caches its filesystems by constructor arguments, not by the
+    endpoint in the environment, so the cache is emptied around each test that changes the endpoint."""
+    import s3fs
+
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    return s3_endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield s3_endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def kill(proc: subprocess.Popen, signum=signal.SIGKILL) -> None:

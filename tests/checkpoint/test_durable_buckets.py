@@ -179,6 +179,9 @@ def test_an_unreachable_s3_endpoint_is_named_as_such_not_as_a_missing_bucket(tmp
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with pytest.raises(CheckpointConfigError) as error:
-        Checkpointer(local_dir=tmp_path, durable_url=f"s3://bucket-{uuid.uuid4().hex[:8]}/job")
+    try:
+        with pytest.raises(CheckpointConfigError) as error:
+            Checkpointer(local_dir=tmp_path, durable_url=f"s3://bucket-{uuid.uuid4().hex[:8]}/job")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()  # later tests must not get this endpoint's filesystem
     assert "cannot be reached" in str(error.value) and "does not exist" not in str(error.value)
