@@ -16,7 +16,7 @@ from .agreement import Decision, StepAgreement
 from .control import CheckpointRequest, ControlClient, describe_deadline
 from .durable import DurableTier
 from .errors import CheckpointConfigError, RestoreError
-from .group import check_same_objects, join
+from .group import Solo, check_same_objects, join
 from .interval import IntervalPolicy, mtbf_from_env, parse_duration
 from .local import LocalTier
 from .log import get_logger
@@ -130,7 +130,6 @@ class Checkpointer:
                                                "world_size": self._ranks.world_size}
         self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who) \
             if control_path else None
-        self._rank0 = self._ranks is None or self._ranks.rank == 0
 
     # ------------------------------------------------------------------ public API
 
@@ -147,7 +146,7 @@ class Checkpointer:
         # Under the runner, the controller names the newest checkpoint it knows was committed by an
         # earlier attempt; anything newer was written by an attempt that has since been superseded.
         handed_over = _env_int("RUNNER_RESUME_STEP")
-        comm = self._ranks.steps if self._ranks is not None else self._persister.writer
+        comm = self._ranks.steps if self._ranks is not None else Solo()
         leader = self._ranks.folder_leader if self._ranks is not None else True
         restored = restore_into(self.local, self.durable, comm, leader, self.objects, self.extra, self._apply,
                                 max_step=handed_over)

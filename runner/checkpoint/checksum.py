@@ -41,3 +41,13 @@ def digest(data, algorithm: str = DEFAULT_ALGORITHM) -> str:
     hasher = new_hasher(algorithm)
     hasher.update(data)
     return hasher.hexdigest()
+
+
+def file_digest(path, algorithm: str = DEFAULT_ALGORITHM, chunk: int = 16 * 1024 * 1024) -> str:
+    """Checksum of a file, read in chunks into one reused buffer."""
+    hasher = new_hasher(algorithm)
+    view = memoryview(bytearray(chunk))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            hasher.update(view[:n])
+    return hasher.hexdigest()

@@ -29,12 +29,11 @@ import torch
 from torch import nn
 
 from . import rng
-from .checksum import DEFAULT_ALGORITHM, new_hasher
+from .checksum import file_digest
 from .errors import CorruptCheckpointError, RestoreError
 
 METADATA_NAME = ".metadata"
 BLOB_PREFIX = "__runner__.rank"
-CHUNK = 16 * 1024 * 1024
 
 
 def _dcp():
@@ -93,13 +92,13 @@ class Stager:
         blobs = {k: v for k, v in state.items() if isinstance(v, bytes)}
         tensors = {k: v for k, v in state.items() if k not in blobs}
         layout = _layout_of(tensors)
+        on_cuda = torch.cuda.is_available() and any(t.is_cuda for t in _tensors(tensors))
         if self._cache is None or layout != self._layout:
             self._cache = None
-            pin = torch.cuda.is_available() and any(t.is_cuda for t in _tensors(tensors))
-            self._cache = _create_cpu_state_dict(tensors, pin_memory=pin)
+            self._cache = _create_cpu_state_dict(tensors, pin_memory=on_cuda)
             self._layout = layout
-        staged = _copy_state_dict(tensors, self._cache, non_blocking=True)
-        if torch.cuda.is_available():
+        staged = _copy_state_dict(tensors, self._cache, non_blocking=on_cuda)
+        if on_cuda:  # the copies were queued; the training may change its tensors once they are done
             torch.cuda.synchronize()
         staged.update(blobs)
         return staged
@@ -145,17 +144,7 @@ def own_files(folder: Path, rank: int) -> list[dict]:
     names = sorted(n for n in os.listdir(folder) if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
     if rank == 0:
         names.append(METADATA_NAME)
-    return [{"name": n, "bytes": (folder / n).stat().st_size, "checksum": file_checksum(folder / n)} for n in names]
-
-
-def file_checksum(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> str:
-    hasher = new_hasher(algorithm)
-    buffer = bytearray(CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(view):
-            hasher.update(view[:n])
-    return hasher.hexdigest()
+    return [{"name": n, "bytes": (folder / n).stat().st_size, "checksum": file_digest(folder / n)} for n in names]
 
 
 # ------------------------------------------------------------------ reading

@@ -55,14 +55,20 @@ def write_file(path: Path, data: memoryview | bytes, algorithm: str = DEFAULT_AL
     return hasher.hexdigest()
 
 
-def read_verified(path: Path, entry: dict, algorithm: str) -> bytearray:
-    """Read a whole file and check its size and checksum against the manifest entry."""
+def check_size(path: Path, entry: dict) -> int:
+    """The file's size, which must be the manifest entry's; a missing or resized file is corrupt."""
     try:
         size = path.stat().st_size
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(f"{path} is missing") from exc
     if size != entry["bytes"]:
         raise CorruptCheckpointError(f"{path} has {size} bytes, the manifest says {entry['bytes']}")
+    return size
+
+
+def read_verified(path: Path, entry: dict, algorithm: str) -> bytearray:
+    """Read a whole file and check its size and checksum against the manifest entry."""
+    size = check_size(path, entry)
     data = bytearray(size)
     view = memoryview(data)
     hasher = new_hasher(algorithm)

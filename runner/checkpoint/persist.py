@@ -71,9 +71,6 @@ class FlatFormat:
 
     layout = FLAT
 
-    def __init__(self, comm) -> None:
-        self.comm = comm
-
     def write(self, job: SaveJob, folder: Path) -> list[dict]:
         files = []
         for name, data in self.files(job):
@@ -122,7 +119,7 @@ class Persister:
         self._on_failed = on_failed or (lambda job, tier, error: None)
         self.writer = writer or Solo()
         self.uploader = uploader or Solo()
-        self.format = fmt or FlatFormat(self.writer)
+        self.format = fmt or FlatFormat()
         self.folder_leader = folder_leader
         self.buffer_free = threading.Event()
         self.buffer_free.set()

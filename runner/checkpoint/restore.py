@@ -1,8 +1,9 @@
-"""Find the newest checkpoint that verifies, on either tier, and read it into memory.
+"""Find the newest checkpoint that verifies, on either tier, and load it.
 
-Candidates are all committed checkpoints of both tiers, newest step first, the local copy before the
-durable one of the same step. A candidate is read whole and checked (sizes and checksums of every file)
-before anything is applied, so a damaged or partial checkpoint is skipped and never half-loaded.
+Candidates are all committed checkpoints of both tiers (of every rank, under torch.distributed), newest
+step first. The local copy is used when it is complete and verifies; otherwise what it lacks, or the
+whole checkpoint when it is damaged, is fetched from the durable tier. Every file's size and checksum is
+checked before anything is applied, so a damaged or partial checkpoint is skipped and never half-loaded.
 """
 
 from __future__ import annotations
@@ -12,22 +13,15 @@ from pathlib import Path
 
 import torch
 
+from .checksum import file_digest
 from .durable import DurableTier
 from .errors import CheckpointError, CorruptCheckpointError, RestoreError
-from .local import LocalTier, read_verified
+from .local import LocalTier, check_size, read_verified
 from .log import get_logger
 from .manifest import FLAT, MANIFEST_NAME, STATE_NAME, Manifest
 from .staging import rebuild
 
 log = get_logger()
-
-
-@dataclass
-class Loaded:
-    step: int
-    manifest: Manifest
-    location: str  # path or URL of the manifest the state came from
-    state: dict
 
 
 def read_folder(folder: Path, manifest: Manifest) -> dict:
@@ -45,55 +39,6 @@ def read_folder(folder: Path, manifest: Manifest) -> dict:
         return rebuild(skeleton, parts)
     except Exception as exc:  # noqa: BLE001 - an unpicklable skeleton is a damaged checkpoint
         raise CorruptCheckpointError(f"{folder / STATE_NAME} cannot be read: {exc}") from exc
-
-
-def _load_local(local: LocalTier, folder: Path) -> Loaded:
-    manifest = local.read_manifest(folder)
-    return Loaded(manifest.step, manifest, str(folder / "manifest.json"), read_folder(folder, manifest))
-
-
-def _load_durable(local: LocalTier, durable: DurableTier, step: int) -> Loaded:
-    manifest = durable.read_manifest(step)
-    folder = local.begin(step)
-    try:
-        durable.download(step, manifest, folder)
-        state = read_folder(folder, manifest)
-    except BaseException:
-        local.discard(folder)
-        raise
-    try:
-        local.commit(folder, manifest)  # the local tier now holds a verified copy
-    except OSError:
-        local.discard(folder)
-    return Loaded(step, manifest, durable.location(step, "manifest.json"), state)
-
-
-def load_newest(local: LocalTier, durable: DurableTier | None, max_step: int | None = None) -> Loaded | None:
-    """The newest checkpoint that verifies (at most ``max_step`` when given), or None when there is none."""
-    candidates = [(step, 0, folder) for step, folder in local.committed()]
-    if durable is not None:
-        try:
-            candidates += [(step, 1, step) for step in durable.committed()]
-        except Exception as exc:  # noqa: BLE001 - an unreachable store leaves the local tier
-            log.warning("durable tier unreadable; restoring from the local tier only",
-                        url=durable.url, error=f"{type(exc).__name__}: {exc}")
-    if max_step is not None:
-        newer = sorted({c[0] for c in candidates if c[0] > max_step})
-        if newer:
-            log.warning("ignoring checkpoints newer than the one the controller handed over (fencing)",
-                        max_step=max_step, ignored=newer)
-        candidates = [c for c in candidates if c[0] <= max_step]
-    candidates.sort(key=lambda c: (-c[0], c[1]))
-    for step, tier, where in candidates:
-        try:
-            if tier == 0:
-                return _load_local(local, where)
-            return _load_durable(local, durable, where)
-        except (CheckpointError, OSError) as exc:
-            log.warning("skipping a damaged checkpoint", step=step,
-                        location=str(where) if tier == 0 else durable.location(step),
-                        error=f"{type(exc).__name__}: {exc}")
-    return None
 
 
 # ---------------------------------------------------------------------- any layout, one process or a group
@@ -153,9 +98,7 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
                 from . import dcp_format
 
                 dcp_format.load(folder, objects, extra, comm, manifest.world_size)
-        except RestoreError as exc:
-            error = exc
-        except (CheckpointError, OSError) as exc:
+        except (CheckpointError, OSError) as exc:  # RestoreError (another setup) included: told apart below
             error = exc
         outcomes = comm.gather(None if error is None else (isinstance(error, RestoreError), str(error)))
         failed = [(rank, o) for rank, o in enumerate(outcomes) if o is not None]
@@ -172,7 +115,17 @@ def _materialize(local: LocalTier, durable: DurableTier | None, step: int, in_lo
                  in_durable: bool) -> tuple[str, Manifest]:
     """Make the local folder of ``step`` hold every file of the checkpoint, verified; committed locally."""
     folder = local.folder(step)
-    manifest, where = None, str(folder / MANIFEST_NAME)
+    manifest, where, from_durable = None, str(folder / MANIFEST_NAME), False
+
+    def fetch(names: list[str] | None) -> Manifest:
+        nonlocal where, from_durable
+        fetched = durable.read_manifest(step)
+        where, from_durable = durable.location(step, MANIFEST_NAME), True
+        folder.mkdir(parents=True, exist_ok=True)
+        local.uncommit(folder)
+        durable.download(step, fetched, folder, names=names(fetched) if names else None)
+        return fetched
+
     if in_local:
         manifest = local.read_manifest(folder)
     missing = [] if manifest is None else [f["name"] for f in manifest.files if not (folder / f["name"]).is_file()]
@@ -180,22 +133,14 @@ def _materialize(local: LocalTier, durable: DurableTier | None, step: int, in_lo
         if not in_durable:
             raise CorruptCheckpointError(f"{folder}: files {missing} are missing here and the durable tier "
                                          f"has no copy of step {step}")
-        manifest = durable.read_manifest(step)
-        where = durable.location(step, MANIFEST_NAME)
-        folder.mkdir(parents=True, exist_ok=True)
-        local.uncommit(folder)
-        missing = [f["name"] for f in manifest.files if not (folder / f["name"]).is_file()]
-        durable.download(step, manifest, folder, names=missing)
+        manifest = fetch(lambda m: [f["name"] for f in m.files if not (folder / f["name"]).is_file()])
     try:
         verify_folder(folder, manifest)
     except CorruptCheckpointError as exc:
-        if not in_durable or where.startswith(str(durable.location(step))):
+        if not in_durable or from_durable:
             raise
         log.warning("local copy damaged; fetching the durable one", step=step, error=str(exc))
-        manifest = durable.read_manifest(step)
-        where = durable.location(step, MANIFEST_NAME)
-        local.uncommit(folder)
-        durable.download(step, manifest, folder)
+        manifest = fetch(None)
         verify_folder(folder, manifest)
     if not (folder / MANIFEST_NAME).is_file():
         try:
@@ -206,16 +151,9 @@ def _materialize(local: LocalTier, durable: DurableTier | None, step: int, in_lo
 
 
 def verify_folder(folder: Path, manifest: Manifest) -> None:
-    """Check every file's size and checksum without holding the files in memory."""
-    from .dcp_format import file_checksum
-
+    """Check every file's size and checksum, reading each file in chunks (none is held in memory)."""
     for entry in manifest.files:
         path = folder / entry["name"]
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError as exc:
-            raise CorruptCheckpointError(f"{path} is missing") from exc
-        if size != entry["bytes"]:
-            raise CorruptCheckpointError(f"{path} has {size} bytes, the manifest says {entry['bytes']}")
-        if file_checksum(path, manifest.checksum) != entry["checksum"]:
+        check_size(path, entry)
+        if file_digest(path, manifest.checksum) != entry["checksum"]:
             raise CorruptCheckpointError(f"{path} fails its {manifest.checksum} checksum")
