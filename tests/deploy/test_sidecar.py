@@ -3,6 +3,7 @@ not start, reached through the control socket, with the clouds' fake metadata se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -289,14 +290,24 @@ class ProtocolTrainee:
         self.sock.sendall((json.dumps(message) + "\n").encode())
 
 
-def test_with_a_controller_the_sidecar_reports_the_end_once_every_training_process_closed(tmp_path: Path):
-    """`closed` from every connected Checkpointer ends the attempt as succeeded, not lost later; one is not enough."""
+@contextlib.contextmanager
+def sidecar_with_controller(tmp_path: Path):
+    """A sidecar agent registered with a fake controller API; yields (agent, api)."""
     token = secrets.token_hex(16)
     api = FakeAgentAPI(token, assignment("true", tmp_path / "durable"))
     agent = SidecarAgent(tmp_path, {}, watch="off", controller_url=api.url, token=token, node_id="n-sidecar",
                          heartbeat_seconds=0.2)
     try:
         agent.wait_for("registered")
+        yield agent, api
+    finally:
+        agent.stop()
+        api.close()
+
+
+def test_with_a_controller_the_sidecar_reports_the_end_once_every_training_process_closed(tmp_path: Path):
+    """`closed` from every connected Checkpointer ends the attempt as succeeded, not lost later; one is not enough."""
+    with sidecar_with_controller(tmp_path) as (agent, api):
         ranks = [ProtocolTrainee(agent, pid) for pid in (101, 102)]
         deadline = time.monotonic() + 30
         while len([line for line in agent.lines() if line["event"] == "training process connected"]) < 2:
@@ -309,24 +320,13 @@ def test_with_a_controller_the_sidecar_reports_the_end_once_every_training_proce
         exit_report = api.wait_for("/v1/agent/exit")
         assert exit_report["reason"] == "succeeded" and exit_report["exit_code"] is None
         assert "closed its Checkpointer" in exit_report["message"]
-    finally:
-        agent.stop()
-        api.close()
 
 
 def test_a_checkpointer_closed_by_an_exception_ends_the_attempt_as_failed(tmp_path: Path):
     """`closed` with error: true (the with-block raised) is reported as a failure, not a success."""
-    token = secrets.token_hex(16)
-    api = FakeAgentAPI(token, assignment("true", tmp_path / "durable"))
-    agent = SidecarAgent(tmp_path, {}, watch="off", controller_url=api.url, token=token, node_id="n-sidecar",
-                         heartbeat_seconds=0.2)
-    try:
-        agent.wait_for("registered")
+    with sidecar_with_controller(tmp_path) as (agent, api):
         trainee = ProtocolTrainee(agent, 101)
         agent.wait_for("training process connected")
         trainee.send({"op": "closed", "step": 4, "error": True})
         exit_report = api.wait_for("/v1/agent/exit")
         assert exit_report["reason"] == "failed" and "after an exception" in exit_report["message"]
-    finally:
-        agent.stop()
-        api.close()
