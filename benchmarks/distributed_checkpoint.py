@@ -56,6 +56,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.checkpoint import build_state as single_process_state, state_bytes  # noqa: E402
 from benchmarks.report import machine  # noqa: E402
 
 from runner.checkpoint import Checkpointer  # noqa: E402
@@ -63,7 +64,6 @@ from runner.checkpoint import Checkpointer  # noqa: E402
 if __name__ == "__mp_main__":  # the daemon of DCP's process executor logs every request at INFO
     logging.disable(logging.INFO)
 
-LAYER = 1024  # one Linear(1024, 1024) is 4 MiB of fp32 weights
 DEVICE_WAIT_S = 0.010  # a training step's device time, in the agreement loops that wait
 
 
@@ -86,23 +86,9 @@ def launch(args) -> int:
 
 
 def build_state(size_mb: float):
-    """DDP over Linear layers holding a third of ``size_mb``, and an Adam whose moments hold the rest."""
-    torch.manual_seed(0)
-    layers = max(1, round(size_mb * 1024**2 / 3 / (LAYER * LAYER * 4)))
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(*[nn.Linear(LAYER, LAYER, bias=False) for _ in range(layers)]))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    return model, optimizer
-
-
-def state_bytes(model, optimizer) -> int:
-    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    for state in optimizer.state.values():
-        total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-    return total
+    """DDP over the single-process benchmark's state (Linear layers a third of ``size_mb``, Adam moments the rest)."""
+    model, optimizer = single_process_state(size_mb / 1024, "cpu")
+    return nn.parallel.DistributedDataParallel(model), optimizer
 
 
 def dcp_state(model, optimizer) -> dict:
