@@ -1,0 +1,76 @@
+"""What a run ran with (CONTRACT §9): commit, Python, torch, CUDA, GPUs, installed packages, argv.
+
+Sent once per attempt at the first ``restore()``. A value the node cannot know is None. The environment is
+never read into it (it may hold secrets); ``argv`` is the process's own, as it got it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+import subprocess
+import sys
+
+GIT_TIMEOUT_S = 5.0
+
+
+def _git(*args: str, cwd: str | None = None) -> str | None:
+    """A git command's stdout in ``cwd`` (default: the working directory), or None when it cannot answer."""
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state(cwd: str | None = None) -> tuple[str | None, bool | None]:
+    """The commit checked out in ``cwd`` and whether tracked files differ from it; (None, None) outside a repo."""
+    commit = _git("rev-parse", "HEAD", cwd=cwd)
+    if commit is None:
+        return None, None
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
+    return commit.strip(), (None if status is None else bool(status.strip()))
+
+
+def packages_sha256() -> str | None:
+    """sha256 over the sorted ``name==version`` lines of every installed distribution."""
+    try:
+        lines = {f"{(dist.metadata['Name'] or '').lower()}=={dist.version}"
+                 for dist in importlib.metadata.distributions() if dist.metadata["Name"]}
+    except Exception:  # a broken distribution's metadata must not stop the training
+        return None
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest() if lines else None
+
+
+def _torch_facts() -> tuple[str | None, str | None, list[str]]:
+    """torch's version, the CUDA it was built for, and the visible GPUs' names (torch imported by the training)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, None, []
+    cuda = getattr(torch.version, "cuda", None)
+    gpus: list[str] = []
+    try:
+        if torch.cuda.is_available():
+            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # a driver that answers is_available() but not the names: the list stays unknown
+        gpus = []
+    return torch.__version__, cuda, gpus
+
+
+def run_manifest(cwd: str | None = None) -> dict:
+    """The manifest of this process: ``{"git_commit", "git_dirty", "python", "torch", "cuda", "gpus",
+    "packages_sha256", "argv"}``."""
+    commit, dirty = git_state(cwd)
+    torch_version, cuda, gpus = _torch_facts()
+    return {
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "cuda": cuda,
+        "gpus": gpus,
+        "packages_sha256": packages_sha256(),
+        "argv": list(sys.argv),
+    }

@@ -1,0 +1,203 @@
+"""Job telemetry from the training side (CONTRACT §9): steps, steps/s, NaN steps, peak memory, the run manifest.
+
+``StepTelemetry`` is fed once per training step and reports to the agent over the control channel, batched:
+at most one ``telemetry`` message every ``report_every_s`` seconds, one soon after each checkpoint commit
+(``report_soon``), and an exact one at ``close()``. The run manifest goes once, at the first ``restore()``.
+
+A loss may be a Python float or a tensor on any device. Counting non-finite losses must not add a device sync
+to the step, so a tensor loss is folded into a counter tensor on its own device with asynchronous ops; on
+CUDA the counter is copied back to pinned host memory without blocking when a report is due, and read at
+the next report once that copy has finished. Only ``close()`` waits for the exact value (the training is over).
+
+Outside the runner ``control`` is None: counting still works (``nan_steps``, ``steps``), nothing is sent.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+
+from .log import get_logger
+
+log = get_logger()
+
+REPORT_EVERY_S = 5.0
+
+
+def _torch():
+    """torch when the training imported it; telemetry never imports it (a float-only caller may not need it)."""
+    return sys.modules.get("torch")
+
+
+class NonFiniteCounter:
+    """Counts steps whose loss was NaN or inf; a tensor loss costs asynchronous device ops only."""
+
+    def __init__(self) -> None:
+        self.seen = False  # was any loss reported at all (nan_steps is null otherwise)
+        self._host = 0  # from Python floats
+        self._counters: dict = {}  # device -> int64 tensor on that device
+        self._copies: dict = {}  # CUDA device -> (pinned host tensor, event) of a copy in flight
+        self._read: dict = {}  # device -> the counter's value when last read back
+
+    def add(self, loss) -> None:
+        """Count one step's loss; never waits for the device."""
+        self.seen = True
+        torch = _torch()
+        if torch is not None and isinstance(loss, torch.Tensor):
+            bad = torch.logical_not(torch.isfinite(loss.detach())).any()
+            counter = self._counters.get(bad.device)
+            if counter is None:
+                self._counters[bad.device] = bad.to(torch.int64)
+            else:
+                counter.add_(bad)
+            return
+        try:
+            value = float(loss)
+        except (TypeError, ValueError):
+            raise TypeError(f"step(loss=...): expected a float or a tensor, got {type(loss).__name__}") from None
+        if not math.isfinite(value):
+            self._host += 1
+
+    def poll(self) -> int:
+        """The newest count known without waiting: a CUDA counter's value as of its last finished copy."""
+        for device, counter in self._counters.items():
+            if device.type == "cuda":
+                self._poll_cuda(device, counter)
+            else:
+                self._read[device] = int(counter)  # host memory (or a device without async copies): rare
+        return self._host + sum(self._read.values())
+
+    def exact(self) -> int:
+        """The exact count; waits for the devices (for close(), when the training is over)."""
+        for device, counter in self._counters.items():
+            self._read[device] = int(counter)
+        self._copies.clear()
+        return self._host + sum(self._read.values())
+
+    def _poll_cuda(self, device, counter) -> None:
+        torch = _torch()
+        copy = self._copies.get(device)
+        if copy is not None:
+            host, event = copy
+            if not event.query():
+                return  # still in flight: the previous value stands
+            self._read[device] = int(host)
+        host = copy[0] if copy is not None else torch.empty((), dtype=torch.int64, pin_memory=True)
+        with torch.cuda.device(device):
+            host.copy_(counter, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self._copies[device] = (host, event)
+
+
+def peak_memory() -> tuple[int | None, str]:
+    """The process's peak memory in bytes and where: CUDA memory allocated by torch on the current device when
+    CUDA is in use, else the peak resident set size of the process (no device sync either way)."""
+    torch = _torch()
+    if torch is not None and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated()), "gpu"
+    try:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (OSError, ValueError):  # pragma: no cover - platform without getrusage
+        return None, "host"
+    return (rss if sys.platform == "darwin" else rss * 1024), "host"  # Linux reports KiB, macOS bytes
+
+
+class StepTelemetry:
+    """Counts this attempt's steps and NaN/inf losses and reports them, batched, to the agent.
+
+    ``control``: the library's ``ControlClient`` (anything with ``send(dict)``), or None outside the runner.
+    ``rank``: the global rank under torch.distributed (None single-process); only rank 0 (or a single
+    process) sends the run manifest, every rank sends its own ``telemetry`` (the agent takes the steps from
+    rank 0 and the peak memory over its ranks).
+
+    Call ``on_step(step, loss=None)`` once per training step, ``send_manifest()`` at the first restore,
+    ``report_soon()`` when a checkpoint has committed (from any thread), and ``close()`` at the end.
+    """
+
+    def __init__(self, control=None, *, rank: int | None = None, attempt: int | None = None,
+                 report_every_s: float = REPORT_EVERY_S, clock=time.monotonic) -> None:
+        self.control = control
+        self.rank = rank
+        self.attempt = attempt
+        self.report_every_s = report_every_s
+        self.nan = NonFiniteCounter()
+        self.steps = 0  # distinct steps this process trained
+        self.steps_per_second: float | None = None
+        self._clock = clock
+        self._last_step: int | None = None
+        self._window: tuple[float, int] | None = None  # (time, steps) where the current rate window began
+        self._next_report = 0.0
+        self._report_soon = False
+        self._manifest_sent = False
+        self._closed = False
+
+    @property
+    def nan_steps(self) -> int | None:
+        """NaN/inf steps known now without waiting; None when no loss was reported."""
+        return self.nan.poll() if self.nan.seen else None
+
+    def on_step(self, step: int, loss=None) -> None:
+        """Record one training step (and its loss, a float or a tensor); reports when one is due. No device sync."""
+        if loss is not None:
+            self.nan.add(loss)
+        if step == self._last_step:
+            return
+        self._last_step = step
+        self.steps += 1
+        now = self._clock()
+        if self._window is None:
+            self._window = (now, self.steps)
+            self._next_report = now + self.report_every_s
+        elif self._report_soon or now >= self._next_report:
+            self.report(now=now)
+
+    def report_soon(self) -> None:
+        """Ask for a report at the next step (a checkpoint committed); safe from any thread."""
+        self._report_soon = True
+
+    def report(self, final: bool = False, now: float | None = None) -> dict:
+        """Send a ``telemetry`` message now (the training thread only) and return it."""
+        now = self._clock() if now is None else now
+        if self._window is not None:
+            started, steps_then = self._window
+            if self.steps > steps_then and now > started:
+                self.steps_per_second = (self.steps - steps_then) / (now - started)
+                self._window = (now, self.steps)
+        peak, memory = peak_memory()
+        nan_steps = (self.nan.exact() if final else self.nan.poll()) if self.nan.seen else None
+        message = {"op": "telemetry", "attempt": self.attempt, "steps": self.steps,
+                   "steps_per_second": None if self.steps_per_second is None else round(self.steps_per_second, 4),
+                   "nan_steps": nan_steps, "peak_memory_bytes": peak, "memory": memory, "final": final}
+        self._report_soon = False
+        self._next_report = now + self.report_every_s
+        self._send(message)
+        return message
+
+    def send_manifest(self) -> dict | None:
+        """Send the run manifest once per process (rank 0 only); return it, or None when not sent."""
+        if self._manifest_sent or self.rank not in (None, 0):
+            return None
+        self._manifest_sent = True
+        if self.control is None:
+            return None
+        from .run_manifest import run_manifest
+
+        manifest = run_manifest()
+        self._send({"op": "manifest", "manifest": manifest})
+        return manifest
+
+    def close(self) -> dict | None:
+        """The final, exact report (waits for the device's NaN counter); idempotent. None when nothing trained."""
+        if self._closed:
+            return None
+        self._closed = True
+        if self.steps == 0 and not self.nan.seen:
+            return None
+        return self.report(final=True)
+
+    def _send(self, message: dict) -> None:
+        if self.control is not None:
+            self.control.send(message)
