@@ -140,6 +140,22 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX measurements_time ON measurements(time)
         """,
     ),
+    (
+        5,
+        # Job telemetry (CONTRACT §9): what each attempt trained, and the run manifest it reported.
+        """
+        ALTER TABLE attempts ADD COLUMN steps INTEGER;
+        ALTER TABLE attempts ADD COLUMN steps_per_second REAL;
+        ALTER TABLE attempts ADD COLUMN peak_memory_gb REAL;
+        ALTER TABLE attempts ADD COLUMN nan_steps INTEGER;
+        CREATE TABLE attempt_manifests (
+            job_id TEXT NOT NULL REFERENCES jobs(id),
+            attempt INTEGER NOT NULL,
+            manifest TEXT NOT NULL,
+            PRIMARY KEY (job_id, attempt)
+        )
+        """,
+    ),
 ]
 
 
