@@ -14,6 +14,7 @@ from ..spec import SpecError
 from .agent import agent
 from .jobs import cancel, list_jobs, logs, preempt, restarts, status, submit, validate
 from .server import server
+from .simulate import simulate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,7 +26,7 @@ def cli(debug: bool):
         os.environ["RUNNER_DEBUG"] = "1"
 
 
-for command in (submit, validate, list_jobs, status, logs, restarts, cancel, preempt, server, agent):
+for command in (submit, validate, list_jobs, status, logs, restarts, cancel, preempt, server, agent, simulate):
     cli.add_command(command)
 
 try:
