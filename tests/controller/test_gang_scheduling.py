@@ -1,7 +1,7 @@
-"""The reconciler with a gang job, against a provider double: all-or-none launch and the bounded rendezvous.
+"""The reconciler with a gang job, against the in-memory provider: all-or-none launch and the bounded rendezvous.
 
-The provider double records launches and terminations (its nodes never boot, so the tests register
-ranks themselves through the same store calls the register endpoint makes); the database is a real SQLite
+The provider records launches and terminations (its nodes never boot, so the tests register ranks
+themselves through the same store calls the register endpoint makes); the database is a real SQLite
 file and every step is one reconciler tick.
 """
 
@@ -11,9 +11,7 @@ import time
 
 import pytest
 
-from runner.providers.base import NodeStatus, Provider
-from runner.providers.errors import NoCapacityError
-from runner.providers.offers import Offer
+from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.reconciler import Reconciler, SchedulerContext
 from runner.spec import validate_job
 from runner.state import Store, open_database
@@ -22,44 +20,14 @@ from runner.state.gangs import GangStore
 ZONES = ("zone-a", "zone-b")
 
 
-class Market(Provider):
-    """Two zones of one CPU type; ``refuse`` makes the n-th launch (1-based) fail for lack of capacity."""
-
-    name = "local"
-    describe_interval = 0.0
-
-    def __init__(self, refuse: set[int] = frozenset()):
-        self.launched: list[str] = []
-        self.terminated: list[str] = []
-        self.refuse = refuse
-
-    def offers(self):
-        return [Offer("local", "local", zone, "cpu-2", None, 0, 2, 4.0, 0.01 * (i + 1), 0.05)
-                for i, zone in enumerate(ZONES)]
-
-    def launch(self, request):
-        if len(self.launched) + 1 in self.refuse:
-            self.launched.append(None)
-            raise NoCapacityError(f"no capacity in {request.offer.zone}")
-        self.launched.append(request.node_id)
-        return f"ref-{request.node_id}"
-
-    def describe(self, node_id, provider_ref):
-        return NodeStatus(alive=node_id not in self.terminated)
-
-    def terminate(self, node_id, provider_ref):
-        self.terminated.append(node_id)
-
-    def rendezvous_port(self, previous=None):
-        return 29600 if previous != 29600 else 29601
-
-
 @pytest.fixture
 def world(tmp_path):
-    def build(refuse=frozenset(), gang_timeout=600.0):
+    def build(refuse_second=False, gang_timeout=600.0):
         store = Store(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
-        market = Market(refuse)
-        ctx = SchedulerContext(store=store, providers={"local": market}, controller_url="http://ctl",
+        market = MemoryProvider(memory_offers(ZONES))
+        if refuse_second:  # the very first gang's second launch finds its zone stocked out
+            market.on_launch = lambda request: len(market.nodes) == 1 and market.refuse(request.offer.zone)
+        ctx = SchedulerContext(store=store, providers={"memory": market}, controller_url="http://ctl",
                                node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}",
                                gang_timeout=gang_timeout)
         spec = validate_job({"name": "gang", "run": "train", "resources": {"num_nodes": 2},
@@ -84,22 +52,22 @@ def test_a_gang_is_launched_whole_in_the_cheapest_zone_as_one_attempt(world):
     reconciler.tick()
     (attempt,) = store.attempts("gang-1")
     assert [n["rank"] for n in attempt["nodes"]] == [0, 1] and attempt["num_nodes"] == 2
-    assert {n["zone"] for n in attempt["nodes"]} == {"zone-a"} and attempt["master_port"] == 29600
-    assert sorted(market.launched) == sorted(n["node_id"] for n in attempt["nodes"])
+    assert {n["zone"] for n in attempt["nodes"]} == {"zone-a"} and attempt["master_port"] == 29500
+    assert market.alive() == [n["node_id"] for n in attempt["nodes"]]
     assert store.job("gang-1")["state"] == "PROVISIONING"
 
 
 def test_a_gang_that_cannot_be_completed_is_taken_back_and_its_launched_node_released(world):
     """The second launch fails: no attempt remains, the first node is released, the job says why, and the
     next try launches the whole gang in the other zone."""
-    store, market, reconciler = world(refuse={2})
+    store, market, reconciler = world(refuse_second=True)
     reconciler.tick()
     assert store.attempts("gang-1") == []
-    first = market.launched[0]
+    first = market.launch_calls[0]
     assert store.node(first)["state"] == "terminating"
     assert "could not be completed in zone-a" in store.job("gang-1")["message"]
     reconciler.tick()  # releases it, then tries again away from the refused zone (backed off)
-    assert first in market.terminated
+    assert first in market.terminate_calls
     (attempt,) = store.attempts("gang-1")
     assert {n["zone"] for n in attempt["nodes"]} == {"zone-b"} and store.job("gang-1")["state"] == "PROVISIONING"
 
@@ -118,4 +86,4 @@ def test_a_rendezvous_that_never_forms_ends_the_attempt_naming_the_node_and_repl
     assert second["attempt"] == 2 and second["nodes"][0]["node_id"] == node0
     assert second["nodes"][1]["node_id"] not in (node0, node1) and second["nodes"][1]["zone"] == "zone-a"
     assert second["master_port"] != first["master_port"]
-    assert node1 in market.terminated and node0 not in market.terminated
+    assert node1 in market.terminate_calls and node0 not in market.terminate_calls

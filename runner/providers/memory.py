@@ -1,0 +1,133 @@
+"""An in-memory provider: nodes that are only records, scripted like httpx's ``MockTransport``.
+
+Scheduler tests drive the reconciler against it without starting processes, and the controller's scale
+benchmark runs on it (its nodes are played by the benchmark). What it can be told to do:
+
+- ``refuse(zone, times, error)``: the next launches in a zone fail (a stockout, a quota, bad credentials);
+- ``hold_launches()`` / ``release_launches()``: launches wait until released (a cloud operation that
+  takes minutes), so a test can see what a slow launch holds up;
+- ``preempt(node_id)`` / ``lose(node_id)``: a node is reclaimed after a notice, or vanishes without one.
+
+``launch`` is idempotent per node id, ``terminate`` is idempotent, every call is recorded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from .base import LaunchRequest, NodeStatus, Provider
+from .errors import NoCapacityError, ProviderError
+from .offers import Offer
+
+ALIVE, PREEMPTED, LOST, TERMINATED = "alive", "preempted", "not-found", "terminated"
+
+
+@dataclass
+class MemoryNode:
+    request: LaunchRequest
+    ref: str
+    state: str = ALIVE
+
+    @property
+    def zone(self) -> str:
+        return self.request.offer.zone
+
+
+def memory_offers(zones: tuple[str, ...] = ("mem-a", "mem-b", "mem-c")) -> list[Offer]:
+    """One CPU type per zone, each zone's spot price a cent dearer than the one before."""
+    return [Offer("memory", "mem", zone, "mem-cpu-2", None, 0, 2, 4.0, round(0.01 * (i + 1), 2), 0.05)
+            for i, zone in enumerate(zones)]
+
+
+class MemoryProvider(Provider):
+    """Nodes that exist only in this object; see the module docstring for what a test can script."""
+
+    describe_interval = 0.0
+
+    def __init__(self, offers: list[Offer] | None = None, *, name: str = "memory", zone_capacity: int = 64,
+                 checkpoint_url: str | None = "memory://checkpoints",
+                 on_launch: Callable[[LaunchRequest], None] | None = None):
+        self.name = name
+        self._offers = list(offers) if offers is not None else memory_offers()
+        self.zone_capacity = zone_capacity
+        self.checkpoint_url = checkpoint_url
+        self.on_launch = on_launch  # told of every new node (the scale benchmark hands its bootstrap to a fake agent)
+        self.nodes: dict[str, MemoryNode] = {}
+        self.launch_calls: list[str] = []  # node ids, one per call (an idempotent retry appears twice)
+        self.terminate_calls: list[str] = []
+        self._refusals: Counter = Counter()
+        self._refusal_errors: dict[str | None, ProviderError] = {}
+        self._gate = threading.Event()
+        self._gate.set()
+        self._lock = threading.Lock()
+
+    # --- scripting --------------------------------------------------------
+    def refuse(self, zone: str | None = None, times: int = 1, error: ProviderError | None = None) -> None:
+        """The next ``times`` launches in ``zone`` (any zone: None) raise ``error`` (default: no capacity)."""
+        self._refusals[zone] += times
+        self._refusal_errors[zone] = error or NoCapacityError(f"no capacity in {zone or 'any zone'} (scripted)")
+
+    def hold_launches(self) -> None:
+        """Launches block from now on until :meth:`release_launches` (a slow cloud operation)."""
+        self._gate.clear()
+
+    def release_launches(self) -> None:
+        self._gate.set()
+
+    def preempt(self, node_id: str) -> None:
+        """The cloud reclaims the node after a notice: ``describe`` says it is gone, ``preempted``."""
+        self.nodes[node_id].state = PREEMPTED
+
+    def lose(self, node_id: str) -> None:
+        """The node vanishes without a notice: ``describe`` says ``not-found``."""
+        self.nodes[node_id].state = LOST
+
+    # --- what a test reads ------------------------------------------------
+    def alive(self) -> list[str]:
+        """Ids of the nodes running now, in launch order."""
+        return [node_id for node_id, node in self.nodes.items() if node.state == ALIVE]
+
+    # --- the Provider interface -------------------------------------------
+    def offers(self) -> list[Offer]:
+        return list(self._offers)
+
+    def gang_capacity(self) -> int:
+        return self.zone_capacity
+
+    def free_slots(self, zone: str, live_here: int) -> int:
+        return max(0, self.zone_capacity - live_here)
+
+    def rendezvous_port(self, previous: int | None = None) -> int:
+        return 29501 if previous == 29500 else 29500
+
+    def launch(self, request: LaunchRequest) -> str:
+        self.launch_calls.append(request.node_id)
+        self._gate.wait()
+        with self._lock:
+            existing = self.nodes.get(request.node_id)
+            if existing is not None:
+                return existing.ref
+            for zone in (request.offer.zone, None):
+                if self._refusals[zone] > 0:
+                    self._refusals[zone] -= 1
+                    raise self._refusal_errors[zone]
+            node = MemoryNode(request, ref=f"mem-{len(self.nodes) + 1}")
+            self.nodes[request.node_id] = node
+        if self.on_launch is not None:
+            self.on_launch(request)
+        return node.ref
+
+    def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
+        node = self.nodes.get(node_id)
+        if node is None:
+            return NodeStatus(alive=False, reason=LOST)
+        return NodeStatus(alive=node.state == ALIVE, reason=None if node.state == ALIVE else node.state)
+
+    def terminate(self, node_id: str, provider_ref: str | None) -> None:
+        self.terminate_calls.append(node_id)
+        node = self.nodes.get(node_id)
+        if node is not None and node.state == ALIVE:
+            node.state = TERMINATED
