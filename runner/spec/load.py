@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import difflib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from .deadline import deadline_problem
 from .errors import SpecError
 from .schema import JobSpec
 from .workdir import escaping_links
@@ -56,9 +58,13 @@ def validate_job(data: Any, source: str = "job") -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError(source, ["the job file must be a mapping of keys such as name: and run:"])
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(source, [_describe(err) for err in exc.errors()]) from None
+    problem = deadline_problem(spec.recovery.deadline, time.time())  # at submit: now is the submission
+    if problem:
+        raise SpecError(source, [problem])
+    return spec
 
 
 _UNION_MEMBERS = ("str", "float", "int", "bool")  # pydantic's tags for the members of a Union field

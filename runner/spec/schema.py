@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..durations import parse_duration
+from .deadline import parse_deadline
 from .urls import check_fsspec_url
 
 CLOUDS = ("local", "aws", "gcp", "azure")
@@ -120,6 +122,29 @@ class RecoverySpec(_Section):
     max_preemptions: int = Field(default=50, ge=0, description="Relaunches after a preemption.")
     max_failures: int = Field(default=2, ge=0, description="Relaunches after the job's own non-zero exit.")
     resume_drill: Union[str, float] = Field(default="10m", description="When to prove resume works (≤ 15m), or 'off'.")
+    deadline: Optional[Union[str, float]] = Field(
+        default=None, description="Finish by then: a duration from submission (36h) or an RFC 3339 time; "
+                                  "with spot_policy auto the scheduler picks spot or on-demand to meet it.")
+    total_steps: Optional[int] = Field(default=None, gt=0, strict=True, validate_default=True,
+                                       description="With deadline: the step at which the job is done.")
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, value):
+        if value is None:
+            return value
+        if isinstance(value, bool) or isinstance(value, (dict, list)):
+            raise ValueError(f"{value!r} is neither a duration (36h) nor an RFC 3339 time (2026-11-25T18:00:00Z)")
+        parse_deadline(value)
+        return value.isoformat().replace("+00:00", "Z") if isinstance(value, datetime) else value
+
+    @field_validator("total_steps")
+    @classmethod
+    def _total_steps_with_deadline(cls, value, info):
+        if value is None and info.data.get("deadline") is not None:
+            raise ValueError("required with recovery.deadline: the step at which the job is done "
+                             "(the scheduler measures progress as step / total_steps)")
+        return value
 
     @field_validator("resume_drill")
     @classmethod
