@@ -24,6 +24,7 @@ from .persist import DcpFormat, Persister, SaveJob
 from .restore import restore_into
 from .signals import SignalNotices
 from .staging import Stager
+from .telemetry import StepTelemetry
 
 log = get_logger()
 
@@ -130,6 +131,8 @@ class Checkpointer:
                                                "world_size": self._ranks.world_size}
         self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who) \
             if control_path else None
+        self.telemetry = StepTelemetry(self._control, rank=None if self._ranks is None else self._ranks.rank,
+                                       attempt=self.attempt)
 
     # ------------------------------------------------------------------ public API
 
@@ -150,6 +153,7 @@ class Checkpointer:
         leader = self._ranks.folder_leader if self._ranks is not None else True
         restored = restore_into(self.local, self.durable, comm, leader, self.objects, self.extra, self._apply,
                                 max_step=handed_over)
+        self.telemetry.send_manifest()  # once per process: what this attempt runs with
         step = restored.step if restored is not None else 0
         if handed_over and step < handed_over:
             # The controller recorded a commit of this step; resuming from less must not pass unnoticed.
@@ -169,8 +173,12 @@ class Checkpointer:
         self._send({"op": "restored", "step": step, "manifest": restored.location, **_expected(handed_over)})
         return step
 
-    def step(self, step: int) -> None:
-        """Call once per training step: saves when one is due or a notice is pending; otherwise returns at once."""
+    def step(self, step: int, loss=None) -> None:
+        """Call once per training step: saves when one is due or a notice is pending; otherwise returns at once.
+
+        ``loss`` (optional, a float or a tensor on any device) counts toward the job's NaN steps without a
+        device sync (telemetry.py)."""
+        self.telemetry.on_step(step, loss)
         if self._agreement is not None:
             self._step_together(step)
             return
@@ -216,6 +224,7 @@ class Checkpointer:
         self._closed = True
         self._persister.stop()
         self._signals.uninstall()
+        self.telemetry.close()
         self._send({"op": "closed", "step": self._last_job.step if self._last_job else None, "error": _error})
         if self._control is not None:
             self._control.close()
@@ -365,6 +374,7 @@ class Checkpointer:
             self._control_request = request.merge(self._control_request)
 
     def _on_local(self, job: SaveJob) -> None:
+        self.telemetry.report_soon()
         seconds = time.monotonic() - job.started
         if self.durable is None:
             self._policy.record(commit_s=seconds)

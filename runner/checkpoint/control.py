@@ -26,6 +26,13 @@ Library -> agent:
   ``peer`` when another rank received the request and this one learned it through the process group.
 * ``{"op": "failed", "step": int, "tier": "local"|"durable", "error": str}`` - a save did not commit on a
   tier (the previous checkpoint is kept; training goes on).
+* ``{"op": "telemetry", "attempt": int|null, "steps": int, "steps_per_second": float|null,
+  "nan_steps": int|null, "peak_memory_bytes": int|null, "memory": "gpu"|"host", "final": bool}`` - the
+  training's figures (telemetry.py), batched: at most one every few seconds, one after each commit, and a
+  final, exact one at ``close()``. ``steps`` counts the steps this process trained; ``nan_steps`` is null
+  when no loss was reported. Every rank sends its own.
+* ``{"op": "manifest", "manifest": {"git_commit", "git_dirty", "python", "torch", "cuda", "gpus",
+  "packages_sha256", "argv"}}`` - once, at the first ``restore()`` (rank 0 only); unknown values are null.
 * ``{"op": "closed", "step": int|null, "error": bool}`` - ``close()`` is done: the training is over (a
   sidecar agent cannot see the process exit). ``step`` is the last checkpoint's step; ``error`` is true
   when the Checkpointer's ``with`` block ended with an exception (the training failed).
@@ -53,7 +60,7 @@ from .log import get_logger
 
 log = get_logger()
 
-OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "closed")
+OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "closed")
 OPS_FROM_AGENT = ("checkpoint",)
 REASONS = ("notice", "rebalance", "drill", "cancel")
 

@@ -196,7 +196,11 @@ class StepTelemetry:
         self._closed = True
         if self.steps == 0 and not self.nan.seen:
             return None
-        return self.report(final=True)
+        try:
+            return self.report(final=True)
+        except Exception as exc:  # a failed device (a CUDA error ended the training) must not hide that error
+            log.warning("final telemetry report failed", error=f"{type(exc).__name__}: {exc}")
+            return None
 
     def _send(self, message: dict) -> None:
         if self.control is not None:

@@ -1,0 +1,206 @@
+"""Job telemetry on the training side: NaN steps without a device sync, batched reports, steps/s, the manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from runner.checkpoint.run_manifest import git_state, run_manifest
+from runner.checkpoint.telemetry import NonFiniteCounter, StepTelemetry, peak_memory
+
+from .test_control import agent  # noqa: F401 - the fake agent on the control socket
+
+NAN, INF = float("nan"), float("inf")
+
+
+class Sent:
+    """A control client that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+
+    def send(self, message: dict) -> None:
+        self.messages.append(message)
+
+    def ops(self, op: str) -> list[dict]:
+        return [m for m in self.messages if m["op"] == op]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_nan_steps_count_nan_and_inf_losses_exactly():
+    """Floats and tensors, NaN, +inf and -inf each count one step; finite losses count none."""
+    losses = [1.0, NAN, torch.tensor(2.0), torch.tensor(NAN), torch.tensor(-INF), INF, torch.tensor(0.5),
+              torch.tensor([1.0, NAN, INF]), torch.tensor([1.0, 2.0]), torch.tensor(INF, dtype=torch.float16)]
+    counter = NonFiniteCounter()
+    for loss in losses:
+        counter.add(loss)
+    assert counter.exact() == 6
+    assert counter.poll() == 6
+
+
+def test_no_host_read_per_step(monkeypatch):
+    """A tensor loss is never read back during a step: the counter stays a tensor until a report is due."""
+    reads = []
+    for name in ("item", "cpu", "tolist", "__int__", "__float__", "__bool__", "numpy"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _name=name, _original=original, **k: reads.append(_name)
+                            or _original(self, *a, **k))
+    telemetry = StepTelemetry(Sent(), report_every_s=3600, clock=Clock())
+    for step in range(1, 201):
+        telemetry.on_step(step, loss=torch.tensor(NAN if step % 7 == 0 else 1.0, requires_grad=True) * 2)
+    assert reads == []
+    counter = next(iter(telemetry.nan._counters.values()))
+    assert isinstance(counter, torch.Tensor) and counter.dtype == torch.int64
+    monkeypatch.undo()
+    assert telemetry.close()["nan_steps"] == 200 // 7
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_loss_adds_no_device_sync_even_when_a_report_is_due():
+    """With CUDA's sync debug mode set to raise, steps (each reporting) pass; close() then counts exactly."""
+    telemetry = StepTelemetry(Sent(), report_every_s=0.0)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, 101):
+            loss = torch.full((), NAN if step % 10 == 0 else 1.0, device="cuda") * 2
+            telemetry.on_step(step, loss=loss)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    final = telemetry.close()
+    assert final["nan_steps"] == 10 and final["memory"] == "gpu" and final["peak_memory_bytes"] > 0
+
+
+def test_reports_are_batched_and_steps_per_second_is_the_recent_rate():
+    """One report per interval (not per step), the rate over the last interval, and an exact final one."""
+    sent, clock = Sent(), Clock()
+    telemetry = StepTelemetry(sent, report_every_s=5.0, clock=clock)
+    for step in range(1, 61):  # 60 steps at 2 steps/s: 30 s
+        telemetry.on_step(step)
+        clock.now += 0.5
+    reports = sent.ops("telemetry")
+    assert 5 <= len(reports) <= 6
+    assert all(r["steps_per_second"] == pytest.approx(2.0) for r in reports)
+    for step in range(61, 71):  # then 4 steps/s
+        telemetry.on_step(step)
+        clock.now += 0.25
+    final = telemetry.close()
+    assert final["final"] and final["steps"] == 70 and final["nan_steps"] is None
+    assert sent.ops("telemetry")[-1]["steps_per_second"] == pytest.approx(4.0, rel=0.2)
+    assert telemetry.close() is None  # once
+
+
+def test_a_commit_brings_the_next_report_forward():
+    """report_soon() (a checkpoint committed) makes the next step report, whatever the interval."""
+    sent, clock = Sent(), Clock()
+    telemetry = StepTelemetry(sent, report_every_s=3600, clock=clock)
+    for step in (1, 2):
+        telemetry.on_step(step)
+        clock.now += 1
+    assert sent.messages == []
+    telemetry.report_soon()
+    telemetry.on_step(3)
+    assert [m["steps"] for m in sent.ops("telemetry")] == [3]
+    assert sent.ops("telemetry")[0]["steps_per_second"] == pytest.approx(1.0)
+
+
+def test_a_repeated_step_counts_once_and_its_loss_still_counts():
+    """steps counts distinct steps; every reported loss is counted."""
+    telemetry = StepTelemetry(None)
+    telemetry.on_step(5, loss=NAN)
+    telemetry.on_step(5, loss=NAN)
+    telemetry.on_step(6)
+    assert telemetry.steps == 2 and telemetry.nan_steps == 2
+
+
+def test_a_loss_that_is_not_a_number_is_refused_by_name():
+    """step(loss='high') says what loss takes."""
+    with pytest.raises(TypeError, match=r"step\(loss=...\): expected a float or a tensor, got str"):
+        StepTelemetry(None).on_step(1, loss="high")
+
+
+@pytest.mark.skipif(torch.cuda.is_initialized(), reason="this process uses CUDA")
+def test_peak_memory_on_a_cpu_node_is_the_process_peak_rss():
+    """Without CUDA the peak is the process's peak resident set, in bytes."""
+    peak, where = peak_memory()
+    assert where == "host"
+    with open("/proc/self/status") as status:
+        hwm_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+    assert peak == pytest.approx(hwm_kib * 1024, rel=0.2)
+
+
+def test_the_manifest_names_commit_versions_packages_and_argv_never_the_environment(tmp_path, monkeypatch):
+    """git commit and dirtiness of the workdir, Python and torch versions, the packages' hash, argv; no env."""
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2-very-secret")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "train.py").write_text("print(1)\n")
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+    manifest = run_manifest(cwd=str(repo))
+    assert sorted(manifest) == ["argv", "cuda", "git_commit", "git_dirty", "gpus", "packages_sha256", "python",
+                                "torch"]
+    assert (manifest["git_commit"], manifest["git_dirty"]) == (head, False)
+    assert manifest["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert manifest["torch"] == torch.__version__ and manifest["argv"] == sys.argv
+    lines = sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in importlib.metadata.distributions()})
+    assert manifest["packages_sha256"] == hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    assert "hunter2" not in json.dumps(manifest)
+
+    (repo / "train.py").write_text("print(2)\n")
+    (repo / "untracked.txt").write_text("not part of the commit\n")
+    assert git_state(str(repo)) == (head, True)
+    assert git_state(str(tmp_path)) == (None, None)  # not a repository
+
+
+def test_only_rank_zero_sends_the_manifest_and_only_once():
+    """Under torch.distributed the manifest comes from rank 0; a second restore sends nothing."""
+    lead, other = Sent(), Sent()
+    StepTelemetry(other, rank=1).send_manifest()
+    telemetry = StepTelemetry(lead, rank=0)
+    assert telemetry.send_manifest() is not None and telemetry.send_manifest() is None
+    assert (len(lead.ops("manifest")), other.messages) == (1, [])
+
+
+def test_the_checkpointer_reports_manifest_nan_steps_and_a_final_report_before_closed(setup, tmp_path, agent):
+    """ckpt.step(step, loss=...): the manifest at restore, telemetry with exact NaN steps before 'closed'."""
+    with setup.checkpointer(tmp_path / "ckpt", interval="1h") as ckpt:
+        start = ckpt.restore()
+        for step in range(start + 1, start + 31):
+            setup.train(1)
+            ckpt.step(step, loss=torch.tensor(NAN) if step in (4, 9, 20) else torch.tensor(0.1))
+    agent.wait_for("closed")
+    final = [m for m in agent.messages if m["op"] == "telemetry"][-1]
+    assert final["final"] and final["attempt"] == 2
+    assert (final["steps"], final["nan_steps"]) == (30, 3)
+    assert final["peak_memory_bytes"] > 0 and final["memory"] == "host"
+    ops = [m["op"] for m in agent.messages]
+    assert ops.index("manifest") < ops.index("restored") and ops.index("telemetry") < ops.index("closed")
+    assert agent.wait_for("manifest")[0]["manifest"]["torch"] == torch.__version__
+
+
+def test_without_a_loss_nan_steps_is_null(setup, tmp_path, agent):
+    """A loop that never passes loss reports nan_steps null, not 0."""
+    with setup.checkpointer(tmp_path / "ckpt", interval="1h") as ckpt:
+        for step in range(1, 4):
+            ckpt.step(step)
+    agent.wait_for("closed")
+    final = [m for m in agent.messages if m["op"] == "telemetry"][-1]
+    assert (final["steps"], final["nan_steps"]) == (3, None)
