@@ -12,6 +12,7 @@ from ..client import ClientError
 from ..home import ConfigError
 from ..spec import SpecError
 from .agent import agent
+from .dashboard import dashboard
 from .jobs import cancel, list_jobs, logs, preempt, restarts, status, submit, validate
 from .server import server
 from .simulate import simulate
@@ -26,7 +27,8 @@ def cli(debug: bool):
         os.environ["RUNNER_DEBUG"] = "1"
 
 
-for command in (submit, validate, list_jobs, status, logs, restarts, cancel, preempt, server, agent, simulate):
+for command in (submit, validate, list_jobs, status, logs, restarts, cancel, preempt, server, agent, simulate,
+                dashboard):
     cli.add_command(command)
 
 try:

@@ -29,6 +29,7 @@ class ControllerState:
 
 
 def create_app(state: ControllerState) -> FastAPI:
+    from ..web import routes as web
     from . import agent_api, api, metrics
 
     # No /openapi.json: every endpoint needs a token, and the API's description is not one to hand out.
@@ -37,6 +38,7 @@ def create_app(state: ControllerState) -> FastAPI:
     app.include_router(api.router)
     app.include_router(agent_api.router)
     app.include_router(metrics.router)
+    app.include_router(web.router)  # the web page: /, /jobs/JOB (a browser session, not a token)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError):

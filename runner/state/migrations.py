@@ -156,6 +156,20 @@ MIGRATIONS: list[tuple[int, str]] = [
         )
         """,
     ),
+    (
+        7,
+        # The web page's sign-in: one-time links and browser sessions, by the sha256 of their secret. In the
+        # database, not in signed cookies, so that a link works once even when several controllers serve it.
+        """
+        CREATE TABLE web_sessions (
+            token_hash TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL
+        );
+        CREATE INDEX web_sessions_expiry ON web_sessions(expires_at)
+        """,
+    ),
 ]
 
 

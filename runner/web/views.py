@@ -1,0 +1,78 @@
+"""What a job's page shows, gathered from the store: its restart log on a timeline, the drill, cost, logs."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from .. import wire
+from ..scheduler.states import TERMINAL
+from ..state import web_sessions
+from . import timeline
+
+NOTICE_KINDS = ("notice", "rebalance", "maintenance")  # events marked on their attempt's bar
+
+
+def job_page(store, status: dict, now: float | None = None) -> dict:
+    """The job's page, from its status (``GET /v1/jobs/JOB``, so fields added there show up here)."""
+    now = now or time.time()
+    job_id = status["id"]
+    attempts = store.attempts(job_id)
+    rows = [{**wire.restart_row(a, now), "started": a["started_at"], "ended": a["ended_at"]} for a in attempts]
+    return {
+        "job": status,
+        "terminal": status["state"] in TERMINAL,
+        "rows": rows,
+        "timeline": timeline.layout(rows, _notices(store, job_id, attempts),
+                                    web_sessions.checkpoint_commits(store.db, job_id), now),
+        "legend": timeline.LEGEND,
+        "drills": [drill_verdict(r) for r in rows if r.get("drill")],
+        "lost_seconds": sum(r["lost_seconds"] or 0.0 for r in rows),
+        "logs": [{"attempt": r["attempt"], "node": rank,
+                  "label": f"attempt {r['attempt']}" + (f" · node {rank}" if r.get("nodes") else "")
+                           + f" · {r['zone']} · {r['end_reason']}"}
+                 for r in rows for rank in range(r.get("num_nodes") or 1)],
+    }
+
+
+def drill_verdict(row: dict) -> dict:
+    """The resume drill of a restart-log row in words: ``{"attempt", "outcome", "detail"}``."""
+    drill = row["drill"]
+    passed = drill.get("passed")
+    if passed is None:
+        outcome = "skipped" if drill.get("message") else "under way"
+        detail = drill.get("message") or f"a checkpoint of step {drill.get('checkpoint_step')} is being restored"
+    elif passed:
+        outcome = "passed"
+        seconds = drill.get("seconds")
+        detail = (f"the emergency checkpoint of step {drill.get('checkpoint_step')} was restored at step "
+                  f"{drill.get('resumed_step')}" + (f" in {seconds:.1f} s" if seconds is not None else ""))
+    else:
+        outcome = "failed"
+        detail = drill.get("message") or "the job did not resume from its checkpoint"
+    return {"attempt": row["attempt"], "outcome": outcome, "detail": detail}
+
+
+def _notices(store, job_id: str, attempts: list[dict]) -> dict[int, list[dict]]:
+    """Per attempt, the notices it received (a gang's at the rank that received it)."""
+    ranks = {a["attempt"]: (a["notice"] or {}).get("node_rank") for a in attempts}
+    notices: dict[int, list[dict]] = {}
+    for event in store.events(job_id):
+        if event["kind"] in NOTICE_KINDS and event["attempt"] is not None:
+            notices.setdefault(event["attempt"], []).append(
+                {"time": event["time"], "title": event["message"], "node_rank": ranks.get(event["attempt"])})
+    for attempt in attempts:  # a notice recorded on the attempt whose event was not kept
+        notice = attempt["notice"] or {}
+        if attempt["attempt"] not in notices and notice.get("received_at"):
+            received = _unix(notice["received_at"])
+            if received is not None:
+                notices[attempt["attempt"]] = [{"time": received, "node_rank": notice.get("node_rank"),
+                                                "title": f"{notice.get('source')} {notice.get('action')} notice"}]
+    return notices
+
+
+def _unix(value) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
