@@ -133,48 +133,6 @@ def test_price_cap_below_every_offer_is_refused_naming_the_cap(tmp_path, runner,
     assert "max_price_per_hour" in result.stderr and "cheapest" in result.stderr
 
 
-def test_capacity_errors_fail_over_to_another_zone_and_are_logged(tmp_path, runner, home):
-    """Zones that answer 'no capacity' are skipped; the attempt that launched lists the failed tries."""
-    import yaml
-
-    from conftest import Controller
-
-    (home / "config.yaml").write_text(yaml.safe_dump(
-        {"clouds": {"local": {"time_scale": 0.05, "no_capacity": ["local-a", "local-b"]}}}))
-    ctl = Controller(home).start()
-    runner.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
-    try:
-        job = write_job(tmp_path / "j", "name: failover\nrun: echo ok\nrecovery: {resume_drill: 'off'}\n")
-        job_id = runner.json("submit", str(job))["id"]
-        runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="success")
-        (row,) = runner.json("restarts", job_id)
-        assert row["zone"] == "local-c"
-        assert any("local-a" in f and "capacity" in f for f in row["launch_failures"])
-        assert any("local-b" in f for f in row["launch_failures"])
-    finally:
-        ctl.stop()
-
-
-def test_on_demand_policy_runs_on_demand_and_costs_add_up(tmp_path, runner, controller):
-    """spot_policy on-demand launches at the on-demand price; the job's cost is the sum of its attempts'."""
-    job = write_job(tmp_path / "j", """
-name: steady
-run: sleep 1; exit 1
-resources: {cloud: [local], spot_policy: on-demand}
-recovery: {max_failures: 1, resume_drill: "off"}
-""")
-    job_id = runner.json("submit", str(job))["id"]
-    runner.wait_for(job_id, lambda j: j["state"] == "FAILED", what="the end")
-    rows = runner.json("restarts", job_id)
-    offers = {(o["zone"], o["instance_type"]): o for o in runner.json("offers")}
-    for row in rows:
-        assert row["spot"] is False
-        assert row["price_per_hour"] == offers[(row["zone"], row["instance_type"])]["on_demand_price"]
-        assert row["cost_usd"] > 0
-    total = runner.json("status", job_id)["cost_usd"]
-    assert abs(total - sum(r["cost_usd"] for r in rows)) < 1e-5
-
-
 def test_offers_lists_fitting_offers_cheapest_first_with_filters(runner, controller):
     """`offers --accelerators A100:8` lists only 8xA100 offers, cheapest spot first; --on-demand orders by that."""
     rows = runner.json("offers", "--accelerators", "A100:8", "--refresh")

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from runner import wire
 from runner.providers.errors import AuthError, NoCapacityError
 from runner.providers.memory import MemoryProvider
 from runner.scheduler.attempts import end_attempt
@@ -181,3 +182,21 @@ def test_a_launch_cut_short_by_a_controller_crash_is_finished_without_a_second_n
     assert len(survivor.nodes) == 1 and survivor.launch_calls == [crashing.node(job_id)["id"]]
     assert crashing.node(job_id)["state"] == "running" and len(crashing.store.attempts(job_id)) == 1
     assert crashing.store.job(job_id)["state"] == "PROVISIONING"
+
+
+def test_a_jobs_cost_is_the_sum_of_its_attempts_at_the_price_each_paid(world):
+    """Two on-demand attempts (a failure, then a relaunch): each restart row costs its hours at the
+    on-demand price, and the job's cost is their sum."""
+    job_id = world.submit(resources={"spot_policy": "on-demand"})
+    world.tick()
+    world.register(job_id)
+    end_attempt(world.store, job_id, 1, "failed", exit_code=1, now=time.time() + 1800)
+    world.tick(2)
+    world.register(job_id)
+    end_attempt(world.store, job_id, 2, "failed", exit_code=1, now=time.time() + 3600)
+    attempts = world.store.attempts(job_id)
+    rows = [wire.restart_row(a) for a in attempts]
+    assert [r["price_per_hour"] for r in rows] == [0.05, 0.05] and all(r["cost_usd"] > 0 for r in rows)
+    assert rows[0]["cost_usd"] == pytest.approx(0.025, rel=0.01)
+    summary = wire.job_summary(world.store.job(job_id), attempts)
+    assert summary["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows), abs=1e-5)
