@@ -128,8 +128,11 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def serve(settings: ServerSettings) -> None:
-    """Run until SIGTERM or SIGINT; leave the database consistent and nodes running."""
+def serve(settings: ServerSettings, providers: dict | None = None) -> None:
+    """Run until SIGTERM or SIGINT; leave the database consistent and nodes running.
+
+    ``providers``: the clouds to launch on, by name (default: config.yaml's; the scale benchmark passes
+    the in-memory provider, whose nodes it plays itself)."""
     data_dir = settings.data_dir.resolve()
     make_data_dir_private(data_dir)  # jobs' env values, output and workdirs are kept here
     lock = acquire_lock(data_dir)
@@ -141,7 +144,9 @@ def serve(settings: ServerSettings) -> None:
     store = Store(open_database(settings.db_url or f"sqlite:///{data_dir / 'runner.db'}"))
     admin_token = load_or_create_secret(data_dir / ADMIN_TOKEN_FILE)
     node_secret = load_or_create_secret(data_dir / NODE_SECRET_FILE)
-    scheduler = SchedulerContext(store=store, providers=build_providers(data_dir, config), controller_url=node_url,
+    if providers is None:
+        providers = build_providers(data_dir, config)
+    scheduler = SchedulerContext(store=store, providers=providers, controller_url=node_url,
                                  node_token=lambda node_id: node_token(node_secret, node_id),
                                  token_hasher=hash_token, **scheduler_settings(config))
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
