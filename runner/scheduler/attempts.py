@@ -8,7 +8,7 @@ from typing import Iterable
 
 from ..state import Store
 from ..state.gangs import GangStore
-from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
+from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
 from ..wire import NODE_KEPT
 from .gang import node_end_reasons
 from .outcomes import lost_seconds, next_state
@@ -18,11 +18,14 @@ from .transitions import AttemptEnd, transition
 
 def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: float | None = None,
                 exit_code: int | None = None, notice: dict | None = None, drill: dict | None = None,
-                message: str | None = None, force_state: str | None = None, ranks: Iterable[int] = ()) -> str | None:
+                message: str | None = None, force_state: str | None = None, ranks: Iterable[int] = (),
+                drain_until: float | None = None) -> str | None:
     """End a running attempt and move the job on; return the new state, or None if already ended.
 
     ``ranks``: of a gang, the node ranks that ended it (a preempted or lost node); while the job goes on
-    only their nodes are released and the others are kept for the next attempt."""
+    only their nodes are released and the others are kept for the next attempt.
+    ``drain_until``: of a single-node attempt handed over (:func:`hand_over`), the node is not released but
+    drains until its exit report, and is reclaimed at that time at the latest."""
     now = now or time.time()
     with store.db.transaction() as tx:
         job = store.job(job_id, tx)
@@ -35,9 +38,7 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         checkpoint = job["checkpoint"] or {}
         own_checkpoint = checkpoint.get("attempt") == attempt
         commit_at = checkpoint.get("time") if own_checkpoint else None
-        restored = tx.one("SELECT MIN(time) AS t FROM events WHERE job_id = ? AND attempt = ? AND kind = 'restored'",
-                          (job_id, attempt))
-        working_since = (restored and restored["t"]) or current["running_at"]
+        working_since = store.restored_at(tx, job_id, attempt) or current["running_at"]
         recovery = job["spec"]["recovery"]
         state, why = next_state(
             reason, preemptions=job["preemptions"], failures=job["failures"],
@@ -56,9 +57,45 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             if notice and notice.get("node_rank") is not None and reason == "preempted":
                 ranks = (notice["node_rank"],)  # the node on notice ended it, whoever reported first
             _end_gang(store, tx, current, reason, ranks, job_goes_on=state not in TERMINAL)
+        elif drain_until is not None:
+            store.drain_node(tx, current["node_id"], drain_until)
         else:
             release_nodes(store, tx, job_id, attempt)
         return state
+
+
+# How long a handed-over node may take to report its exit before it is reclaimed anyway (a notice's own
+# deadline, where it is sooner, comes first): its process has committed and only has to exit.
+DRAIN_LIMIT_SECONDS = 120.0
+
+
+def hand_over(store: Store, node: dict, step: int | None, now: float | None = None) -> str | None:
+    """The emergency checkpoint after a notice is durable (agents/handover.py): end the attempt as preempted
+    now, so the next one launches while this node's process exits; the node drains instead of being released.
+
+    Only for a single-node attempt on notice whose handed-over step is the job's checkpoint; returns the
+    job's new state, or None when the handover does not apply (the exit report then ends the attempt)."""
+    now = now or time.time()
+    job = store.job(node["job_id"])
+    current = store.current_attempt(node["job_id"])
+    if (job is None or current is None or current["attempt"] != node["attempt"] or current["num_nodes"] > 1
+            or not current["notice"] or (job["checkpoint"] or {}).get("step") != step):
+        return None
+    message = f"preempted: emergency checkpoint at step {step}, durable; the next attempt starts while this node drains"
+    return end_attempt(store, node["job_id"], node["attempt"], "preempted", now=now, message=message,
+                       drain_until=now + DRAIN_LIMIT_SECONDS)
+
+
+def close_drained(store: Store, node: dict, exit_code: int | None, now: float | None = None) -> bool:
+    """A draining node reported its process's exit: record the exit code and release the node."""
+    now = now or time.time()
+    with store.db.transaction() as tx:
+        row = store.node(node["id"], tx)
+        if row is None or row["state"] != NODE_DRAINING:
+            return False
+        store.close_drained_attempt(tx, node["job_id"], node["attempt"], exit_code, now)
+        store.update_node(tx, node["id"], state=NODE_TERMINATING)
+    return True
 
 
 def _end_gang(store: Store, tx, attempt: dict, reason: str, ranks: Iterable[int], job_goes_on: bool) -> None:
@@ -76,6 +113,4 @@ def _end_gang(store: Store, tx, attempt: dict, reason: str, ranks: Iterable[int]
 
 def release_nodes(store: Store, tx, job_id: str, attempt: int | None = None) -> None:
     """Mark a job's live nodes (of one attempt, or all) for termination by the reconciler."""
-    for node in tx.all("SELECT id, attempt, state FROM nodes WHERE job_id = ?", (job_id,)):
-        if node["state"] in (NODE_LAUNCHING, NODE_RUNNING) and (attempt is None or node["attempt"] == attempt):
-            store.update_node(tx, node["id"], state=NODE_TERMINATING)
+    store.release_job_nodes(tx, job_id, attempt)

@@ -7,7 +7,6 @@ must restore exactly the drill's step. The agent reports the verdict; a failed d
 
 from __future__ import annotations
 
-import json
 import time
 
 from ..state import Store
@@ -48,16 +47,10 @@ def record_drill_result(store: Store, node: dict, result: dict) -> str | None:
     """Store the verdict on the drill attempt; a failed drill ends the job as FAILED."""
     job_id = node["job_id"]
     with store.db.transaction() as tx:
-        drilled = tx.one("SELECT attempt, drill FROM attempts WHERE job_id = ? AND end_reason = 'drill' "
-                         "ORDER BY attempt DESC LIMIT 1", (job_id,))
-        target = drilled["attempt"] if drilled else node["attempt"]
-        tx.execute("UPDATE attempts SET drill = ?, message = COALESCE(?, message) WHERE job_id = ? AND attempt = ?",
-                   (_json(result), result.get("message"), job_id, target))
+        drilled = store.last_drill_attempt(tx, job_id)
+        target = drilled if drilled is not None else node["attempt"]
+        store.set_attempt_drill(tx, job_id, target, result, result.get("message"))
     if result.get("passed") is False:
         return end_attempt(store, job_id, node["attempt"], "failed", message=f"resume drill failed: {result.get('message')}",
                            force_state=FAILED)
     return None
-
-
-def _json(value: dict) -> str:
-    return json.dumps(value)

@@ -20,7 +20,7 @@ from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
 from ..state import Store
-from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
+from ..state.store import NODES_HOLDING_A_JOB, NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
 from . import placement
 from .attempts import end_attempt
 from .gang import GANG_FORM_SECONDS
@@ -101,7 +101,7 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
                 if node["state"] == NODE_LAUNCHING:  # not released by a failed launch of its gang
                     _launch(ctx, node)
             continue
-        if job["cancel_requested"] or store.nodes(job_id=job["id"]):
+        if job["cancel_requested"] or store.nodes(NODES_HOLDING_A_JOB, job_id=job["id"]):
             continue
         resources = Resources.model_validate(job["spec"]["resources"])
         avoid = placement.recent_preempted_zones(store.attempts(job["id"]))
@@ -116,9 +116,7 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
         token = ctx.node_token(node_id)
         with store.db.transaction() as tx:
             fresh = store.job(job["id"], tx)
-            if fresh["state"] != job["state"] or tx.one(
-                "SELECT 1 FROM nodes WHERE job_id = ? AND state != ?", (job["id"], NODE_TERMINATED)
-            ):
+            if fresh["state"] != job["state"] or store.has_unterminated_node(tx, job["id"]):
                 continue
             resumed = (fresh["checkpoint"] or {}).get("step", 0)
             attempt = store.insert_attempt(tx, job["id"], node_id, offer.to_json(), spot, resumed, time.time())
@@ -149,8 +147,7 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
         backoff.record_failure(key, time.time())
         with store.db.transaction() as tx:
             store.update_node(tx, node["id"], state=NODE_TERMINATED, terminated_at=time.time())
-            tx.execute("DELETE FROM attempts WHERE job_id = ? AND attempt = ? AND end_reason = 'running'",
-                       (node["job_id"], node["attempt"]))
+            store.delete_running_attempt(tx, node["job_id"], node["attempt"])
             store.add_event(tx, node["job_id"], "launch-failed",
                             f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node["attempt"])
             waiting = store.job(node["job_id"], tx)["state"] in (PENDING, RECOVERING)
@@ -158,9 +155,9 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
                 if waiting:
                     transition(tx, node["job_id"], FAILED, now=time.time(), message=f"launch failed: {exc}")
             elif waiting:  # no state change (updated_at stays: it is when the wait began); `status` shows why
-                tx.execute("UPDATE jobs SET message = ? WHERE id = ?",
-                           ("waiting to launch (other offers next, this one again after a backoff); last failure: "
-                            f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", node["job_id"]))
+                store.set_job_message(tx, node["job_id"],
+                                      "waiting to launch (other offers next, this one again after a backoff); "
+                                      f"last failure: {offer.cloud} {offer.zone} {offer.instance_type}: {exc}")
             if store.job(node["job_id"], tx)["spec"]["resources"].get("num_nodes", 1) > 1:
                 abandon_gang_launch(ctx, tx, node, exc)  # all or none: the rest of its gang goes too
         log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
@@ -177,7 +174,7 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
 def watch_running_nodes(ctx: SchedulerContext) -> None:
     """A node the provider's API says is gone ends its attempt as preempted (after a notice) or lost."""
     store = ctx.store
-    for node in store.nodes((NODE_RUNNING,)):
+    for node in store.nodes((NODE_RUNNING, NODE_DRAINING)):  # a draining node's attempt has ended already
         provider = ctx.providers[node["provider"]]
         reclaim = bool(node["terminate_at"]) and node["terminate_at"] <= time.time()
         last = ctx.described_at.get(node["id"], 0.0)
@@ -222,9 +219,7 @@ def apply_cancellations(ctx: SchedulerContext) -> None:
             with store.db.transaction() as tx:
                 if store.job(job["id"], tx)["state"] not in TERMINAL:
                     transition(tx, job["id"], CANCELLED, now=time.time(), message="cancelled by the user")
-                    for node in tx.all("SELECT id FROM nodes WHERE job_id = ? AND state IN (?, ?)",
-                                       (job["id"], NODE_LAUNCHING, NODE_RUNNING)):
-                        store.update_node(tx, node["id"], state=NODE_TERMINATING)
+                    store.release_job_nodes(tx, job["id"])
 
 
 def release_nodes(ctx: SchedulerContext) -> None:

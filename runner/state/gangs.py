@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from .db import Tx
-from .store import LIVE_NODE_STATES, Store
+from .store import ATTEMPT_NODE_COLUMNS, LIVE_NODE_STATES, Store, decode
 
 
 class GangStore:
@@ -75,8 +75,7 @@ class GangStore:
                        (reason, job_id, attempt, rank))
 
     def set_drill(self, tx: Tx, job_id: str, attempt: int, drill: dict, message: str | None) -> None:
-        tx.execute("UPDATE attempts SET drill = ?, message = COALESCE(?, message) WHERE job_id = ? AND attempt = ?",
-                   (json.dumps(drill), message, job_id, attempt))
+        self.store.set_attempt_drill(tx, job_id, attempt, drill, message)
 
     def mark_released(self, tx: Tx, node_id: str, reason: str) -> None:
         """A node kept at the end of its last attempt is given up after all (the gang moved, or it died)."""
@@ -86,6 +85,4 @@ class GangStore:
 
 
 def _decode(row: dict) -> dict:
-    row = dict(row)
-    row["spot"] = bool(row["spot"])
-    return row
+    return decode(row, ATTEMPT_NODE_COLUMNS)

@@ -1,17 +1,26 @@
-"""Reads and writes of jobs, attempts, nodes and events: the SQL lives here and nowhere else."""
+"""Reads and writes of jobs, attempts, nodes and events: the SQL lives here and nowhere else.
+
+Rows come back as dicts whose every column has a declared type (:data:`JOB_COLUMNS` and the others): a
+REAL column is a float, a flag a bool, a JSON column decoded, whichever database returned it, so no
+field changes type by accident (``cancel_requested`` is a timestamp or None, never a bool).
+"""
 
 from __future__ import annotations
 
 import json
-import time
+from typing import Any, Callable
 
 from .db import Database, Tx
+from .job_changes import add_event
 
 NODE_LAUNCHING = "launching"      # row written, provider launch may or may not have happened
 NODE_RUNNING = "running"          # provider confirmed the launch
+NODE_DRAINING = "draining"        # its attempt was handed over (wire.HANDOVER); released at its exit report
 NODE_TERMINATING = "terminating"  # release requested
 NODE_TERMINATED = "terminated"    # provider confirmed it is gone
-LIVE_NODE_STATES = (NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING)
+LIVE_NODE_STATES = (NODE_LAUNCHING, NODE_RUNNING, NODE_DRAINING, NODE_TERMINATING)
+# A job gets its next node only when none of its nodes is in one of these: a draining node does not hold it back.
+NODES_HOLDING_A_JOB = (NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING)
 
 
 class Store:
@@ -62,8 +71,9 @@ class Store:
             (checkpoint["step"], json.dumps(checkpoint), job_id, checkpoint["step"]),
         )
         tx.execute(
-            "UPDATE attempts SET checkpoint_step = MAX(COALESCE(checkpoint_step, 0), ?) WHERE job_id = ? AND attempt = ?",
-            (checkpoint["step"], job_id, attempt),
+            """UPDATE attempts SET checkpoint_step = CASE WHEN COALESCE(checkpoint_step, 0) > ? THEN checkpoint_step
+                   ELSE ? END WHERE job_id = ? AND attempt = ?""",
+            (checkpoint["step"], checkpoint["step"], job_id, attempt),
         )
         return True
 
@@ -92,7 +102,7 @@ class Store:
             sql = "SELECT * FROM attempt_nodes WHERE job_id = ? ORDER BY attempt, rank"
             ranks: dict[int, list[dict]] = {}
             for node in (tx.all(sql, params) if tx else self.db.query(sql, params)):
-                ranks.setdefault(node["attempt"], []).append({**node, "spot": bool(node["spot"])})
+                ranks.setdefault(node["attempt"], []).append(decode(node, ATTEMPT_NODE_COLUMNS))
             for row in rows:
                 row["nodes"] = ranks.get(row["attempt"], [])
         return rows
@@ -113,6 +123,26 @@ class Store:
     def set_attempt_notice(self, tx: Tx, job_id: str, attempt: int, notice: dict) -> None:
         tx.execute("UPDATE attempts SET notice = COALESCE(notice, ?) WHERE job_id = ? AND attempt = ?",
                    (json.dumps(notice), job_id, attempt))
+
+    def delete_running_attempt(self, tx: Tx, job_id: str, attempt: int) -> None:
+        """An attempt whose launch failed is taken back (it never ran; the restart log does not show it)."""
+        tx.execute("DELETE FROM attempts WHERE job_id = ? AND attempt = ? AND end_reason = 'running'",
+                   (job_id, attempt))
+
+    def restored_at(self, tx: Tx, job_id: str, attempt: int) -> float | None:
+        """When the attempt's training first reported its restore (None if it has not)."""
+        row = tx.one("SELECT MIN(time) AS t FROM events WHERE job_id = ? AND attempt = ? AND kind = 'restored'",
+                     (job_id, attempt))
+        return None if row is None or row["t"] is None else float(row["t"])
+
+    def last_drill_attempt(self, tx: Tx, job_id: str) -> int | None:
+        """The newest attempt that ended as a resume drill."""
+        row = tx.one("SELECT MAX(attempt) AS a FROM attempts WHERE job_id = ? AND end_reason = 'drill'", (job_id,))
+        return None if row is None or row["a"] is None else int(row["a"])
+
+    def set_attempt_drill(self, tx: Tx, job_id: str, attempt: int, drill: dict, message: str | None) -> None:
+        tx.execute("UPDATE attempts SET drill = ?, message = COALESCE(?, message) WHERE job_id = ? AND attempt = ?",
+                   (json.dumps(drill), message, job_id, attempt))
 
     # --- nodes ------------------------------------------------------------
     def insert_node(self, tx: Tx, node_id: str, job_id: str, attempt: int, provider: str,
@@ -141,6 +171,41 @@ class Store:
             params = (*states, job_id)
         return [_decode_node(r) for r in self.db.query(sql + " ORDER BY created_at", params)]
 
+    def has_unterminated_node(self, tx: Tx, job_id: str) -> bool:
+        """Does a node still hold the job back from its next launch (any but a terminated or draining one)?"""
+        return tx.one("SELECT 1 AS x FROM nodes WHERE job_id = ? AND state NOT IN (?, ?)",
+                      (job_id, NODE_TERMINATED, NODE_DRAINING)) is not None
+
+    def drain_node(self, tx: Tx, node_id: str, until: float) -> None:
+        """The node's attempt was handed over: it runs on until its exit report, and is reclaimed by ``until``."""
+        node = self.node(node_id, tx)
+        if node is None or node["state"] != NODE_RUNNING:
+            return
+        terminate_at = min(node["terminate_at"] or until, until)
+        self.update_node(tx, node_id, state=NODE_DRAINING, terminate_at=terminate_at)
+
+    def close_drained_attempt(self, tx: Tx, job_id: str, attempt: int, exit_code: int | None, now: float) -> None:
+        """A handed-over attempt's process has exited: its exit code, and its end moved to when its node stopped
+        (billing runs until then)."""
+        row = tx.one("SELECT ended_at, exit_code FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt))
+        if row is None:
+            return
+        ended_at = max(row["ended_at"] or now, now)
+        code = row["exit_code"] if row["exit_code"] is not None else exit_code
+        tx.execute("UPDATE attempts SET ended_at = ?, exit_code = ? WHERE job_id = ? AND attempt = ?",
+                   (ended_at, code, job_id, attempt))
+
+    def release_job_nodes(self, tx: Tx, job_id: str, attempt: int | None = None) -> list[str]:
+        """Mark a job's launching or running nodes (of one attempt, or all) for termination; return their ids."""
+        sql = "SELECT id FROM nodes WHERE job_id = ? AND state IN (?, ?)"
+        params: tuple = (job_id, NODE_LAUNCHING, NODE_RUNNING)
+        if attempt is not None:
+            sql, params = sql + " AND attempt = ?", (*params, attempt)
+        ids = [row["id"] for row in tx.all(sql + " ORDER BY id", params)]
+        for node_id in ids:
+            self.update_node(tx, node_id, state=NODE_TERMINATING)
+        return ids
+
     def update_node(self, tx: Tx, node_id: str, **fields) -> None:
         for key in ("progress",):
             if key in fields and not isinstance(fields[key], (str, type(None))):
@@ -151,37 +216,75 @@ class Store:
     # --- events -----------------------------------------------------------
     def add_event(self, tx: Tx, job_id: str, kind: str, message: str, attempt: int | None = None,
                   now: float | None = None) -> None:
-        tx.execute("INSERT INTO events (job_id, attempt, time, kind, message) VALUES (?,?,?,?,?)",
-                   (job_id, attempt, now or time.time(), kind, message))
+        add_event(tx, job_id, kind, message, attempt=attempt, now=now)
 
     def last_event(self, job_id: str, kind: str) -> dict | None:
         rows = self.db.query("SELECT * FROM events WHERE job_id = ? AND kind = ? ORDER BY id DESC LIMIT 1",
                              (job_id, kind))
-        return rows[0] if rows else None
+        return decode(rows[0], EVENT_COLUMNS) if rows else None
 
     def events(self, job_id: str, after_id: int = 0) -> list[dict]:
-        return self.db.query("SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id", (job_id, after_id))
+        rows = self.db.query("SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id", (job_id, after_id))
+        return [decode(row, EVENT_COLUMNS) for row in rows]
+
+
+def _opt(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else kind(value)
+
+
+def _json_field(value):
+    return json.loads(value) if value else None
+
+
+def _timestamp_or_none(value):
+    """A time column that uses 0 for "never" (``cancel_requested``): the unix time, or None."""
+    return float(value) if value else None
+
+
+TEXT, INT, REAL, FLAG = _opt(str), _opt(int), _opt(float), _opt(bool)
+
+# Every column of the decoded tables with its Python type (NULL stays None).
+JOB_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "id": TEXT, "name": TEXT, "spec": _json_field, "state": TEXT, "created_at": REAL, "updated_at": REAL,
+    "ended_at": REAL, "preemptions": INT, "failures": INT, "step": INT, "checkpoint": _json_field,
+    "cancel_requested": _timestamp_or_none, "message": TEXT,
+}
+ATTEMPT_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "job_id": TEXT, "attempt": INT, "node_id": TEXT, "cloud": TEXT, "region": TEXT, "zone": TEXT,
+    "instance_type": TEXT, "spot": FLAG, "price_per_hour": REAL, "started_at": REAL, "running_at": REAL,
+    "ended_at": REAL, "end_reason": TEXT, "notice": _json_field, "checkpoint_step": INT, "resumed_from_step": INT,
+    "lost_seconds": REAL, "exit_code": INT, "drill": _json_field, "message": TEXT, "num_nodes": INT,
+    "master_port": INT,
+}
+ATTEMPT_NODE_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "job_id": TEXT, "attempt": INT, "rank": INT, "node_id": TEXT, "zone": TEXT, "instance_type": TEXT,
+    "spot": FLAG, "price_per_hour": REAL, "address": TEXT, "registered_at": REAL, "exit_reason": TEXT,
+    "exit_code": INT, "end_reason": TEXT,
+}
+NODE_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "id": TEXT, "job_id": TEXT, "attempt": INT, "provider": TEXT, "state": TEXT, "token_hash": TEXT,
+    "offer": _json_field, "spot": FLAG, "provider_ref": TEXT, "created_at": REAL, "registered_at": REAL,
+    "last_heartbeat": REAL, "progress": _json_field, "terminate_at": REAL, "terminated_at": REAL, "rank": INT,
+}
+EVENT_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "id": INT, "job_id": TEXT, "attempt": INT, "time": REAL, "kind": TEXT, "from_state": TEXT, "to_state": TEXT,
+    "message": TEXT,
+}
+
+
+def decode(row: dict, columns: dict[str, Callable[[Any], Any]]) -> dict:
+    """A row with each column converted to its declared type; a column added by a later migration and not
+    declared yet passes through unchanged."""
+    return {key: columns[key](value) if key in columns else value for key, value in row.items()}
 
 
 def _decode_job(row: dict) -> dict:
-    row = dict(row)
-    row["spec"] = json.loads(row["spec"])
-    row["checkpoint"] = json.loads(row["checkpoint"]) if row["checkpoint"] else None
-    row["cancel_requested"] = float(row["cancel_requested"]) or None  # when the user cancelled (unix), or None
-    return row
+    return decode(row, JOB_COLUMNS)
 
 
 def _decode_attempt(row: dict) -> dict:
-    row = dict(row)
-    row["spot"] = bool(row["spot"])
-    for key in ("notice", "drill"):
-        row[key] = json.loads(row[key]) if row[key] else None
-    return row
+    return decode(row, ATTEMPT_COLUMNS)
 
 
 def _decode_node(row: dict) -> dict:
-    row = dict(row)
-    row["offer"] = json.loads(row["offer"])
-    row["spot"] = bool(row["spot"])
-    row["progress"] = json.loads(row["progress"]) if row["progress"] else None
-    return row
+    return decode(row, NODE_COLUMNS)
