@@ -80,6 +80,7 @@ def status(job_id: str, as_json: bool):
          if current else None),
         ("node", f"{node.get('id')} ({node.get('state')}, last heartbeat {node.get('last_heartbeat')})"
          if node else None),
+        ("cost policy", job.get("cost_policy")),
         ("run", job["spec"]["run"]),
         ("save failed", (f"{job['last_checkpoint_failure']['time']} "
                                     f"{job['last_checkpoint_failure']['message']}")

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel
 
 from .. import wire
+from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import TERMINAL
 from ..spec import SpecError, validate_job
 from ..state.store import NODE_RUNNING
@@ -134,6 +135,8 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     summary["spec"] = {k: v for k, v in job["spec"].items() if k != "env"}  # env may hold secrets
     summary["spec"]["env"] = sorted(job["spec"].get("env", {}))
     failure = state.store.last_event(job_id, "checkpoint_failed")
+    placed = state.store.last_event(job_id, PLACEMENT_EVENT)  # the cost policy's last choice, for a deadline job
+    summary["cost_policy"] = placed["message"] if placed else None
     summary["last_checkpoint_failure"] = ({"time": wire.iso(failure["time"]), "attempt": failure["attempt"],
                                            "message": failure["message"]} if failure else None)
     nodes = state.store.nodes(job_id=job_id)
@@ -154,14 +157,25 @@ def restarts(job_id: str, request: Request, who: Principal = Depends(require_job
     _job_or_404(state, job_id)
     failures: dict[int, list[str]] = {}
     notable: dict[int, list[dict]] = {}
+    placed: dict[int, str] = {}
     for event in state.store.events(job_id):
         if event["kind"] == "launch-failed":
             failures.setdefault(event["attempt"], []).append(event["message"])
         elif event["kind"] in ATTEMPT_EVENT_KINDS:
             notable.setdefault(event["attempt"], []).append(
                 {"kind": event["kind"], "time": wire.iso(event["time"]), "message": event["message"]})
-    return [{**wire.restart_row(a), "launch_failures": failures.get(a["attempt"], []),
+        elif event["kind"] == PLACEMENT_EVENT:
+            placed[event["attempt"]] = event["message"]
+    return [{**_placement_first(wire.restart_row(a), placed.get(a["attempt"])),
+             "launch_failures": failures.get(a["attempt"], []),
              "events": notable.get(a["attempt"], [])} for a in state.store.attempts(job_id)]
+
+
+def _placement_first(row: dict, reason: str | None) -> dict:
+    """A deadline job's row says first why its market was chosen (runner/costpolicy), then how it ended."""
+    if reason:
+        row["message"] = "; ".join(part for part in (reason, row["message"]) if part)
+    return row
 
 
 # Events shown on their attempt's restart-log row (state changes and log noise are not).

@@ -10,15 +10,17 @@ only while it waits or restarts. The policy keeps slack for one more restart in 
 a preemption at any moment still leaves time to finish on-demand.
 
 Rules (S = slack, r = restart seconds, E = the expected restarts' cost of the rest of the work on spot at
-the observed preemption rate, m = a safety margin):
+the observed preemption rate, m = a safety margin), applied whenever the job needs a node:
 
-- running on spot: stay (no proactive migration: slack is constant while it runs; a switch would itself
-  cost a restart);
 - spot is affordable when S >= r (its launch) + E + r (the reserve) + m: launch the spot market with the
-  lowest expected price (price x (1 + preemptions/h x restart hours)), and move back to it from on-demand
-  as soon as that holds and the switch saves money;
-- no affordable spot: wait while S stays above what a later on-demand launch (r) plus an affordable spot
-  return would need, else launch on-demand (so that the job can still go back to spot when it returns).
+  lowest expected price (price x (1 + preemptions/h x restart hours));
+- no spot capacity now: wait while S, after the wait, still covers an on-demand launch and m;
+- otherwise on-demand.
+
+A running node is kept, spot or on-demand. Spot needs no proactive move to on-demand: slack is constant
+while it runs, and the reserve covers the restart after a preemption. A move from on-demand back to spot
+would pay on some traces (docs/cost-policy.md measures it) but needs a stop-with-checkpoint on request,
+which the agent does not have; the job moves back to spot at its next launch instead.
 """
 
 from __future__ import annotations
@@ -37,9 +39,6 @@ class Market:
     price: float
     preemptions_per_hour: float = 0.0  # observed (spot only): the job's own and the zone's history
 
-    def label(self) -> str:
-        return f"{'spot' if self.spot else 'on-demand'} in {self.zone}"
-
 
 @dataclass(frozen=True)
 class Decision:
@@ -47,23 +46,21 @@ class Decision:
 
     market: Market | None
     reason: str
-    must_on_demand: bool = False  # the deadline needs on-demand from now on (or cannot be met at all)
 
 
-def spot_seconds_needed(work_left: float, restart: float, preemptions_per_hour: float, launch: bool = True) -> float:
+def spot_seconds_needed(work_left: float, restart: float, preemptions_per_hour: float) -> float:
     """Expected seconds to finish ``work_left`` on spot: a launch, the work, and a restart per preemption."""
-    expected_preemptions = preemptions_per_hour * work_left / HOUR
-    return (restart if launch else 0.0) + work_left + expected_preemptions * restart
+    return restart + work_left + preemptions_per_hour * work_left / HOUR * restart
 
 
 def decide(*, now: float, deadline: float, work_left: float, restart: float, markets: list[Market],
-           current: Market | None = None, margin: float = 0.0, wait_step: float = 0.0) -> Decision:
-    """The runner policy's choice for a job at ``now``.
+           margin: float = 0.0, wait_step: float = 0.0) -> Decision:
+    """The runner policy's choice for a job that needs a node at ``now`` (a running node is kept).
 
     ``work_left``: seconds of work to the job's end at the speed it runs; ``restart``: seconds a launch
     and restore take; ``markets``: what can be launched now (a spot market only where spot is available);
-    ``current``: the market the job runs in (None when it needs a launch); ``wait_step``: how long a
-    decision to wait lasts before the next one (the simulator's tick).
+    ``margin``: seconds kept beyond the reserve; ``wait_step``: how long a decision to wait lasts before
+    the next one (the simulator's tick).
     """
     time_left = deadline - now
     slack = time_left - work_left
@@ -72,54 +69,33 @@ def decide(*, now: float, deadline: float, work_left: float, restart: float, mar
     on_demand = on_demands[0] if on_demands else None
     facts = f"{_hours(work_left)} h of work left, {_hours(time_left)} h to the deadline"
 
-    if current is not None and current.spot:
-        return Decision(current, f"spot: running in {current.zone}; {facts}; a preemption costs a restart, "
-                                 "and the reserve still covers one")
-    if time_left < work_left + (0.0 if current is not None else restart):
-        target = current or on_demand
-        return Decision(target, f"on-demand: the deadline cannot be met any more ({facts}, "
-                                f"{_minutes(restart)} min per launch); finishing as early as possible",
-                        must_on_demand=True)
+    if time_left < work_left + restart:
+        return Decision(on_demand, f"on-demand: the deadline cannot be met any more ({facts}, "
+                                   f"{_minutes(restart)} min per launch); finishing as early as possible")
 
     best_spot = spots[0] if spots else None
     if best_spot is not None:
         need = spot_seconds_needed(work_left, restart, best_spot.preemptions_per_hour)
-        if time_left >= need + restart + margin and _switch_pays(current, best_spot, work_left, restart):
+        if time_left >= need + restart + margin:
             return Decision(best_spot, f"spot: {facts}, spot would need {_hours(need)} h at the observed "
                                        f"{_rate(best_spot.preemptions_per_hour)} preemptions/h, leaving "
                                        f"{_hours(time_left - need)} h for a fallback to on-demand")
-    if current is not None:  # on-demand, and spot is not (yet) affordable
-        why = (f"spot would need {_hours(spot_seconds_needed(work_left, restart, best_spot.preemptions_per_hour))} h"
-               f" at the observed {_rate(best_spot.preemptions_per_hour)} preemptions/h"
-               if best_spot else "no spot capacity now")
-        return Decision(current, f"on-demand: {facts}, {why}")
-
-    # Idle with no affordable spot: wait while a later on-demand launch could still return to spot.
-    rate = best_spot.preemptions_per_hour if best_spot else max(
-        (m.preemptions_per_hour for m in markets if m.spot), default=0.0)
-    keep = restart + spot_seconds_needed(work_left, restart, rate) - work_left + restart + margin
-    if best_spot is None and slack - wait_step >= keep:
-        return Decision(None, f"waiting for spot: no spot capacity now; {facts}, on-demand not needed "
-                              f"before {_hours(slack - keep)} h more of waiting")
+        why = (f"spot would need {_hours(need)} h at the observed {_rate(best_spot.preemptions_per_hour)} "
+               "preemptions/h")
+    else:
+        keep = restart + margin  # what an on-demand launch after the wait still needs
+        if slack - wait_step >= keep:
+            return Decision(None, f"waiting for spot: no spot capacity now; {facts}, on-demand not needed "
+                                  f"before {_hours(slack - keep)} h more of waiting")
+        why = "no spot capacity now, and no time to wait for it"
     if on_demand is None:
-        return Decision(None, f"waiting: no on-demand offer fits; {facts}", must_on_demand=True)
-    why = (f"spot would need {_hours(spot_seconds_needed(work_left, restart, best_spot.preemptions_per_hour))} h "
-           f"at the observed {_rate(best_spot.preemptions_per_hour)} preemptions/h" if best_spot
-           else "no spot capacity now, and waiting longer would leave no time to return to spot")
-    return Decision(on_demand, f"on-demand: {facts}, {why}", must_on_demand=True)
+        return Decision(None, f"waiting: no on-demand offer fits; {facts}")
+    return Decision(on_demand, f"on-demand: {facts}, {why}")
 
 
 def _expected_price(market: Market, restart: float) -> float:
     """The price per hour of work, counting the restarts that preemptions cost."""
     return market.price * (1.0 + market.preemptions_per_hour * restart / HOUR)
-
-
-def _switch_pays(current: Market | None, spot: Market, work_left: float, restart: float) -> bool:
-    """From on-demand, moving to spot must save more than the restart it costs."""
-    if current is None:
-        return True
-    saved = (current.price - _expected_price(spot, restart)) * work_left / HOUR
-    return saved > spot.price * restart / HOUR + current.price * restart / HOUR
 
 
 def _hours(seconds: float) -> str:

@@ -66,9 +66,9 @@ class Run:
     met: bool
 
 
-# A policy for one run: (tick index in the trace, seconds since the start, work done, placement, seconds
-# of its launch still to go) -> the placement for this tick: None (no node), OD, or a zone index (spot there).
-Chooser = Callable[[int, float, float, object, float], object]
+# A policy for one run: (tick index in the trace, seconds since the start, work done, placement) -> the
+# placement for this tick: None (no node), OD, or a zone index (spot there).
+Chooser = Callable[[int, float, float, object], object]
 
 
 def simulate(traces: Traces, job: Job, starts: int = 50) -> list[PolicyResult]:
@@ -104,7 +104,7 @@ def _replay(traces: Traces, job: Job, start: int, choose: Chooser) -> Run:
         tick, elapsed = start + k, k * gap
         if placement not in (None, OD) and not traces.available[placement][tick]:
             placement = None  # preempted: the notice's checkpoint keeps the progress
-        wanted = choose(tick, elapsed, done, placement, overhead if placement is not None else 0.0)
+        wanted = choose(tick, elapsed, done, placement)
         if wanted != placement:
             placement, overhead = wanted, (restart if wanted is not None else 0.0)
         if placement is None:
@@ -124,7 +124,7 @@ def _replay(traces: Traces, job: Job, start: int, choose: Chooser) -> Run:
 
 
 def _always_spot(traces: Traces) -> Chooser:
-    def choose(tick, elapsed, done, placement, launching):
+    def choose(tick, elapsed, done, placement):
         if placement not in (None, OD):
             return placement
         return next((z for z in range(len(traces.zones)) if traces.available[z][tick]), None)
@@ -136,24 +136,24 @@ def _uniform_progress(traces: Traces, job: Job, zone: int) -> Chooser:
     as_rule = {None: IDLE, OD: ON_DEMAND, zone: SPOT}
     as_placement = {IDLE: None, ON_DEMAND: OD, SPOT: zone}
 
-    def choose(tick, elapsed, done, placement, launching):
+    def choose(tick, elapsed, done, placement):
         return as_placement[rules.step(elapsed=elapsed, done=done, current=as_rule[placement],
                                        spot_available=traces.available[zone][tick])]
     return choose
 
 
 def _runner(traces: Traces, job: Job, rates: "_PreemptionRates") -> Chooser:
+    """Runner's policy: decides whenever the job has no node, over every zone; a running node is kept."""
     work, deadline, restart = job.work_hours * 3600, job.deadline_hours * 3600, job.restart_minutes * 60
     on_demand = Market("on-demand", False, job.on_demand_price)
 
-    def choose(tick, elapsed, done, placement, launching):
+    def choose(tick, elapsed, done, placement):
+        if placement is not None:
+            return placement
         markets = [Market(traces.zones[z], True, job.spot_price, rates.per_hour(z, tick))
                    for z in range(len(traces.zones)) if traces.available[z][tick]]
-        markets.append(on_demand)
-        current = None if placement is None else on_demand if placement == OD else \
-            next(m for m in markets if m.spot and m.zone == traces.zones[placement])
-        decision = decide(now=elapsed, deadline=deadline, work_left=work - done + launching, restart=restart, markets=markets,
-                          current=current, margin=traces.gap_seconds, wait_step=traces.gap_seconds)
+        decision = decide(now=elapsed, deadline=deadline, work_left=work - done, restart=restart,
+                          markets=[*markets, on_demand], margin=traces.gap_seconds, wait_step=traces.gap_seconds)
         if decision.market is None:
             return None
         return OD if not decision.market.spot else traces.zones.index(decision.market.zone)

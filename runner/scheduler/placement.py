@@ -1,15 +1,18 @@
-"""Where the next attempt goes: the offer policy applied to a job's history."""
+"""Where the next attempt goes: the offer policy applied to a job's history (and to its deadline: runner/costpolicy)."""
 
 from __future__ import annotations
 
 import time
 
+from ..costpolicy import Market, decide, observe
 from ..providers.offers import Offer
 from ..spec import Resources
 from .policy import BackoffBook, Candidate, rank_offers
 
 RECENT_PREEMPTION_SECONDS = 3600.0  # a zone that preempted the job this recently is tried last
 AUTO_ON_DEMAND_AFTER_SECONDS = 600.0  # spot_policy auto: on-demand once spot has not launched this long (default)
+PLACEMENT_EVENT = "placement"  # an attempt's event: why the cost policy chose its market (the restart log's message)
+DEADLINE_MARGIN = 0.05  # a deadline job keeps this share of its work left spare: its measured speed varies
 
 
 def recent_preempted_zones(attempts: list[dict], now: float | None = None) -> set[str]:
@@ -41,3 +44,37 @@ def candidates(offers: list[Offer], resources: Resources, *, avoid_zones: set[st
     fallback = waiting_since is not None and now - waiting_since > on_demand_after
     return rank_offers(offers, resources, avoid_zones=avoid_zones, backoff=backoff, now=now,
                        on_demand_fallback=fallback, on_demand_backoff=on_demand_backoff)
+
+
+def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: dict, attempts: list[dict],
+                        zone_history: dict[str, tuple[int, float]], avoid_zones: set[str], backoff: BackoffBook,
+                        now: float, on_demand_backoff: BackoffBook | None = None) -> tuple[tuple[Offer, bool] | None, str]:
+    """spot_policy auto with recovery.deadline: the cost policy's (offer, spot), or None to wait, and why.
+
+    Progress is the job's committed step over total_steps at the speed its attempts measured; before a
+    first checkpoint nothing is known of its speed, and it starts on spot like any auto job."""
+    ranked = rank_offers(offers, resources, avoid_zones=avoid_zones, backoff=backoff, now=now,
+                         on_demand_fallback=True, on_demand_backoff=on_demand_backoff)
+    total, step = job["spec"]["recovery"]["total_steps"], job["step"]
+    speed = observe.steps_per_second(job, attempts)
+    if speed is None:
+        first = ranked[0] if ranked else None
+        return ((first.offer, first.spot) if first else None,
+                f"{'spot' if first is None or first.spot else 'on-demand'}: step {step} of {total}, no speed "
+                "measured yet; the deadline is weighed from the job's first checkpoint on")
+    rates = observe.preemption_rates(zone_history)
+    by_market: dict[Market, Candidate] = {}
+    for candidate in ranked:  # best first: a market's first candidate is the one to launch
+        rate = rates.get(candidate.offer.zone, 0.0) if candidate.spot else 0.0
+        by_market.setdefault(Market(candidate.offer.zone, candidate.spot, candidate.price, rate), candidate)
+    markets = list(by_market)
+    if any(m.spot and m.zone not in avoid_zones for m in markets):  # just preempted there: other zones first
+        markets = [m for m in markets if not (m.spot and m.zone in avoid_zones)]
+    work_left = max(0, total - step) / speed
+    decision = decide(now=now, deadline=observe.job_deadline(job), work_left=work_left,
+                      restart=observe.restart_seconds(attempts), markets=markets,
+                      margin=DEADLINE_MARGIN * work_left)
+    if decision.market is None:
+        return None, decision.reason
+    chosen = by_market[decision.market]
+    return (chosen.offer, chosen.spot), decision.reason

@@ -21,6 +21,8 @@ from ..providers.offers import Offer
 from ..spec import Resources
 from ..state import Store
 from ..state.store import NODES_HOLDING_A_JOB, NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
+from ..costpolicy import observe
+from ..state.spot_history import zone_preemptions
 from . import placement
 from .attempts import end_attempt
 from .gang import GANG_FORM_SECONDS
@@ -109,8 +111,18 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
         choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
                                   waiting_since=job["updated_at"], on_demand_after=ctx.auto_on_demand_after,
                                   on_demand_backoff=ctx.on_demand_backoff)
+        reason = None
+        if observe.has_deadline(job["spec"]):  # spot or on-demand from progress and deadline (runner/costpolicy)
+            now = time.time()
+            choice, reason = placement.choose_for_deadline(
+                offers, resources, job=job, attempts=store.attempts(job["id"]), avoid_zones=avoid,
+                zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
+                backoff=ctx.backoff, on_demand_backoff=ctx.on_demand_backoff, now=now)
         if choice is None:
-            continue  # every fitting offer is backed off; try again later
+            if reason and reason != job["message"]:
+                with store.db.transaction() as tx:
+                    store.set_job_message(tx, job["id"], reason)
+            continue  # every fitting offer is backed off (or the deadline policy waits for spot); try again later
         offer, spot = choice
         node_id = f"n-{secrets.token_hex(6)}"
         token = ctx.node_token(node_id)
@@ -120,6 +132,8 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
                 continue
             resumed = (fresh["checkpoint"] or {}).get("step", 0)
             attempt = store.insert_attempt(tx, job["id"], node_id, offer.to_json(), spot, resumed, time.time())
+            if reason:
+                store.add_event(tx, job["id"], placement.PLACEMENT_EVENT, reason, attempt=attempt)
             store.insert_node(tx, node_id, job["id"], attempt, offer.cloud, ctx.token_hasher(token),
                               offer.to_json(), spot, time.time())
         _launch(ctx, store.node(node_id))

@@ -1,0 +1,56 @@
+"""What the scheduler measures of a job for the cost policy: its speed, its restarts, the zones' preemptions.
+
+Pure functions of a job's rows (as runner/state/store.py returns them) and a clock.
+"""
+
+from __future__ import annotations
+
+from ..spec.deadline import deadline_at
+
+DEFAULT_RESTART_SECONDS = 300.0  # a launch and restore before any was measured
+RATE_HISTORY_SECONDS = 7 * 86400.0  # the zone history the observed preemption rates are taken over
+
+
+def has_deadline(spec: dict) -> bool:
+    """Whether the cost policy places this job: spot_policy auto with a deadline and total_steps."""
+    recovery = spec.get("recovery") or {}
+    return (spec.get("resources") or {}).get("spot_policy") == "auto" and bool(recovery.get("deadline")) \
+        and bool(recovery.get("total_steps"))
+
+
+def job_deadline(job: dict) -> float:
+    """The job's deadline in unix seconds (a duration counts from its submission)."""
+    return deadline_at(job["spec"]["recovery"]["deadline"], job["created_at"])
+
+
+def steps_per_second(job: dict, attempts: list[dict]) -> float | None:
+    """Committed steps per second of work over the job's attempts, or None before a first checkpoint."""
+    steps, seconds = 0.0, 0.0
+    checkpoint = job.get("checkpoint") or {}
+    for attempt in attempts:
+        start = attempt.get("running_at")
+        if not start:
+            continue
+        if attempt["end_reason"] == "running":
+            if checkpoint.get("attempt") != attempt["attempt"] or not checkpoint.get("time"):
+                continue
+            end, reached = checkpoint["time"], checkpoint.get("step", 0)
+        else:
+            end, reached = attempt.get("ended_at"), attempt.get("checkpoint_step")
+        if not end or reached is None or end <= start:
+            continue
+        steps += max(0, reached - attempt.get("resumed_from_step", 0))
+        seconds += end - start
+    return steps / seconds if steps > 0 and seconds > 0 else None
+
+
+def restart_seconds(attempts: list[dict]) -> float:
+    """The job's mean launch-to-running time, or DEFAULT_RESTART_SECONDS before one was measured."""
+    spans = [a["running_at"] - a["started_at"] for a in attempts
+             if a.get("running_at") and a["running_at"] > a["started_at"]]
+    return sum(spans) / len(spans) if spans else DEFAULT_RESTART_SECONDS
+
+
+def preemption_rates(history: dict[str, tuple[int, float]]) -> dict[str, float]:
+    """Preemptions per hour of spot held, per zone (an hour at least, so one early preemption is not 100/h)."""
+    return {zone: count / max(seconds / 3600.0, 1.0) for zone, (count, seconds) in history.items()}

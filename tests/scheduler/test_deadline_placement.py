@@ -1,0 +1,77 @@
+"""spot_policy auto with recovery.deadline, through the reconciler and the restart log's HTTP API.
+
+A job's first attempt has run an hour and committed step 1,000 of 10,000 before a preemption (9 h of
+work left at its measured speed); its relaunch goes on-demand when the deadline leaves no room for spot,
+and on spot when it does, with the reason in the restart log's message and in `status`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runner.controller.app import ControllerState, create_app
+from runner.controller.logstore import LogStore
+from runner.providers.memory import MemoryProvider, memory_offers
+from runner.scheduler.attempts import end_attempt
+
+from scheduler_world import make_world
+
+ADMIN = "admin-token"
+
+
+@pytest.fixture
+def world(tmp_path):
+    return make_world(tmp_path, MemoryProvider(memory_offers(("zone-a", "zone-b"))))
+
+
+def first_hour_then_preempted(world, job_id: str) -> None:
+    """Attempt 1 ran an hour, committed step 1000 (durable), and was preempted after a notice."""
+    world.tick()
+    now = time.time()
+    with world.store.db.transaction() as tx:
+        world.store.mark_attempt_running(tx, job_id, 1, now - 3600)
+        world.store.record_checkpoint(tx, job_id, 1, {"step": 1000, "time": now, "durable": True})
+    end_attempt(world.store, job_id, 1, "preempted", notice={"source": "aws", "action": "terminate"})
+    world.tick()  # releases the node, then places the relaunch
+
+
+def restart_log(world, job_id: str, tmp_path) -> tuple[list[dict], dict]:
+    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
+    with TestClient(create_app(state)) as client:
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        rows = client.get(f"/v1/jobs/{job_id}/restarts", headers=headers).json()
+        job = client.get(f"/v1/jobs/{job_id}", headers=headers).json()
+    return rows, job
+
+
+def submit(world, deadline: str) -> str:
+    return world.submit(resources={"spot_policy": "auto"},
+                        recovery={"resume_drill": "off", "deadline": deadline, "total_steps": 10000})
+
+
+def test_a_tight_deadline_relaunches_on_demand_and_says_why(world, tmp_path):
+    job_id = submit(world, "9h10m")
+    first_hour_then_preempted(world, job_id)
+    rows, job = restart_log(world, job_id, tmp_path)
+    assert [row["spot"] for row in rows] == [True, False]
+    assert "no speed measured yet" in rows[0]["message"]  # before a checkpoint: spot, like any auto job
+    assert rows[1]["message"].startswith("on-demand: 9.0 h of work left, 9.2 h to the deadline, spot would need")
+    assert job["cost_policy"] == rows[1]["message"]
+
+
+def test_a_deadline_with_slack_relaunches_on_spot_away_from_the_preempting_zone(world, tmp_path):
+    job_id = submit(world, "48h")
+    first_hour_then_preempted(world, job_id)
+    rows, _ = restart_log(world, job_id, tmp_path)
+    assert [(row["spot"], row["zone"]) for row in rows] == [(True, "zone-a"), (True, "zone-b")]
+    assert rows[1]["message"].startswith("spot: 9.0 h of work left, 48.0 h to the deadline, spot would need 9.1 h")
+
+
+def test_a_job_without_a_deadline_is_placed_as_before(world, tmp_path):
+    job_id = world.submit(resources={"spot_policy": "auto"})
+    world.tick()
+    rows, job = restart_log(world, job_id, tmp_path)
+    assert rows[0]["spot"] and rows[0]["message"] is None and job["cost_policy"] is None
