@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import structlog
 
+from runner.wire import REPORT_MANIFEST, REPORT_TELEMETRY
+
 from .config import AgentConfig
 from .control import ControlServer
 from .emergency import EmergencyStop, rebalance_message
 from .reporter import Reporter
+from .telemetry import TelemetryRelay
 from .watchers import NoMetadataServer, Notice, WatchLoop, detect, endpoint_for, watchers_for
 
 log = structlog.get_logger(__name__)
@@ -27,6 +30,7 @@ class AgentCore:
         self.progress: dict = {}  # what heartbeats carry: the last committed and restored steps
         self.control: ControlServer | None = None
         self.watch_loop: WatchLoop | None = None
+        self.telemetry = TelemetryRelay()
 
     def send_control(self, message: dict) -> int:
         return self.control.send(message) if self.control is not None else 0
@@ -85,6 +89,13 @@ class AgentCore:
             log.warning("checkpoint failed", step=message.get("step"), tier=message.get("tier"),
                         error=message.get("error"))
             self.reporter.event("checkpoint_failed", {"message": text})
+        elif op == "telemetry":
+            report = self.telemetry.update(message)
+            if report is not None:
+                self.reporter.event(REPORT_TELEMETRY, report)
+        elif op == "manifest":
+            log.info("run manifest", commit=(message.get("manifest") or {}).get("git_commit"))
+            self.reporter.event(REPORT_MANIFEST, {"manifest": message.get("manifest")})
         elif op == "restored":
             self.progress["restored_step"] = message.get("step")
             step = message.get("step") or 0

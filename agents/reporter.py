@@ -18,6 +18,7 @@ from typing import Callable
 
 import structlog
 
+from runner import wire
 from runner.client import Client, ClientError
 
 from .config import AgentConfig
@@ -25,7 +26,9 @@ from .config import AgentConfig
 log = structlog.get_logger(__name__)
 REGISTER_PATIENCE_SECONDS = 300.0
 REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that has ended: retrying cannot help
-RELIABLE = frozenset({"checkpoint", "notice"})  # events a resume depends on: retried, and flushed before the exit
+# Events a resume depends on, and the attempt's telemetry (its final report comes just before the exit):
+# retried, delivered in order, and flushed before the exit report.
+RELIABLE = frozenset({"checkpoint", "notice", wire.REPORT_TELEMETRY, wire.REPORT_MANIFEST})
 FLUSH_SECONDS = 30.0  # how long the exit report waits for reliable events still being retried
 
 

@@ -1,4 +1,4 @@
-"""Shapes that cross processes: timestamps, and the JSON views of jobs and attempts (CONTRACT §1, §4)."""
+"""Shapes that cross processes: timestamps, and the JSON views of jobs and attempts (CONTRACT §1, §4, §9)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ STOP_FOR_PEER = "stop-for-peer"
 # A gang node's end in a restart-log row's ``nodes``, besides the attempt's own end reasons:
 NODE_KEPT = "kept"          # carries on into the next attempt
 NODE_RELEASED = "released"  # was healthy, but given up because the whole gang moved to another zone
+
+# Report kinds an agent posts to /v1/agent/events for job telemetry (CONTRACT §9): the training's figures
+# (steps, steps/s, NaN steps, peak memory; batched by the library) and the run manifest (once per attempt).
+REPORT_TELEMETRY = "telemetry"
+REPORT_MANIFEST = "manifest"
 
 # POST /v1/agent/register answers {"status": REGISTER_WAITING, "message": ...} to a gang node while the
 # gang's attempt is not complete (or not planned yet); the agent asks again shortly.
@@ -77,6 +82,9 @@ def restart_row(attempt: dict, now: float | None = None) -> dict:
         "cost_usd": attempt_cost(attempt, now),
         "exit_code": attempt["exit_code"],
         "message": attempt["message"],
+        "steps": attempt.get("steps"),
+        "peak_memory_gb": attempt.get("peak_memory_gb"),
+        "nan_steps": attempt.get("nan_steps"),
     }
     if attempt.get("drill") is not None:
         row["drill"] = attempt["drill"]
@@ -86,10 +94,21 @@ def restart_row(attempt: dict, now: float | None = None) -> dict:
     return row
 
 
+def latest_rate(attempts: list[dict]) -> float | None:
+    """The job's newest reported steps/s: its current attempt's, else the last attempt's that reported one."""
+    return next((a["steps_per_second"] for a in reversed(attempts) if a.get("steps_per_second") is not None), None)
+
+
+def cost_per_1000_steps(cost_usd: float, steps_kept: int) -> float | None:
+    """USD per 1,000 of the steps the job has kept (its last committed step); None before any."""
+    return round(cost_usd / steps_kept * 1000, 6) if steps_kept else None
+
+
 def job_summary(job: dict, attempts: list[dict], now: float | None = None) -> dict:
     """A job as ``runner jobs --json`` and ``runner status --json`` show it."""
     now = now or time.time()
     current = attempts[-1] if attempts and attempts[-1]["end_reason"] == "running" else None
+    cost = round(sum(attempt_cost(a, now) for a in attempts), 6)
     return {
         "id": job["id"],
         "name": job["name"],
@@ -98,7 +117,9 @@ def job_summary(job: dict, attempts: list[dict], now: float | None = None) -> di
         "preemptions": job["preemptions"],
         "failures": job["failures"],
         "step": job["step"],
-        "cost_usd": round(sum(attempt_cost(a, now) for a in attempts), 6),
+        "cost_usd": cost,
+        "steps_per_second": latest_rate(attempts),
+        "cost_per_1000_steps": cost_per_1000_steps(cost, job["step"]),
         "created_at": iso(job["created_at"]),
         "updated_at": iso(job["updated_at"]),
         "ended_at": iso(job["ended_at"]),

@@ -9,7 +9,7 @@ import click
 from ..spec import format_duration, load_job_file
 from .connect import connect
 from .follow import follow_job, follow_logs
-from .render import money, print_json, print_table
+from .render import gigabytes, money, print_json, print_table, rate
 from .workdir import pack_workdir
 
 
@@ -53,9 +53,10 @@ def list_jobs(as_json: bool):
     if as_json:
         return print_json(jobs)
     print_table(
-        ["ID", "NAME", "STATE", "ATTEMPTS", "PREEMPTIONS", "STEP", "COST", "AGE"],
+        ["ID", "NAME", "STATE", "ATTEMPTS", "PREEMPTIONS", "STEP", "COST", "STEPS/S", "$/1K STEPS", "AGE"],
         [[j["id"], j["name"], j["state"], j["attempts"], j["preemptions"], j["step"], money(j["cost_usd"]),
-          format_duration(j["age_seconds"])] for j in jobs],
+          rate(j.get("steps_per_second")), money(j.get("cost_per_1000_steps")), format_duration(j["age_seconds"])]
+         for j in jobs],
         empty="No jobs yet: `runner submit JOB.yaml` starts one.",
     )
 
@@ -73,7 +74,9 @@ def status(job_id: str, as_json: bool):
     lines = [
         ("id", job["id"]), ("name", job["name"]), ("state", job["state"]), ("message", job["message"]),
         ("attempts", job["attempts"]), ("preemptions", job["preemptions"]), ("failures", job["failures"]),
-        ("step", job["step"]), ("cost", money(job["cost_usd"])), ("age", format_duration(job["age_seconds"])),
+        ("step", job["step"]), ("cost", money(job["cost_usd"])),
+        ("steps/s", rate(job.get("steps_per_second"))), ("$/1k steps", money(job.get("cost_per_1000_steps"))),
+        ("age", format_duration(job["age_seconds"])),
         ("attempt", current.get("attempt")),
         ("where", " ".join(str(current.get(k)) for k in ("cloud", "zone", "instance_type")) if current else None),
         ("price", f"{money(current.get('price_per_hour'))}/h {'spot' if current.get('spot') else 'on-demand'}"
@@ -82,6 +85,7 @@ def status(job_id: str, as_json: bool):
          if node else None),
         ("cost policy", job.get("cost_policy")),
         ("run", job["spec"]["run"]),
+        ("manifest", _manifest(job.get("manifest"))),
         ("save failed", (f"{job['last_checkpoint_failure']['time']} "
                                     f"{job['last_checkpoint_failure']['message']}")
          if job.get("last_checkpoint_failure") else None),
@@ -117,13 +121,27 @@ def print_restart_log(rows: list[dict], err: bool = False) -> None:
     gang = any(r.get("nodes") for r in rows)  # a multi-node job: each node rank's end, and the noticed rank
     print_table(
         ["ATTEMPT", "ZONE", "TYPE", "PRICE/H", "STARTED", "ENDED", "REASON", "NOTICE", "SAVED", "RESUMED",
-         "LOST", "COST", "EXIT", "DRILL"] + (["NODES"] if gang else []),
+         "LOST", "COST", "EXIT", "DRILL", "STEPS", "PEAK MEM", "NAN"] + (["NODES"] if gang else []),
         [[r["attempt"], r["zone"], r["instance_type"], money(r["price_per_hour"]), r["started_at"],
           r["ended_at"], r["end_reason"], _notice(r), r["checkpoint_step"],
           r["resumed_from_step"], None if r["lost_seconds"] is None else f"{r['lost_seconds']:.1f}s",
-          money(r["cost_usd"]), r["exit_code"], _drill(r)] + ([_nodes(r)] if gang else []) for r in rows],
+          money(r["cost_usd"]), r["exit_code"], _drill(r), r.get("steps"), gigabytes(r.get("peak_memory_gb")),
+          r.get("nan_steps")] + ([_nodes(r)] if gang else []) for r in rows],
         empty="No attempts yet.", err=err,
     )
+
+
+def _manifest(manifest: dict | None) -> str | None:
+    """``commit 1a2b3c4 (dirty), python 3.11.7, torch 2.5.1, cuda 12.4, 8 GPUs (NVIDIA H100)``."""
+    if not manifest:
+        return None
+    commit = manifest.get("git_commit")
+    parts = [f"commit {commit[:12]}{' (dirty)' if manifest.get('git_dirty') else ''}" if commit else "no git commit"]
+    parts += [f"{key} {manifest[key]}" for key in ("python", "torch", "cuda") if manifest.get(key)]
+    gpus = manifest.get("gpus") or []
+    if gpus:
+        parts.append(f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''} ({', '.join(sorted(set(gpus)))})")
+    return ", ".join(parts)
 
 
 def _notice(row: dict) -> str | None:

@@ -34,3 +34,16 @@ def money(value: float | None) -> str:
     if 0 < value < 0.0001:
         return "<$0.0001"
     return f"${value:.4f}" if value < 1 else f"${value:.2f}"
+
+
+def rate(per_second: float | None) -> str:
+    """Steps per second for people: three significant figures, no exponent."""
+    if per_second is None:
+        return "-"
+    if per_second >= 100:
+        return f"{per_second:,.0f}"
+    return f"{per_second:.3g}" if per_second >= 0.01 else f"{per_second:.2g}"
+
+
+def gigabytes(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} GB"

@@ -18,8 +18,8 @@ from ..spec import RecoverySpec
 from ..scheduler.transitions import transition
 from ..state.store import NODE_RUNNING
 from ..scheduler.states import TERMINAL
-from ..wire import EXIT_REASONS, STOPPED_BY_PEER
-from . import gang_agent, metrics, reports
+from ..wire import EXIT_REASONS, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
+from . import gang_agent, metrics, reports, telemetry
 from .auth import Principal, require_node
 
 router = APIRouter(prefix="/v1/agent")
@@ -156,7 +156,7 @@ def log_offset(request: Request, who: Principal = Depends(require_node)):
 
 
 class AgentEvent(BaseModel):
-    kind: str  # notice | checkpoint | restored | message
+    kind: str  # notice | checkpoint | restored | telemetry | manifest | message
     data: dict = {}
 
 
@@ -165,6 +165,11 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
     state = _state(request)
     job_id, attempt = who.node["job_id"], who.node["attempt"]
     with state.store.db.transaction() as tx:
+        if body.kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
+            telemetry.record_report(tx, job_id, attempt, body.data)
+            return {"accepted": True}
+        if body.kind == REPORT_MANIFEST:
+            return {"accepted": telemetry.record_manifest(tx, job_id, attempt, body.data)}
         if body.kind in metrics.NOTICE_KINDS:
             metrics.record_notice(tx, job_id, attempt, body.data)
         if body.kind == "notice":

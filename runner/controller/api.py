@@ -14,6 +14,7 @@ from .. import wire
 from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import TERMINAL
 from ..spec import SpecError, validate_job
+from ..state import telemetry
 from ..state.store import NODE_RUNNING
 from .auth import Principal, require_admin, require_job_access
 from .reports import MAX_INT
@@ -137,6 +138,7 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     failure = state.store.last_event(job_id, "checkpoint_failed")
     placed = state.store.last_event(job_id, PLACEMENT_EVENT)  # the cost policy's last choice, for a deadline job
     summary["cost_policy"] = placed["message"] if placed else None
+    summary["manifest"] = telemetry.latest_manifest(state.store.db, job_id)
     summary["last_checkpoint_failure"] = ({"time": wire.iso(failure["time"]), "attempt": failure["attempt"],
                                            "message": failure["message"]} if failure else None)
     nodes = state.store.nodes(job_id=job_id)

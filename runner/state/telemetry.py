@@ -1,0 +1,40 @@
+"""Reads and writes of job telemetry (CONTRACT §9): per-attempt training figures and run manifests.
+
+An attempt's ``steps``, ``steps_per_second`` and ``nan_steps`` are the newest report's (the training's
+counters only grow within an attempt); ``peak_memory_gb`` keeps the largest reported, so the nodes of a
+multi-node attempt each report their own and the row shows the largest. A field a report leaves out stays.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .db import Database, Tx
+
+
+def record_telemetry(tx: Tx, job_id: str, attempt: int, *, steps: int | None = None,
+                     steps_per_second: float | None = None, nan_steps: int | None = None,
+                     peak_memory_gb: float | None = None) -> None:
+    tx.execute(
+        """UPDATE attempts SET steps = COALESCE(?, steps), steps_per_second = COALESCE(?, steps_per_second),
+               nan_steps = COALESCE(?, nan_steps),
+               peak_memory_gb = CASE WHEN peak_memory_gb IS NULL OR peak_memory_gb < ? THEN ? ELSE peak_memory_gb END
+           WHERE job_id = ? AND attempt = ?""",
+        (steps, steps_per_second, nan_steps, peak_memory_gb, peak_memory_gb, job_id, attempt),
+    )
+
+
+def set_manifest(tx: Tx, job_id: str, attempt: int, manifest: dict) -> bool:
+    """Record an attempt's run manifest unless it has one (the first restore's); True when stored now."""
+    if tx.one("SELECT 1 AS x FROM attempt_manifests WHERE job_id = ? AND attempt = ?", (job_id, attempt)):
+        return False
+    tx.execute("INSERT INTO attempt_manifests (job_id, attempt, manifest) VALUES (?,?,?)",
+               (job_id, attempt, json.dumps(manifest, sort_keys=True)))
+    return True
+
+
+def latest_manifest(db: Database, job_id: str) -> dict | None:
+    """The manifest of the job's newest attempt that reported one."""
+    rows = db.query("SELECT manifest FROM attempt_manifests WHERE job_id = ? ORDER BY attempt DESC LIMIT 1",
+                    (job_id,))
+    return json.loads(rows[0]["manifest"]) if rows else None
