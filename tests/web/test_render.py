@@ -1,0 +1,106 @@
+"""Rendering a job's page from the store: what it shows, and that nothing from a job becomes markup."""
+
+from __future__ import annotations
+
+import json
+import time
+from html.parser import HTMLParser
+
+import pytest
+
+from runner.state import Store, open_database
+from runner.web import render, views
+
+HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>'\""
+
+
+class Tags(HTMLParser):
+    """Every start tag of a document, with its attributes."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(open_database(f"sqlite:///{tmp_path / 'runner.db'}"))
+
+
+def _job(store: Store, zone: str = "local-a", message: str | None = None) -> dict:
+    now = time.time() - 60
+    offer = {"cloud": "local", "region": "local", "zone": zone, "instance_type": "sim-t4", "spot_price": 0.1,
+             "on_demand_price": 0.3}
+    with store.db.transaction() as tx:
+        store.insert_job(tx, "web-1", "web", {"resources": {}}, "RUNNING", now)
+        store.insert_attempt(tx, "web-1", "n-1", offer, True, 0, now + 1)
+        store.add_event(tx, "web-1", "notice", message or "aws terminate notice", attempt=1, now=now + 30)
+    return {"id": "web-1", "name": "web", "state": "RUNNING", "message": message, "attempts": 1, "preemptions": 0,
+            "step": 0, "cost_usd": 0.0012, "age_seconds": 60.0}
+
+
+def _summary(store: Store, status: dict) -> str:
+    return render.render("job_summary.html", **views.job_page(store, status))
+
+
+def test_the_summary_shows_the_attempt_on_the_timeline_with_its_zone_and_the_cost(store):
+    text = _summary(store, _job(store))
+    tags = Tags(text).tags
+    lanes = [attrs for tag, attrs in tags if tag == "g" and "lane" in attrs.get("class", "")]
+    assert [(lane["data-attempt"], lane["data-reason"]) for lane in lanes] == [("1", "running")]
+    assert "#1 local-a · sim-t4" in text and "$0.0012" in text
+    assert any(tag == "path" and "notice" in attrs.get("class", "") for tag, attrs in tags)
+
+
+def test_cost_per_1000_steps_and_throughput_show_only_when_the_status_has_them(store):
+    status = _job(store)
+    bare = _summary(store, status)
+    assert "fact-cost-per-1000" not in bare and "fact-steps-per-second" not in bare
+    unknown = _summary(store, {**status, "cost_per_1000_steps": None, "steps_per_second": None})
+    assert "fact-cost-per-1000" not in unknown and "fact-steps-per-second" not in unknown
+    known = _summary(store, {**status, "cost_per_1000_steps": 0.0425, "steps_per_second": 12.5})
+    assert "$0.0425" in known and "12.50 steps/s" in known
+
+
+def test_nothing_from_a_job_becomes_markup(store):
+    """A message, an event and a zone holding HTML come out as text; the log list stays one JSON attribute."""
+    text = _summary(store, _job(store, zone=HOSTILE, message=HOSTILE))
+    tags = Tags(text).tags
+    assert not [tag for tag, _ in tags if tag in ("script", "img")]
+    assert not any(name.startswith("on") for _, attrs in tags for name in attrs)
+    assert "&lt;script&gt;" in text
+    (data,) = [attrs for tag, attrs in tags if "summary-data" in attrs.get("class", "")]
+    assert json.loads(data["data-logs"])[0]["label"] == f"attempt 1 · {HOSTILE} · running"
+
+
+def test_a_missing_job_page_escapes_the_id_it_was_asked_for():
+    text = render.render("not_found.html", signed_in=True, job_id=HOSTILE)
+    scripts = [attrs.get("src") for tag, attrs in Tags(text).tags if tag == "script"]
+    assert scripts == ["/static/app.js"]  # the page's own, and nothing else
+    assert not [tag for tag, _ in Tags(text).tags if tag == "img"]
+    assert "No job &lt;script&gt;" in text
+
+
+def test_the_drill_verdict_in_words():
+    def verdict(drill):
+        return views.drill_verdict({"attempt": 1, "drill": drill})
+
+    assert verdict({"passed": True, "checkpoint_step": 21, "resumed_step": 21, "seconds": 7.6}) == {
+        "attempt": 1, "outcome": "passed",
+        "detail": "the emergency checkpoint of step 21 was restored at step 21 in 7.6 s"}
+    assert verdict({"passed": False, "message": "resumed at step 0, expected 21"})["outcome"] == "failed"
+    assert verdict({"passed": None, "message": "no checkpoint library in the job"})["outcome"] == "skipped"
+    assert verdict({"passed": None, "checkpoint_step": 5})["outcome"] == "under way"
+
+
+def test_a_job_without_attempts_says_why_it_waits(store):
+    with store.db.transaction() as tx:
+        store.insert_job(tx, "web-2", "web", {"resources": {}}, "PENDING", time.time())
+    status = {"id": "web-2", "name": "web", "state": "PENDING", "message": "no capacity in any zone", "attempts": 0,
+              "preemptions": 0, "step": 0, "cost_usd": 0.0, "age_seconds": 1.0}
+    text = _summary(store, status)
+    assert 'id="no-attempts"' in text and "no capacity in any zone" in text and "<svg" not in text

@@ -1,0 +1,81 @@
+"""The restart timeline's geometry: bars on one time axis, lanes per node, notices, checkpoints, lost work."""
+
+from __future__ import annotations
+
+from runner.web import timeline
+
+T0 = 1_790_000_000.0
+
+
+def _row(attempt: int, started: float, ended: float | None, reason: str, **extra) -> dict:
+    return {"attempt": attempt, "cloud": "local", "zone": f"local-{'abc'[attempt - 1]}", "instance_type": "sim-t4",
+            "spot": True, "started": started, "ended": ended, "end_reason": reason, "checkpoint_step": None,
+            "resumed_from_step": 0, "lost_seconds": None, "message": None, **extra}
+
+
+def test_no_attempt_draws_nothing():
+    assert timeline.layout([], {}, []) is None
+
+
+def test_attempts_are_bars_in_time_order_with_lengths_in_proportion_to_their_durations():
+    rows = [_row(1, T0, T0 + 60, "preempted", lost_seconds=6.0), _row(2, T0 + 60, T0 + 240, "succeeded")]
+    drawn = timeline.layout(rows, {}, [], now=T0 + 1000)
+    first, second = drawn.lanes
+    assert (first.label, first.reason) == ("#1 local-a · sim-t4", "preempted")
+    assert (second.label, second.reason) == ("#2 local-b · sim-t4", "succeeded")
+    assert first.x == timeline.GUTTER and second.x == first.x + first.width  # ends where the next starts
+    assert abs(second.width / first.width - 3.0) < 0.01
+    assert second.x + second.width == timeline.WIDTH - timeline.RIGHT  # the axis ends with the last attempt
+    assert second.y > first.y
+    # The lost work is the end of the first bar: 6 s of its 60 s.
+    assert abs(first.lost_x + first.lost_width - (first.x + first.width)) < 0.2
+    assert abs(first.lost_width / first.width - 0.1) < 0.01
+    assert second.lost_x is None
+
+
+def test_a_running_attempt_reaches_now():
+    drawn = timeline.layout([_row(1, T0, None, "running")], {}, [], now=T0 + 30)
+    (bar,) = drawn.lanes
+    assert bar.reason == "running" and bar.x + bar.width == timeline.WIDTH - timeline.RIGHT
+    assert "to now" in bar.title
+
+
+def test_notices_and_checkpoints_are_marked_where_they_happened():
+    rows = [_row(1, T0, T0 + 100, "preempted", checkpoint_step=40), _row(2, T0 + 100, T0 + 200, "succeeded")]
+    notices = {1: [{"time": T0 + 90, "title": "aws terminate notice", "node_rank": None}]}
+    commits = [{"attempt": 1, "step": 20, "time": T0 + 50}, {"attempt": 1, "step": 40, "time": T0 + 95}]
+    first, second = timeline.layout(rows, notices, commits, now=T0 + 200).lanes
+    notice = [m for m in first.markers if m.kind == "notice"]
+    saved = [m for m in first.markers if m.kind == "checkpoint"]
+    assert [m.title for m in notice] == ["aws terminate notice"]
+    assert [m.title for m in saved] == ["checkpoint of step 20 committed", "checkpoint of step 40 committed"]
+    assert first.x < saved[0].x < saved[1].x < first.x + first.width
+    assert saved[0].x < notice[0].x < saved[1].x  # 90 s: after step 20's commit, before step 40's
+    assert second.markers == []
+
+
+def test_a_multi_node_attempt_has_a_lane_per_node_coloured_by_that_nodes_end():
+    nodes = [{"rank": 0, "zone": "local-a", "instance_type": "sim-t4", "end_reason": "kept"},
+             {"rank": 1, "zone": "local-a", "instance_type": "sim-t4", "end_reason": "preempted"}]
+    rows = [_row(1, T0, T0 + 60, "preempted", nodes=nodes, lost_seconds=2.0),
+            _row(2, T0 + 60, None, "running",
+                 nodes=[{**n, "end_reason": "running"} for n in nodes])]
+    notices = {1: [{"time": T0 + 55, "title": "gcp notice", "node_rank": 1}]}
+    commits = [{"attempt": 1, "step": 10, "time": T0 + 30}]
+    lanes = timeline.layout(rows, notices, commits, now=T0 + 120).lanes
+    assert [(lane.attempt, lane.label, lane.reason) for lane in lanes] == [
+        (1, "#1 node 0 · local-a · sim-t4", "kept"), (1, "#1 node 1 · local-a · sim-t4", "preempted"),
+        (2, "#2 node 0 · local-a · sim-t4", "running"), (2, "#2 node 1 · local-a · sim-t4", "running")]
+    node0, node1 = lanes[0], lanes[1]
+    assert node0.lost_x is None and node1.lost_x is not None  # the kept node lost nothing; the preempted one did
+    assert [m.kind for m in node0.markers] == ["checkpoint"]  # one checkpoint for the gang, on node 0's lane
+    assert [m.kind for m in node1.markers] == ["notice"]      # the notice where it was received
+    assert len({lane.y for lane in lanes}) == 4
+
+
+def test_ticks_are_round_clock_times_inside_the_axis():
+    drawn = timeline.layout([_row(1, T0 + 5, T0 + 185, "succeeded")], {}, [], now=T0 + 185)
+    labels = [t.label for t in drawn.ticks]
+    assert 2 <= len(labels) <= timeline.MAX_TICKS
+    assert all(label.endswith(":00") or label.endswith(":30") for label in labels)
+    assert all(timeline.GUTTER <= t.x <= timeline.WIDTH - timeline.RIGHT for t in drawn.ticks)
