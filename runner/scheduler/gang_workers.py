@@ -114,16 +114,13 @@ def watch_gang_formation(ctx) -> None:
     """A gang attempt whose nodes have not all registered within ``ctx.gang_timeout`` ends as ``lost``."""
     store, gangs = ctx.store, GangStore(ctx.store)
     now = time.time()
-    for job in store.jobs((PROVISIONING, RUNNING)):
-        current = store.current_attempt(job["id"])
-        if current is None or current["num_nodes"] <= 1 or current["running_at"] is not None:
-            continue
-        ranks = gangs.nodes_of(job["id"], current["attempt"])
+    for current in store.unformed_gang_attempts((PROVISIONING, RUNNING)):
+        ranks = gangs.nodes_of(current["job_id"], current["attempt"])
         missing = unregistered_ranks(ranks, current["started_at"], now, ctx.gang_timeout)
         if not missing:
             continue
         names = ", ".join(f"node {r['node_id']} (rank {r['rank']})" for r in ranks if r["rank"] in missing)
-        end_attempt(store, job["id"], current["attempt"], "lost", ranks=missing,
+        end_attempt(store, current["job_id"], current["attempt"], "lost", ranks=missing,
                     message=f"the gang never formed: {names} did not register within {ctx.gang_timeout:.0f}s; "
                             "replacing it")
         ctx.nudge.set()

@@ -188,7 +188,7 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
 def watch_running_nodes(ctx: SchedulerContext) -> None:
     """A node the provider's API says is gone ends its attempt as preempted (after a notice) or lost."""
     store = ctx.store
-    for node in store.nodes((NODE_RUNNING, NODE_DRAINING)):  # a draining node's attempt has ended already
+    for node in store.watched_nodes((NODE_RUNNING, NODE_DRAINING)):  # a draining node's attempt has ended already
         provider = ctx.providers[node["provider"]]
         reclaim = bool(node["terminate_at"]) and node["terminate_at"] <= time.time()
         last = ctx.described_at.get(node["id"], 0.0)
@@ -219,9 +219,7 @@ def watch_running_nodes(ctx: SchedulerContext) -> None:
 def apply_cancellations(ctx: SchedulerContext) -> None:
     """Cancelled jobs: the agent stops the job first; after a grace period the node is released anyway."""
     store = ctx.store
-    for job in store.jobs(ACTIVE_STATES):
-        if not job["cancel_requested"]:
-            continue
+    for job in store.cancelled_jobs(ACTIVE_STATES):
         current = store.current_attempt(job["id"])
         waited = time.time() - job["cancel_requested"]
         agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job["id"]) if n["registered_at"]]

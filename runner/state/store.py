@@ -53,6 +53,13 @@ class Store:
             rows = self.db.query("SELECT * FROM jobs ORDER BY created_at")
         return [_decode_job(r) for r in rows]
 
+    def cancelled_jobs(self, states: tuple[str, ...]) -> list[dict]:
+        """Jobs in ``states`` whose cancel the user has asked for (the others are not read at all)."""
+        marks = ",".join("?" * len(states))
+        rows = self.db.query(f"SELECT * FROM jobs WHERE cancel_requested > 0 AND state IN ({marks}) "
+                             "ORDER BY created_at", states)
+        return [_decode_job(r) for r in rows]
+
     def set_job_message(self, tx: Tx, job_id: str, message: str) -> None:
         """Say why a job waits, without a state change (``updated_at`` stays: it is when the wait began)."""
         tx.execute("UPDATE jobs SET message = ? WHERE id = ?", (message, job_id))
@@ -110,6 +117,14 @@ class Store:
     def current_attempt(self, job_id: str, tx: Tx | None = None) -> dict | None:
         rows = self.attempts(job_id, tx)
         return rows[-1] if rows and rows[-1]["end_reason"] == "running" else None
+
+    def unformed_gang_attempts(self, job_states: tuple[str, ...]) -> list[dict]:
+        """The running attempts of multi-node jobs in ``job_states`` whose nodes have not all registered yet."""
+        marks = ",".join("?" * len(job_states))
+        rows = self.db.query(
+            "SELECT a.* FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.num_nodes > 1 AND a.running_at IS NULL "
+            f"AND a.end_reason = 'running' AND j.state IN ({marks}) ORDER BY a.started_at", job_states)
+        return [_decode_attempt(r) for r in rows]
 
     def mark_attempt_running(self, tx: Tx, job_id: str, attempt: int, now: float) -> None:
         tx.execute("UPDATE attempts SET running_at = COALESCE(running_at, ?) WHERE job_id = ? AND attempt = ?",
@@ -170,6 +185,14 @@ class Store:
             sql += " AND job_id = ?"
             params = (*states, job_id)
         return [_decode_node(r) for r in self.db.query(sql + " ORDER BY created_at", params)]
+
+    def watched_nodes(self, states: tuple[str, ...]) -> list[dict]:
+        """Nodes in ``states`` with only what watching them needs (no offer, no progress to decode):
+        id, job_id, attempt, rank, provider, provider_ref, terminate_at."""
+        marks = ",".join("?" * len(states))
+        rows = self.db.query("SELECT id, job_id, attempt, rank, provider, provider_ref, terminate_at FROM nodes "
+                             f"WHERE state IN ({marks}) ORDER BY created_at", states)
+        return [decode(r, NODE_COLUMNS) for r in rows]
 
     def has_unterminated_node(self, tx: Tx, job_id: str) -> bool:
         """Does a node still hold the job back from its next launch (any but a terminated or draining one)?"""
