@@ -1,6 +1,7 @@
 """What a run ran with (CONTRACT §9): commit, Python, torch, CUDA, GPUs, installed packages, argv.
 
-Sent once per attempt at the first ``restore()``. A value the node cannot know is None. The environment is
+The commit is the working directory's when it is a git repository, else the one ``runner submit`` recorded
+in the shipped workdir (runner/source.py). Sent once per attempt at the first ``restore()``. A value the node cannot know is None. The environment is
 never read into it (it may hold secrets); ``argv`` is the process's own, as it got it.
 """
 
@@ -9,29 +10,9 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import platform
-import subprocess
 import sys
 
-GIT_TIMEOUT_S = 5.0
-
-
-def _git(*args: str, cwd: str | None = None) -> str | None:
-    """A git command's stdout in ``cwd`` (default: the working directory), or None when it cannot answer."""
-    try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def git_state(cwd: str | None = None) -> tuple[str | None, bool | None]:
-    """The commit checked out in ``cwd`` and whether tracked files differ from it; (None, None) outside a repo."""
-    commit = _git("rev-parse", "HEAD", cwd=cwd)
-    if commit is None:
-        return None, None
-    status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
-    return commit.strip(), (None if status is None else bool(status.strip()))
+from ..source import git_state, shipped_state
 
 
 def packages_sha256() -> str | None:
@@ -63,6 +44,8 @@ def run_manifest(cwd: str | None = None) -> dict:
     """The manifest of this process: ``{"git_commit", "git_dirty", "python", "torch", "cuda", "gpus",
     "packages_sha256", "argv"}``."""
     commit, dirty = git_state(cwd)
+    if commit is None:  # a workdir shipped by the runner: the state `runner submit` recorded
+        commit, dirty = shipped_state(cwd)
     torch_version, cuda, gpus = _torch_facts()
     return {
         "git_commit": commit,

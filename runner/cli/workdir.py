@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
+from ..source import SOURCE_FILE, source_record
 from ..spec import SpecError
 from ..spec.workdir import shipped
 
@@ -37,7 +39,8 @@ class _Capped:
 
 def pack_workdir(folder: Path) -> BinaryIO:
     """A gzipped tarball of ``folder`` without VCS data, caches, virtualenvs and local checkpoints, in a temporary
-    file rewound for reading; packing stops with WorkdirTooLarge as soon as it passes MAX_BYTES."""
+    file rewound for reading; packing stops with WorkdirTooLarge as soon as it passes MAX_BYTES. A git
+    repository's commit and dirtiness go with it as SOURCE_FILE, for the run manifest (runner/source.py)."""
 
     def keep(info: tarfile.TarInfo):
         return info if shipped(info.name) else None
@@ -47,6 +50,10 @@ def pack_workdir(folder: Path) -> BinaryIO:
         with tarfile.open(fileobj=_Capped(out, MAX_BYTES, folder), mode="w:gz",
                           compresslevel=6) as tar:
             tar.add(folder, arcname=".", filter=keep)
+            if (record := source_record(folder)) is not None:
+                info = tarfile.TarInfo(f"./{SOURCE_FILE}")
+                info.size, info.mode = len(record), 0o644  # mtime 0: the same source packs the same
+                tar.addfile(info, io.BytesIO(record))
     except BaseException:
         out.close()
         raise

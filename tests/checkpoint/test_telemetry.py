@@ -11,8 +11,9 @@ import sys
 import pytest
 import torch
 
-from runner.checkpoint.run_manifest import git_state, run_manifest
+from runner.checkpoint.run_manifest import run_manifest
 from runner.checkpoint.telemetry import NonFiniteCounter, StepTelemetry, peak_memory
+from runner.source import SOURCE_FILE, git_state, source_record
 
 from .test_control import agent  # noqa: F401 - the fake agent on the control socket
 
@@ -168,6 +169,12 @@ def test_the_manifest_names_commit_versions_packages_and_argv_never_the_environm
     (repo / "untracked.txt").write_text("not part of the commit\n")
     assert git_state(str(repo)) == (head, True)
     assert git_state(str(tmp_path)) == (None, None)  # not a repository
+
+    shipped = tmp_path / "shipped"  # the workdir on a node: no .git, the state recorded at submission
+    shipped.mkdir()
+    (shipped / SOURCE_FILE).write_bytes(source_record(repo))
+    assert (run_manifest(cwd=str(shipped))["git_commit"], run_manifest(cwd=str(shipped))["git_dirty"]) == (head, True)
+    assert run_manifest(cwd=str(tmp_path))["git_commit"] is None
 
 
 def test_only_rank_zero_sends_the_manifest_and_only_once():
