@@ -14,6 +14,7 @@ from runner.wire import REPORT_MANIFEST, REPORT_TELEMETRY
 from .config import AgentConfig
 from .control import ControlServer
 from .emergency import EmergencyStop, rebalance_message
+from .handover import Handover
 from .reporter import Reporter
 from .telemetry import TelemetryRelay
 from .watchers import NoMetadataServer, Notice, WatchLoop, detect, endpoint_for, watchers_for
@@ -31,6 +32,7 @@ class AgentCore:
         self.control: ControlServer | None = None
         self.watch_loop: WatchLoop | None = None
         self.telemetry = TelemetryRelay()
+        self.handover: Handover | None = None  # supervise mode, single-node jobs: see agents/handover.py
 
     def send_control(self, message: dict) -> int:
         return self.control.send(message) if self.control is not None else 0
@@ -83,6 +85,8 @@ class AgentCore:
             log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
             self.progress["checkpoint_step"] = message.get("step")
             self.reporter.event("checkpoint", fields)
+            if self.handover is not None:  # after the checkpoint's report: the controller learns of it first
+                self.handover.on_committed(message)
         elif op == "failed":
             text = (f"checkpoint of step {message.get('step')} not saved on the {message.get('tier')} tier: "
                     f"{message.get('error')}")

@@ -98,11 +98,13 @@ class EmergencyStop:
     """Runs the emergency path once, for the first terminal notice."""
 
     def __init__(self, send: Callable[[dict], int], trainee: Trainee, default_grace: float = 30.0,
-                 on_finished: Callable[[], None] | None = None):
+                 on_finished: Callable[[], None] | None = None, on_durable: Callable[[dict], None] | None = None):
         self.send = send                    # control channel: returns how many training processes got the message
         self.trainee = trainee
         self.default_grace = default_grace
         self.on_finished = on_finished
+        # The emergency checkpoint is on the durable tier: the next attempt need not wait for this process to exit.
+        self.on_durable = on_durable
         self.acknowledged = threading.Event()
         self.finished = threading.Event()
         self.ack: dict | None = None
@@ -150,6 +152,8 @@ class EmergencyStop:
             time.sleep(0.02)
         if self.acknowledged.is_set():
             log.info("emergency checkpoint acknowledged", step=self.ack.get("step"), durable=self.ack.get("durable"))
+            if self.ack.get("durable") and self.on_durable is not None:
+                self.on_durable(self.ack)
             grace = max(0.5, min(10.0, deadline - margin / 2 - time.monotonic()))  # let it exit by itself
         else:
             if self.trainee.running():

@@ -25,6 +25,7 @@ from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
 from .emergency import ChildProcess, EmergencyStop
+from .handover import Handover
 from .gang import GangRanks, gang_environment, node_address, register_for_attempt
 from .logship import LogShipper
 from .supervisor import Supervisor
@@ -75,8 +76,11 @@ class Agent(AgentCore):
         log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"])
         self.local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.control = self._start_control_channel()
+        if (assignment.get("gang") or {}).get("num_nodes", 1) == 1:  # a gang's nodes stop and restart together
+            self.handover = Handover(lambda data: self.reporter.event(wire.HANDOVER, data))
         self.emergency = EmergencyStop(send=self.send_control,
-                                       trainee=ChildProcess(lambda: self.current, lambda: self.training_pid))
+                                       trainee=ChildProcess(lambda: self.current, lambda: self.training_pid),
+                                       on_durable=self.handover.on_durable if self.handover else None)
         self.watch_loop = self.start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
         self.reporter.heartbeats(self.config.heartbeat_seconds, self._status, self._on_action, self.shutdown)

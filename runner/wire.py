@@ -28,6 +28,11 @@ ENV_GPUS_PER_NODE = "RUNNER_GPUS_PER_NODE"  # the accelerator count of resources
 STOPPED_BY_PEER = "stopped-by-peer"
 EXIT_REASONS = ("succeeded", "failed", "preempted", "cancelled", "drill", STOPPED_BY_PEER)
 
+# An agent event (POST /v1/agent/events): the emergency checkpoint after a notice is durable, so the controller
+# ends the attempt and launches the next one now; the node drains (its process exits, its logs are shipped)
+# and is released at its exit report. Single-node jobs only (agents/handover.py).
+HANDOVER = "handover"
+
 # A heartbeat's action for a gang node whose attempt ended (a peer was preempted) while its job still runs:
 # the agent stops the job and reports STOPPED_BY_PEER, then registers for the next attempt.
 STOP_FOR_PEER = "stop-for-peer"

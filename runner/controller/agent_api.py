@@ -11,14 +11,14 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from ..scheduler.attempts import end_attempt
+from ..scheduler.attempts import close_drained, end_attempt, hand_over
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
 from ..scheduler.transitions import transition
-from ..state.store import NODE_RUNNING
+from ..state.store import NODE_DRAINING, NODE_RUNNING
 from ..scheduler.states import TERMINAL
-from ..wire import EXIT_REASONS, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
+from ..wire import EXIT_REASONS, HANDOVER, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
 from . import gang_agent, metrics, reports, telemetry
 from .auth import Principal, require_node
 
@@ -126,6 +126,8 @@ def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(requir
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, who.node["id"], last_heartbeat=time.time(),
                                 progress={"phase": body.phase, **(reports.progress(body.progress) or {})})
+    if who.node["state"] == NODE_DRAINING:  # handed over: its process is exiting; the exit report releases it
+        return {"action": "continue"}
     kept = attempt is None and gang_agent.is_gang(job) and job["state"] not in TERMINAL
     if (attempt is None and not kept) or who.node["state"] != NODE_RUNNING:
         return {"action": "shutdown"}
@@ -164,6 +166,12 @@ class AgentEvent(BaseModel):
 def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(require_node)):
     state = _state(request)
     job_id, attempt = who.node["job_id"], who.node["attempt"]
+    if body.kind == HANDOVER:
+        reports.step(body.data.get("step"), "data.step")
+        new_state = hand_over(state.store, who.node, body.data["step"])
+        if new_state is not None:
+            state.scheduler.nudge.set()  # launch the next attempt now
+        return {"accepted": new_state is not None}
     with state.store.db.transaction() as tx:
         if body.kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
             telemetry.record_report(tx, job_id, attempt, body.data)
@@ -227,6 +235,8 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
         return _drill_exit(state, who.node, body)
     new_state = end_attempt(state.store, who.node["job_id"], who.node["attempt"], body.reason,
                             exit_code=body.exit_code, message=body.message)
+    if new_state is None:
+        close_drained(state.store, who.node, body.exit_code)  # a handed-over attempt's process has exited
     state.scheduler.nudge.set()
     return {"state": new_state}
 
