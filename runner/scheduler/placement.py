@@ -48,20 +48,23 @@ def candidates(offers: list[Offer], resources: Resources, *, avoid_zones: set[st
 
 def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: dict, attempts: list[dict],
                         zone_history: dict[str, tuple[int, float]], avoid_zones: set[str], backoff: BackoffBook,
-                        now: float, on_demand_backoff: BackoffBook | None = None) -> tuple[tuple[Offer, bool] | None, str]:
-    """spot_policy auto with recovery.deadline: the cost policy's (offer, spot), or None to wait, and why.
+                        now: float, on_demand_backoff: BackoffBook | None = None) -> tuple[tuple[Offer, bool] | None, str | None]:
+    """spot_policy auto with recovery.deadline: the cost policy's (offer, spot), or None to wait, and why
+    (no reason when every fitting offer is backed off).
 
     Progress is the job's committed step over total_steps at the speed its attempts measured; before a
     first checkpoint nothing is known of its speed, and it starts on spot like any auto job."""
     ranked = rank_offers(offers, resources, avoid_zones=avoid_zones, backoff=backoff, now=now,
                          on_demand_fallback=True, on_demand_backoff=on_demand_backoff)
+    if not ranked:
+        return None, None  # every fitting offer is backed off, as for any job
     total, step = job["spec"]["recovery"]["total_steps"], job["step"]
     speed = observe.steps_per_second(job, attempts)
     if speed is None:
-        first = ranked[0] if ranked else None
-        return ((first.offer, first.spot) if first else None,
-                f"{'spot' if first is None or first.spot else 'on-demand'}: step {step} of {total}, no speed "
-                "measured yet; the deadline is weighed from the job's first checkpoint on")
+        first = ranked[0]
+        return (first.offer, first.spot), (f"{'spot' if first.spot else 'on-demand'}: step {step} of {total}, no "
+                                           "speed measured yet; the deadline is weighed from the job's first "
+                                           "checkpoint on")
     rates = observe.preemption_rates(zone_history)
     by_market: dict[Market, Candidate] = {}
     for candidate in ranked:  # best first: a market's first candidate is the one to launch

@@ -16,6 +16,7 @@ from runner.controller.app import ControllerState, create_app
 from runner.controller.logstore import LogStore
 from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
+from runner.scheduler.policy import BackoffBook
 
 from scheduler_world import make_world
 
@@ -75,3 +76,28 @@ def test_a_job_without_a_deadline_is_placed_as_before(world, tmp_path):
     world.tick()
     rows, job = restart_log(world, job_id, tmp_path)
     assert rows[0]["spot"] and rows[0]["message"] is None and job["cost_policy"] is None
+
+
+@pytest.mark.parametrize("deadline, placed", [("48h", None), ("9h20m", "on-demand")])
+def test_without_spot_capacity_it_waits_while_the_deadline_allows_else_goes_on_demand(tmp_path, deadline, placed):
+    """Both zones' spot backed off for an hour after capacity errors: with slack the job waits for spot and
+    says so; with 9 h of work and 9 h 20 min left it launches on-demand now."""
+    world = make_world(tmp_path, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
+                       backoff=BackoffBook(base=3600, cap=3600))
+    job_id = submit(world, deadline)
+    world.tick()
+    for zone in ("zone-a", "zone-b"):
+        world.ctx.backoff.record_failure(("memory", zone), time.time())
+    now = time.time()
+    with world.store.db.transaction() as tx:
+        world.store.mark_attempt_running(tx, job_id, 1, now - 3600)
+        world.store.record_checkpoint(tx, job_id, 1, {"step": 1000, "time": now, "durable": True})
+    end_attempt(world.store, job_id, 1, "preempted", notice={"source": "aws", "action": "terminate"})
+    world.tick()
+    attempts = world.store.attempts(job_id)
+    if placed is None:
+        assert len(attempts) == 1 and world.store.job(job_id)["state"] == "RECOVERING"
+        assert world.store.job(job_id)["message"].startswith("waiting for spot: no spot capacity now; 9.0 h of work")
+    else:
+        assert len(attempts) == 2 and not attempts[1]["spot"]
+        assert world.events(job_id, "placement")[-1].endswith("no spot capacity now, and no time to wait for it")
