@@ -8,20 +8,23 @@ Public methods check their arguments and state, then hand the work to the pieces
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 
-from . import rng
+from . import job_settings, rng
 from .agreement import Decision, StepAgreement
 from .control import CheckpointRequest, ControlClient, describe_deadline
 from .durable import DurableTier
 from .errors import CheckpointConfigError, RestoreError
+from .folder_format import FolderFormat, incoming_folder
 from .group import Solo, check_same_objects, join
 from .interval import IntervalPolicy, mtbf_from_env, parse_duration
 from .local import LocalTier
 from .log import get_logger
 from .persist import DcpFormat, Persister, SaveJob
-from .restore import restore_into
+from .restore import Restored, restore_into
 from .signals import SignalNotices
 from .staging import Stager
 from .telemetry import StepTelemetry
@@ -52,8 +55,9 @@ class Checkpointer:
     """Saves registered objects, RNG states and ``extra`` values; restores the newest good checkpoint.
 
     ``Checkpointer(model=model, optimizer=opt, ..., extra={"tokens": 0})``; options default to the
-    runner's variables (``RUNNER_CHECKPOINT_DIR``, ``RUNNER_CHECKPOINT_URL``) and then to
-    ``./checkpoints`` with no durable tier.
+    runner's variables (``RUNNER_CHECKPOINT_DIR``, ``RUNNER_CHECKPOINT_URL``, and the job file's
+    ``RUNNER_CHECKPOINT_INTERVAL``/``RUNNER_CHECKPOINT_KEEP``) and then to ``./checkpoints`` with no
+    durable tier, ``interval="auto"`` and ``keep=3``.
 
     When torch.distributed is initialised the Checkpointer is collective (CONTRACT §7): every rank builds it
     with its own objects and calls ``restore``, ``step``, ``save`` and ``close`` at the same steps; the
@@ -61,8 +65,10 @@ class Checkpointer:
     stops every rank at the same step (agreement.py).
     """
 
-    def __init__(self, *, local_dir=None, durable_url: str | None = None, interval="auto",
-                 every_steps: int | None = None, keep: int = 3, extra: dict | None = None, **objects) -> None:
+    def __init__(self, *, local_dir=None, durable_url: str | None = None, interval=None,
+                 every_steps: int | None = None, keep: int | None = None, extra: dict | None = None,
+                 **objects) -> None:
+        interval, keep = job_settings.interval(interval), job_settings.keep(keep)
         for name, obj in objects.items():
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
                 raise TypeError(f"Checkpointer({name}=...): {type(obj).__name__} has no state_dict()/"
@@ -115,6 +121,7 @@ class Checkpointer:
                                         on_failed=self._on_failed, writer=self._ranks.writer,
                                         uploader=self._ranks.uploader, fmt=DcpFormat(self._ranks.writer),
                                         folder_leader=self._ranks.folder_leader)
+        self._folder_format = FolderFormat(self._ranks.writer if self._ranks is not None else None)
         self._jobs: list[SaveJob] = []
         self._last_job: SaveJob | None = None
         self._stop_deadline: float | None = None  # monotonic
@@ -154,6 +161,11 @@ class Checkpointer:
         restored = restore_into(self.local, self.durable, comm, leader, self.objects, self.extra, self._apply,
                                 max_step=handed_over)
         self.telemetry.send_manifest()  # once per process: what this attempt runs with
+        self._report_restored(restored, handed_over)
+        return restored.step if restored is not None else 0
+
+    def _report_restored(self, restored: Restored | None, handed_over: int | None) -> None:
+        """Log the restore and tell the agent (its ``restored`` message), naming a shortfall from the handed-over step."""
         step = restored.step if restored is not None else 0
         if handed_over and step < handed_over:
             # The controller recorded a commit of this step; resuming from less must not pass unnoticed.
@@ -166,12 +178,11 @@ class Checkpointer:
             log.info("no checkpoint to restore; starting fresh", local=str(self.local.root),
                      durable=self.durable.url if self.durable else None)
             self._send({"op": "restored", "step": 0, "manifest": None, **_expected(handed_over)})
-            return 0
+            return
         log.info("restored checkpoint", step=step, manifest=restored.location,
                  **({} if restored.world_size == self._world_size else
                     {"saved_by_ranks": restored.world_size, "ranks_now": self._world_size}))
         self._send({"op": "restored", "step": step, "manifest": restored.location, **_expected(handed_over)})
-        return step
 
     def step(self, step: int, loss=None) -> None:
         """Call once per training step: saves when one is due or a notice is pending; otherwise returns at once.
@@ -235,6 +246,83 @@ class Checkpointer:
     def __exit__(self, exc_type, *exc) -> None:
         self.close(_error=exc_type is not None)
 
+    # ------------------------------------------------------------------ framework integrations
+    # A framework (runner/integrations) writes its own checkpoint folder: ``poll`` says at which step to have
+    # it written, ``incoming``/``commit_folder`` commit that folder like any save, ``restore_folder`` finds the
+    # newest one that verifies. The requests, the agreement between ranks, the emergency wait for the durable
+    # tier and every message to the agent are the plain Checkpointer's.
+
+    def poll(self, step: int) -> Decision | None:
+        """What to do at this step, without saving: None, or a Decision (``request.stop``: the emergency)."""
+        self._check_step(step)
+        if self._should_stop or self._closed:
+            return None
+        if self._agreement is not None:  # one decision for every rank, as in step() (agreement.py)
+            decision = self._agreement.collect()
+            if decision is None and self.every_steps is not None and step % self.every_steps == 0:
+                decision = Decision(save=True, request=None, origin="self")  # every rank is at this step
+            if decision is None or decision.request is None or not decision.request.stop:
+                self._agreement.start(step, self._take_request(), decision is None and self._interval_due(step))
+            return decision
+        request = self._take_request()
+        if request is not None:
+            return Decision(save=True, request=request, origin="self")
+        if self.every_steps is not None:
+            due = step % self.every_steps == 0
+        else:
+            due = self._interval_due(step)
+        return Decision(save=True, request=None, origin="self") if due and not self._saved_at(step) else None
+
+    def _interval_due(self, step: int) -> bool:
+        return self.every_steps is None and time.monotonic() >= self._next_due and not self._saved_at(step)
+
+    def incoming(self, step: int) -> Path | None:
+        """A new, empty folder for a framework's checkpoint files of ``step`` (on this local folder's leader;
+        None on other ranks). Under torch.distributed it waits for every rank first (all wrote their files)."""
+        if self._ranks is not None:
+            self._ranks.steps.barrier()
+            if not self._ranks.folder_leader:
+                return None
+        folder = incoming_folder(self.local.root, step)
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        return folder
+
+    def reclaim_signals(self) -> None:
+        """Take SIGTERM/SIGUSR1 back from a framework that installed its own handlers over ours (Lightning)."""
+        self._signals.reclaim()
+
+    def commit_folder(self, step: int, folder: Path | None, decision: Decision, payload: dict) -> None:
+        """Commit the files put into ``incoming(step)`` as the checkpoint of ``step``; on an emergency, wait
+        for the durable tier (up to the deadline), tell the agent and set ``should_stop``."""
+        self._check_open("commit_folder")
+        request = decision.request
+        if request is not None:
+            log.info("checkpoint requested", step=step, reason=request.reason, stop=request.stop,
+                     origin=decision.origin, deadline=describe_deadline(request.deadline))
+        job = self._save(step, emergency=bool(request and request.stop), folder=folder, payload=payload)
+        if request is not None and request.stop:
+            self._emergency(step, request, origin=decision.origin, job=job)
+
+    def restore_folder(self, check) -> Restored | None:
+        """The newest committed folder checkpoint that verifies and that ``check(folder, manifest, where)``
+        accepts (it raises RestoreError otherwise), materialised in the local tier; None when there is none.
+        Nothing is reported: the integration calls ``report_restored`` once the framework has loaded it."""
+        self._check_open("restore_folder")
+        if self._agreement is not None:
+            self._agreement.drain()
+        comm = self._ranks.steps if self._ranks is not None else Solo()
+        leader = self._ranks.folder_leader if self._ranks is not None else True
+        restored = restore_into(self.local, self.durable, comm, leader, {}, {}, None,
+                                max_step=_env_int("RUNNER_RESUME_STEP"), apply_folder=check)
+        self._next_due = time.monotonic() + self._policy.period()
+        return restored
+
+    def report_restored(self, restored: Restored | None) -> None:
+        """Tell the agent where the training resumed from (``restored``), as ``restore()`` does."""
+        self._report_restored(restored, _env_int("RUNNER_RESUME_STEP"))
+
     # ------------------------------------------------------------------ hooks
 
     def _check_open(self, action: str) -> None:
@@ -287,10 +375,13 @@ class Checkpointer:
             control, self._control_request = self._control_request, None
         return request.merge(control) if request else control
 
-    def _save(self, step: int, emergency: bool) -> SaveJob:
+    def _save(self, step: int, emergency: bool, folder: Path | None = None, payload: dict | None = None) -> SaveJob:
+        """Stage the registered objects' state, or (``payload`` given) hand in a framework's folder, and submit it."""
         started = time.monotonic()
         self._persister.buffer_free.wait()  # the previous save is still writing out of the reused buffer
-        if self._ranks is None:
+        if payload is not None:
+            state = None
+        elif self._ranks is None:
             state = {
                 "step": step,
                 "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
@@ -302,8 +393,9 @@ class Checkpointer:
 
             state = capture(self.objects, self.extra, self._ranks.rank)
         self._seq += 1
-        job = SaveJob(step, self._stager.stage(state), emergency, self.attempt, self.job_id, seq=self._seq,
-                      started=started)
+        staged = folder if payload is not None else self._stager.stage(state)
+        job = SaveJob(step, staged, emergency, self.attempt, self.job_id, seq=self._seq, started=started,
+                      format=self._folder_format if payload is not None else None, payload=payload)
         self._persister.submit(job)
         self._policy.record(cost_s=time.monotonic() - started)
         self._next_due = time.monotonic() + self._policy.period()
@@ -338,18 +430,20 @@ class Checkpointer:
             return
         self._emergency(step, request)
 
-    def _emergency(self, step: int, request: CheckpointRequest, origin: str = "self") -> None:
+    def _emergency(self, step: int, request: CheckpointRequest, origin: str = "self",
+                   job: SaveJob | None = None) -> None:
         deadline = None
         if request.deadline is not None:
             left = request.deadline - time.time()
             margin = min(self.stop_margin_s, max(0.0, STOP_MARGIN_FRACTION * left))
             deadline = time.monotonic() + left - margin
-        job = self._last_job
-        if self._ranks is not None:  # decide on what every rank knows alike: the agreed local commit
-            if job is None or job.step != step or (job.local_done.wait() and job.local_manifest is None):
+        if job is None:  # else a framework's folder, handed in by the caller
+            job = self._last_job
+            if self._ranks is not None:  # decide on what every rank knows alike: the agreed local commit
+                if job is None or job.step != step or (job.local_done.wait() and job.local_manifest is None):
+                    job = self._save(step, emergency=True)
+            elif job is None or job.step != step or job.error is not None:
                 job = self._save(step, emergency=True)
-        elif job is None or job.step != step or job.error is not None:
-            job = self._save(step, emergency=True)
         remaining = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
         estimate = self._policy.commit_s
         if self.durable is not None and estimate and deadline is not None and estimate > remaining():

@@ -20,6 +20,8 @@ MANIFEST_NAME = "manifest.json"
 STATE_NAME = "state.pkl"
 FLAT = "flat"  # one process: data parts and a skeleton (staging.py)
 DCP = "dcp"    # a process group: torch.distributed.checkpoint files and .metadata (dcp_format.py)
+FOLDER = "folder"  # a training framework's own checkpoint folder (folder_format.py, runner/integrations)
+LAYOUTS = (FLAT, DCP, FOLDER)
 _FOLDER = re.compile(r"^step-(\d{8,})$")
 
 
@@ -44,6 +46,7 @@ class Manifest:
     emergency: bool = False
     layout: str = FLAT
     world_size: int = 1
+    payload: dict | None = None  # the folder layout: who wrote it ({"framework", "version", "model", "signature"})
     created_at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -61,6 +64,7 @@ class Manifest:
             "emergency": self.emergency,
             "layout": self.layout,
             "world_size": self.world_size,
+            **({"payload": self.payload} if self.payload is not None else {}),
             "created_at": self.created_at,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created_at)),
             "checksum": self.checksum,
@@ -87,12 +91,13 @@ class Manifest:
                 if not entry["name"] or "/" in entry["name"] or "\\" in entry["name"] or entry["name"] in (".", ".."):
                     raise CorruptCheckpointError(f"{where}: file name {entry['name']!r} is not inside the checkpoint")
             layout = str(doc.get("layout", FLAT))
-            if layout not in (FLAT, DCP):
+            if layout not in LAYOUTS:
                 raise CorruptCheckpointError(f"{where}: unknown layout {layout!r}; a newer runner wrote it")
             return cls(step=int(doc["step"]), files=files, checksum=str(doc["checksum"]),
                        attempt=doc.get("attempt"), job_id=doc.get("job_id"),
                        emergency=bool(doc.get("emergency")), layout=layout,
-                       world_size=int(doc.get("world_size", 1)), created_at=float(doc["created_at"]),
+                       world_size=int(doc.get("world_size", 1)),
+                       payload=doc["payload"] if isinstance(doc.get("payload"), dict) else None, created_at=float(doc["created_at"]),
                        id=str(doc["id"]))
         except CorruptCheckpointError:
             raise

@@ -60,6 +60,8 @@ class SaveJob:
     error: BaseException | None = None
     durable_error: BaseException | None = None
     superseded: bool = False
+    format: object = None  # overrides the Persister's format (a framework's folder: folder_format.py)
+    payload: dict | None = None  # the manifest's payload (who wrote a folder checkpoint)
 
     @property
     def finished(self) -> bool:
@@ -166,16 +168,17 @@ class Persister:
 
     def _write_local(self, job: SaveJob) -> None:
         folder = self.local.folder(job.step)
+        fmt = job.format or self.format
         own, error = None, None
         try:
             if self.folder_leader:
-                self._make_room(job)
+                self._make_room(job, fmt)
                 self.local.begin(job.step)
         except Exception as exc:  # noqa: BLE001 - a full or unwritable disk must not stop the training
             error = exc
         if self.writer.all_true(error is None):
             try:
-                own = self.format.write(job, folder)
+                own = fmt.write(job, folder)
             except Exception as exc:  # noqa: BLE001
                 error = exc
         everyone = self.writer.gather(own)
@@ -186,7 +189,7 @@ class Persister:
             files = [entry for share in everyone for entry in share]
             job.own_files = [entry["name"] for entry in own]
             job.manifest = Manifest(job.step, files, DEFAULT_ALGORITHM, job.attempt, job.job_id, job.emergency,
-                                    layout=self.format.layout, world_size=self.writer.world_size)
+                                    layout=fmt.layout, world_size=self.writer.world_size, payload=job.payload)
             try:
                 if self.folder_leader:
                     self.local.commit(folder, job.manifest)
@@ -208,7 +211,7 @@ class Persister:
         job.error = error
         if self.folder_leader:
             self.local.discard(folder)
-        fallback = self.durable is not None and self.format.layout == FLAT and job.staged is not None
+        fallback = self.durable is not None and (job.format or self.format).layout == FLAT and job.staged is not None
         log.warning("checkpoint not saved on the local tier" + ("; sending it to the durable tier directly"
                     if fallback else "; the previous checkpoint is kept and training goes on"),
                     step=job.step, path=str(getattr(error, "filename", None) or folder),
@@ -221,9 +224,11 @@ class Persister:
             files = [{"name": n, "bytes": len(d), "checksum": digest(d)} for n, d in job.in_memory.items()]
             job.manifest = Manifest(job.step, files, DEFAULT_ALGORITHM, job.attempt, job.job_id, job.emergency)
 
-    def _make_room(self, job: SaveJob) -> None:
+    def _make_room(self, job: SaveJob, fmt) -> None:
         """When the disk cannot hold another checkpoint, drop all but the newest committed one first."""
-        need = max(self.format.nbytes(job), self._last_bytes)
+        if not getattr(fmt, "needs_room", True):  # files moved in from the same disk take no more of it
+            return
+        need = max(fmt.nbytes(job), self._last_bytes)
         try:
             free = shutil.disk_usage(self.local.root if self.local.root.exists() else self.local.root.parent).free
         except OSError:

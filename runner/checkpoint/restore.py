@@ -18,7 +18,7 @@ from .durable import DurableTier
 from .errors import CheckpointError, CorruptCheckpointError, RestoreError
 from .local import LocalTier, check_size, read_verified
 from .log import get_logger
-from .manifest import FLAT, MANIFEST_NAME, STATE_NAME, Manifest
+from .manifest import FLAT, FOLDER, MANIFEST_NAME, STATE_NAME, Manifest
 from .staging import rebuild
 
 log = get_logger()
@@ -51,13 +51,16 @@ class Restored:
 
 
 def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_leader: bool, objects: dict,
-                 extra: dict, apply_flat, max_step: int | None = None) -> Restored | None:
+                 extra: dict, apply_flat, max_step: int | None = None, apply_folder=None) -> Restored | None:
     """Load the newest checkpoint that verifies on every rank into ``objects``; None when there is none.
 
     Collective under torch.distributed (``comm`` is then the training thread's side group): the ranks
     agree on the candidates, each folder's leader makes its local copy complete and verified (fetching
     what it lacks from the durable tier: on a multi-node job a node's folder holds only its own ranks'
     files), and a candidate is used only when it verified for every rank.
+
+    ``apply_folder(folder, manifest, where)`` is a framework integration's: it is given every verified
+    candidate instead of ``apply_flat`` and raises RestoreError for one it cannot resume from.
     """
     mine = set(s for s, _ in local.committed())
     durable_steps: set[int] = set()
@@ -92,7 +95,13 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
             if manifest is None:  # a rank sharing its leader's folder
                 manifest = local.read_manifest(folder)
                 where = str(folder / MANIFEST_NAME)
-            if manifest.layout == FLAT:
+            if apply_folder is not None:
+                apply_folder(folder, manifest, where)
+            elif manifest.layout == FOLDER:
+                raise RestoreError(f"{where} was written by {written_by(manifest)}, not by runner.checkpoint."
+                                   f"Checkpointer; resume it with that integration, or point local_dir/durable_url "
+                                   f"elsewhere to start fresh")
+            elif manifest.layout == FLAT:
                 apply_flat(read_folder(folder, manifest), where)
             else:
                 from . import dcp_format
@@ -109,6 +118,16 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
             raise RestoreError(str(error) if error is not None else "; ".join(setup_errors))
         log.warning("skipping a damaged checkpoint", step=step, errors=[text for _, (_, text) in failed])
     return None
+
+
+def written_by(manifest: Manifest) -> str:
+    """Who wrote a checkpoint, as people read it: 'the transformers 4.46.0 integration (GPT2LMHeadModel)'."""
+    if manifest.layout != FOLDER:
+        return "runner.checkpoint.Checkpointer"
+    payload = manifest.payload or {}
+    framework = f"{payload.get('framework', 'an unknown framework')} {payload.get('version', '')}".strip()
+    model = f" ({payload['model']})" if payload.get("model") else ""
+    return f"the {framework} integration{model}"
 
 
 def _materialize(local: LocalTier, durable: DurableTier | None, step: int, in_local: bool,

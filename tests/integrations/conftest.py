@@ -1,0 +1,34 @@
+"""Fixtures of the integration tests: no runner variables unless a test sets them; frameworks offline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_runner(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("RUNNER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def clean_env(**extra: str) -> dict:
+    """The environment of a trainee subprocess: this one without RUNNER_* variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env.update({"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false"})
+    env.update(extra)
+    return env
+
+
+def run_trainee(script: str, *args: str, cwd: Path, env: dict | None = None, timeout: float = 240):
+    """Run a trainee program of this folder to its end; return its completed process (stdout and stderr text)."""
+    return subprocess.run([sys.executable, str(HERE / script), *args], cwd=cwd, env=env or clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
