@@ -31,27 +31,61 @@ def _torch():
     return sys.modules.get("torch")
 
 
+class _DeviceTally:
+    """The tensor losses of one device: how many were counted, and a tensor there counting the finite ones."""
+
+    def __init__(self, finite) -> None:
+        self.finite = finite.to(dtype=_torch().int64)  # a copy: the caller's tensor is never written
+        self.losses = 1  # host-side: how many losses went into ``finite``
+        self.copy = None  # CUDA: (pinned host tensor, event, losses at the copy) of a read-back in flight
+        self.nan = 0  # non-finite losses as of the last read-back
+
+    def read(self) -> None:
+        """Read the count back now (waits for the device: only where that is cheap or allowed)."""
+        self.copy = None
+        self.nan = self.losses - int(self.finite)
+
+    def poll_cuda(self) -> None:
+        """Take a finished read-back's value, and start the next one; never waits."""
+        torch = _torch()
+        if self.copy is not None:
+            host, event, losses = self.copy
+            if not event.query():
+                return  # still in flight: the previous value stands
+            self.nan = losses - int(host)
+        else:
+            host = torch.empty((), dtype=torch.int64, pin_memory=True)
+        with torch.cuda.device(self.finite.device):
+            host.copy_(self.finite, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self.copy = (host, event, self.losses)
+
+
 class NonFiniteCounter:
-    """Counts steps whose loss was NaN or inf; a tensor loss costs asynchronous device ops only."""
+    """Counts steps whose loss was NaN or inf; a tensor loss costs two asynchronous ops on its device.
+
+    Per device it counts the *finite* losses in a tensor (``isfinite`` then an in-place add: no host read)
+    and the losses on the host; NaN steps are the difference, known when the tensor is read back.
+    """
 
     def __init__(self) -> None:
         self.seen = False  # was any loss reported at all (nan_steps is null otherwise)
-        self._host = 0  # from Python floats
-        self._counters: dict = {}  # device -> int64 tensor on that device
-        self._copies: dict = {}  # CUDA device -> (pinned host tensor, event) of a copy in flight
-        self._read: dict = {}  # device -> the counter's value when last read back
+        self._host = 0  # non-finite Python floats
+        self._tallies: dict = {}  # device -> _DeviceTally
 
     def add(self, loss) -> None:
         """Count one step's loss; never waits for the device."""
         self.seen = True
         torch = _torch()
         if torch is not None and isinstance(loss, torch.Tensor):
-            bad = torch.logical_not(torch.isfinite(loss.detach())).any()
-            counter = self._counters.get(bad.device)
-            if counter is None:
-                self._counters[bad.device] = bad.to(torch.int64)
+            finite = torch.isfinite(loss) if loss.dim() == 0 else torch.isfinite(loss).all()
+            tally = self._tallies.get(finite.device)
+            if tally is None:
+                self._tallies[finite.device] = _DeviceTally(finite)
             else:
-                counter.add_(bad)
+                tally.finite.add_(finite)
+                tally.losses += 1
             return
         try:
             value = float(loss)
@@ -61,35 +95,19 @@ class NonFiniteCounter:
             self._host += 1
 
     def poll(self) -> int:
-        """The newest count known without waiting: a CUDA counter's value as of its last finished copy."""
-        for device, counter in self._counters.items():
+        """The newest count known without waiting: a CUDA tally's as of its last finished read-back."""
+        for device, tally in self._tallies.items():
             if device.type == "cuda":
-                self._poll_cuda(device, counter)
+                tally.poll_cuda()
             else:
-                self._read[device] = int(counter)  # host memory (or a device without async copies): rare
-        return self._host + sum(self._read.values())
+                tally.read()  # host memory (or a device without async copies): read at reports only
+        return self._host + sum(t.nan for t in self._tallies.values())
 
     def exact(self) -> int:
         """The exact count; waits for the devices (for close(), when the training is over)."""
-        for device, counter in self._counters.items():
-            self._read[device] = int(counter)
-        self._copies.clear()
-        return self._host + sum(self._read.values())
-
-    def _poll_cuda(self, device, counter) -> None:
-        torch = _torch()
-        copy = self._copies.get(device)
-        if copy is not None:
-            host, event = copy
-            if not event.query():
-                return  # still in flight: the previous value stands
-            self._read[device] = int(host)
-        host = copy[0] if copy is not None else torch.empty((), dtype=torch.int64, pin_memory=True)
-        with torch.cuda.device(device):
-            host.copy_(counter, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        self._copies[device] = (host, event)
+        for tally in self._tallies.values():
+            tally.read()
+        return self._host + sum(t.nan for t in self._tallies.values())
 
 
 def peak_memory() -> tuple[int | None, str]:

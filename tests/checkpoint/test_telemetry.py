@@ -64,7 +64,7 @@ def test_no_host_read_per_step(monkeypatch):
     for step in range(1, 201):
         telemetry.on_step(step, loss=torch.tensor(NAN if step % 7 == 0 else 1.0, requires_grad=True) * 2)
     assert reads == []
-    counter = next(iter(telemetry.nan._counters.values()))
+    counter = next(iter(telemetry.nan._tallies.values())).finite
     assert isinstance(counter, torch.Tensor) and counter.dtype == torch.int64
     monkeypatch.undo()
     assert telemetry.close()["nan_steps"] == 200 // 7
