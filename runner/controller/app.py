@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
@@ -22,6 +23,7 @@ class ControllerState:
     data_dir: Path
     logs: LogStore
     scheduler: SchedulerContext
+    is_leader: Callable[[], bool] = lambda: True  # runs the scheduler and reconciler (runner/controller/leadership.py)
 
     @property
     def workdirs(self) -> Path:
@@ -39,6 +41,11 @@ def create_app(state: ControllerState) -> FastAPI:
     app.include_router(agent_api.router)
     app.include_router(metrics.router)
     app.include_router(web.router)  # the web page: /, /jobs/JOB (a browser session, not a token)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict:
+        """Liveness for a load balancer, no token: this controller answers, and whether it leads."""
+        return {"ok": True, "leader": bool(state.is_leader())}
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError):

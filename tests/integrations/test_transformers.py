@@ -1,0 +1,145 @@
+"""runner.integrations.transformers with a real Hugging Face Trainer and a tiny GPT-2 built from a config.
+
+The interrupted run is a real process that receives SIGTERM at step 5 (it sends it to itself at that step,
+so the test does not depend on timing); the run that resumes is another process on a "new node" (an empty
+local folder, the same durable URL). Its final weights must equal those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import structlog
+import torch
+
+from runner.checkpoint import Checkpointer, RestoreError
+
+from .conftest import REPO, clean_env, run_trainee
+
+pytest.importorskip("transformers")
+sys.path.insert(0, str(REPO / "examples" / "transformers"))
+import train as example  # noqa: E402
+
+from runner.integrations.transformers import RunnerCallback, last_checkpoint  # noqa: E402
+
+STEPS = "12"
+
+
+def committed(root: Path) -> dict[int, dict]:
+    return {int(p.name.split("-")[1]): json.loads((p / "manifest.json").read_text())
+            for p in root.glob("step-*") if (p / "manifest.json").is_file()}
+
+
+def final_sha(stdout: str) -> str:
+    return next(line.split()[-1] for line in stdout.splitlines() if line.startswith("final weights sha256"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_sha(tmp_path_factory) -> str:
+    """The example trained once, start to end, outside the runner (in this process)."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    trainer = example.build(example.parse(["--steps", STEPS, "--output-dir", str(folder / "out")]))
+    assert last_checkpoint() is None
+    rng = torch.get_rng_state()
+    trainer.train()
+    torch.set_rng_state(rng)
+    return example.weights_sha256(trainer.model)
+
+
+def test_sigterm_mid_run_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path, uninterrupted_sha):
+    durable = tmp_path / "durable"
+    first = run_trainee("hf_trainee.py", "--steps", STEPS, "--sigterm-at", "5", "--output-dir", "out", cwd=tmp_path,
+                        env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node1"),
+                                      RUNNER_CHECKPOINT_URL=f"file://{durable}"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "stopping at step 5 for a preemption" in first.stdout + first.stderr
+    assert "final weights" not in first.stdout  # it exited instead of carrying on after train()
+    for tier in (tmp_path / "node1", durable):
+        (step, manifest), = committed(tier).items()
+        assert step == 5 and manifest["emergency"] and manifest["layout"] == "folder"
+        assert manifest["payload"]["framework"] == "transformers"
+        assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= {
+            f["name"] for f in manifest["files"]}
+    assert not (tmp_path / "out" / "checkpoint-5").exists()  # moved into the runner's folder, not copied
+
+    second = run_trainee("hf_trainee.py", "--steps", STEPS, "--output-dir", "out", cwd=tmp_path,
+                         env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node2"),
+                                       RUNNER_CHECKPOINT_URL=f"file://{durable}"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming from {tmp_path / 'node2' / 'step-00000005'}" in second.stdout
+    assert final_sha(second.stdout) == uninterrupted_sha
+
+
+def _tiny_trainer(output_dir: Path, model, **callback_options):
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(output_dir), max_steps=6, per_device_train_batch_size=8, seed=0,
+                             save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, logging_steps=100)
+    callback = RunnerCallback(exit_on_stop=False, **callback_options)
+    return Trainer(model=model, args=args, train_dataset=example.RandomTokens(), callbacks=[callback]), callback
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                      bos_token_id=0, eos_token_id=0))
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16,
+                                        bos_token_id=0, eos_token_id=0, pad_token_id=0))
+
+
+def test_outside_the_runner_it_checkpoints_into_the_output_dir_with_one_log_line(tmp_path):
+    with structlog.testing.capture_logs() as logs:
+        trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), every_steps=3)
+        trainer.train()
+    assert sorted(committed(tmp_path / "out")) == [3, 6]
+    told = [e["event"] for e in logs if "not under the runner" in e["event"]]
+    assert len(told) == 1 and str(tmp_path / "out") in told[0]
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
+    trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
+    trainer.train()
+    _tiny_trainer(tmp_path / "out2", _llama(), local_dir=tmp_path / "ckpt")
+    with pytest.raises(RestoreError) as refused:
+        last_checkpoint()
+    assert "GPT2LMHeadModel" in str(refused.value) and "LlamaForCausalLM" in str(refused.value)
+
+
+def test_a_checkpoint_of_another_framework_is_refused_naming_both(tmp_path):
+    plain = Checkpointer(local_dir=tmp_path / "ckpt", model=torch.nn.Linear(2, 2))
+    plain.save(4)
+    plain.close()
+    _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt")
+    with pytest.raises(RestoreError, match=r"written by runner\.checkpoint\.Checkpointer, not by the transformers "
+                                           r"integration"):
+        last_checkpoint()
+
+
+def test_the_plain_library_refuses_a_trainer_checkpoint_naming_who_wrote_it(tmp_path):
+    trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
+    trainer.train()
+    plain = Checkpointer(local_dir=tmp_path / "ckpt", model=torch.nn.Linear(2, 2))
+    with pytest.raises(RestoreError, match=r"written by the transformers [\d.]+ integration \(GPT2LMHeadModel\), "
+                                           r"not by runner\.checkpoint\.Checkpointer"):
+        plain.restore()
+    plain.close()
+
+
+def test_an_unsupported_transformers_version_fails_at_import_naming_the_supported_ones(monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "4.30.2")
+    monkeypatch.delitem(sys.modules, "runner.integrations.transformers")
+    with pytest.raises(ImportError, match=r"supports transformers >=4\.40,<6; 4\.30\.2 is installed"):
+        importlib.import_module("runner.integrations.transformers")
