@@ -28,11 +28,20 @@ def job_page(store, status: dict, now: float | None = None) -> dict:
         "legend": timeline.LEGEND,
         "drills": [drill_verdict(r) for r in rows if r.get("drill")],
         "lost_seconds": sum(r["lost_seconds"] or 0.0 for r in rows),
-        "logs": [{"attempt": r["attempt"], "node": rank,
-                  "label": f"attempt {r['attempt']}" + (f" · node {rank}" if r.get("nodes") else "")
-                           + f" · {r['zone']} · {r['end_reason']}"}
-                 for r in rows for rank in range(r.get("num_nodes") or 1)],
+        "logs": [source for r in rows for source in _log_sources(r)],
     }
+
+
+def _log_sources(row: dict) -> list[dict]:
+    """The logs of an attempt: one, or one per node rank of a multi-node attempt, named by where it ran."""
+    nodes = {n["rank"]: n for n in row.get("nodes") or []}
+    if (row.get("num_nodes") or 1) == 1:
+        return [{"attempt": row["attempt"], "node": 0,
+                 "label": f"attempt {row['attempt']} · {row['zone']} · {row['end_reason']}"}]
+    return [{"attempt": row["attempt"], "node": rank,
+             "label": f"attempt {row['attempt']} · node {rank} · {nodes.get(rank, row)['zone']} · "
+                      f"{nodes.get(rank, row)['end_reason']}"}
+            for rank in range(row["num_nodes"])]
 
 
 def drill_verdict(row: dict) -> dict:

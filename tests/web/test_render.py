@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 import pytest
 
 from runner.state import Store, open_database
+from runner.state.gangs import GangStore
 from runner.web import render, views
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>'\""
@@ -104,3 +105,23 @@ def test_a_job_without_attempts_says_why_it_waits(store):
               "preemptions": 0, "step": 0, "cost_usd": 0.0, "age_seconds": 1.0}
     text = _summary(store, status)
     assert 'id="no-attempts"' in text and "no capacity in any zone" in text and "<svg" not in text
+
+
+def test_a_multi_node_attempt_has_a_lane_and_a_log_per_node(store):
+    now = time.time() - 60
+    offer = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type": "sim-t4", "spot_price": 0.1,
+             "on_demand_price": 0.3}
+    gangs = GangStore(store)
+    with store.db.transaction() as tx:
+        store.insert_job(tx, "gang-1", "gang", {"resources": {"num_nodes": 2}}, "RUNNING", now)
+        store.insert_attempt(tx, "gang-1", "n-0", offer, True, 0, now + 1, num_nodes=2)
+        for rank in (0, 1):
+            gangs.add(tx, "gang-1", 1, rank, f"n-{rank}", offer, True)
+        gangs.set_end_reasons(tx, "gang-1", 1, {0: "kept", 1: "preempted"})
+    status = {"id": "gang-1", "name": "gang", "state": "RUNNING", "message": None, "attempts": 1, "preemptions": 0,
+              "step": 0, "cost_usd": 0.0, "age_seconds": 60.0}
+    view = views.job_page(store, status)
+    assert [(lane.label, lane.reason) for lane in view["timeline"].lanes] == [
+        ("#1 node 0 · local-a · sim-t4", "kept"), ("#1 node 1 · local-a · sim-t4", "preempted")]
+    assert [(s["node"], s["label"]) for s in view["logs"]] == [
+        (0, "attempt 1 · node 0 · local-a · kept"), (1, "attempt 1 · node 1 · local-a · preempted")]
