@@ -26,11 +26,9 @@ def record_telemetry(tx: Tx, job_id: str, attempt: int, *, steps: int | None = N
 
 def set_manifest(tx: Tx, job_id: str, attempt: int, manifest: dict) -> bool:
     """Record an attempt's run manifest unless it has one (the first restore's); True when stored now."""
-    if tx.one("SELECT 1 AS x FROM attempt_manifests WHERE job_id = ? AND attempt = ?", (job_id, attempt)):
-        return False
-    tx.execute("INSERT INTO attempt_manifests (job_id, attempt, manifest) VALUES (?,?,?)",
-               (job_id, attempt, json.dumps(manifest, sort_keys=True)))
-    return True
+    return tx.execute("INSERT INTO attempt_manifests (job_id, attempt, manifest) VALUES (?,?,?) "
+                      "ON CONFLICT (job_id, attempt) DO NOTHING",
+                      (job_id, attempt, json.dumps(manifest, sort_keys=True))) == 1
 
 
 def latest_manifest(db: Database, job_id: str) -> dict | None:
