@@ -49,6 +49,7 @@ def _summary(store: Store, status: dict) -> str:
 
 
 def test_the_summary_shows_the_attempt_on_the_timeline_with_its_zone_and_the_cost(store):
+    """The job's summary draws its attempt, labelled with its zone, its notice and its cost."""
     text = _summary(store, _job(store))
     tags = Tags(text).tags
     lanes = [attrs for tag, attrs in tags if tag == "g" and "lane" in attrs.get("class", "")]
@@ -58,6 +59,7 @@ def test_the_summary_shows_the_attempt_on_the_timeline_with_its_zone_and_the_cos
 
 
 def test_cost_per_1000_steps_and_throughput_show_only_when_the_status_has_them(store):
+    """$/1000 steps and steps/s appear when the status knows them, and are hidden otherwise."""
     status = _job(store)
     bare = _summary(store, status)
     assert "fact-cost-per-1000" not in bare and "fact-steps-per-second" not in bare
@@ -79,6 +81,7 @@ def test_nothing_from_a_job_becomes_markup(store):
 
 
 def test_a_missing_job_page_escapes_the_id_it_was_asked_for():
+    """The 404 page names the id asked for, as text."""
     text = render.render("not_found.html", signed_in=True, job_id=HOSTILE)
     scripts = [attrs.get("src") for tag, attrs in Tags(text).tags if tag == "script"]
     assert scripts == ["/static/app.js"]  # the page's own, and nothing else
@@ -87,6 +90,7 @@ def test_a_missing_job_page_escapes_the_id_it_was_asked_for():
 
 
 def test_the_drill_verdict_in_words():
+    """The drill's verdict reads as passed, failed, skipped or under way."""
     def verdict(drill):
         return views.drill_verdict({"attempt": 1, "drill": drill})
 
@@ -99,6 +103,7 @@ def test_the_drill_verdict_in_words():
 
 
 def test_a_job_without_attempts_says_why_it_waits(store):
+    """A job with no attempt yet says so, with its message, instead of an empty timeline."""
     with store.db.transaction() as tx:
         store.insert_job(tx, "web-2", "web", {"resources": {}}, "PENDING", time.time())
     status = {"id": "web-2", "name": "web", "state": "PENDING", "message": "no capacity in any zone", "attempts": 0,
@@ -108,6 +113,7 @@ def test_a_job_without_attempts_says_why_it_waits(store):
 
 
 def test_a_multi_node_attempt_has_a_lane_and_a_log_per_node(store):
+    """A gang's attempt has a lane and a log per node, each named by that node's own end."""
     now = time.time() - 60
     offer = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type": "sim-t4", "spot_price": 0.1,
              "on_demand_price": 0.3}

@@ -81,6 +81,7 @@ def home(site):
 
 
 def test_a_link_signs_in_once_sets_a_safe_cookie_and_leaves_the_code_out_of_the_address(runner, controller, job_id):
+    """The printed link signs in once, with an HttpOnly, SameSite, expiring cookie, and redirects to /."""
     url = _link(runner)
     first = requests.get(url, allow_redirects=False, timeout=10)
     assert first.status_code == 303 and first.headers["location"] == "/"
@@ -118,6 +119,7 @@ def test_without_a_session_no_page_shows_a_job_whatever_token_is_sent(home, runn
 
 
 def test_only_the_admin_token_mints_a_link(home, controller, job_id):
+    """Only the admin token can ask for a sign-in link; a node's token cannot."""
     node_token = next(yaml.safe_load(c.read_text())["token"] for c in home.glob("nodes/*/agent.yaml"))
     url = controller.url + "/v1/dashboard/links"
     assert requests.post(url, timeout=10).status_code == 401
@@ -128,6 +130,7 @@ def test_only_the_admin_token_mints_a_link(home, controller, job_id):
 
 
 def test_a_signed_in_page_shows_the_job_its_logs_and_a_404_for_an_unknown_job(runner, controller, job_id):
+    """A session reads a job's page and logs; an unknown job gets a 404 page, a bad parameter a plain 422."""
     browser, base = _signed_in(runner)
     page = browser.get(f"{base}/jobs/{job_id}", timeout=10)
     assert page.status_code == 200 and 'data-reason="running"' in page.text and "local-" in page.text
@@ -141,6 +144,7 @@ def test_a_signed_in_page_shows_the_job_its_logs_and_a_404_for_an_unknown_job(ru
 
 
 def test_every_page_response_forbids_inline_script_framing_and_sniffing(runner, controller):
+    """Every web response carries a CSP without inline script, frame-ancestors 'none' and nosniff."""
     browser, base = _signed_in(runner)
     for path in ("/", "/jobs/none", "/ui/jobs", "/ui/jobs/none/summary", "/signin?code=spent", "/static/app.js"):
         headers = browser.get(base + path, timeout=10).headers
@@ -151,6 +155,7 @@ def test_every_page_response_forbids_inline_script_framing_and_sniffing(runner, 
 
 
 def test_the_package_serves_its_own_assets(controller):
+    """The script, stylesheet and icon come from the package; nothing else is served as a static file."""
     for name, kind in (("app.js", "text/javascript"), ("style.css", "text/css"), ("icon.svg", "image/svg+xml")):
         response = requests.get(f"{controller.url}/static/{name}", timeout=10)
         assert response.status_code == 200 and response.headers["content-type"].startswith(kind) and response.content
@@ -159,6 +164,7 @@ def test_the_package_serves_its_own_assets(controller):
 
 
 def test_the_cookie_is_secure_behind_an_https_proxy(runner, controller):
+    """Served over https (through a local proxy), the session cookie is Secure."""
     url = _link(runner)
     # uvicorn trusts X-Forwarded-Proto from loopback, where a TLS-terminating proxy would be.
     response = requests.get(url, headers={"X-Forwarded-Proto": "https"}, allow_redirects=False, timeout=10)
@@ -166,6 +172,7 @@ def test_the_cookie_is_secure_behind_an_https_proxy(runner, controller):
 
 
 def test_signing_out_ends_the_session_and_another_site_cannot_sign_you_out(runner, controller):
+    """Sign-out ends the session in the database; a sign-out posted from another site is refused."""
     browser, base = _signed_in(runner)
     assert browser.post(base + "/signout", headers={"Origin": "http://evil.example"}, timeout=10).status_code == 403
     assert browser.get(base + "/ui/jobs", timeout=10).status_code == 200
@@ -176,6 +183,7 @@ def test_signing_out_ends_the_session_and_another_site_cannot_sign_you_out(runne
 
 
 def test_links_and_sessions_expire_and_only_their_hash_is_stored(tmp_path):
+    """Links expire after minutes and sessions after hours; the database holds only their hashes."""
     store = Store(open_database(f"sqlite:///{tmp_path / 'runner.db'}"))
     now = time.time()
     with store.db.transaction() as tx:
@@ -195,6 +203,7 @@ def test_links_and_sessions_expire_and_only_their_hash_is_stored(tmp_path):
 
 
 def test_dashboard_opens_the_link_in_the_users_browser(tmp_path, runner, controller):
+    """Without --no-open, runner dashboard hands the link to the user's browser ($BROWSER)."""
     opened = tmp_path / "opened.txt"
     browser = tmp_path / "browser.sh"
     browser.write_text(f"#!/bin/sh\necho \"$1\" > {opened}\n")
@@ -209,6 +218,7 @@ def test_dashboard_opens_the_link_in_the_users_browser(tmp_path, runner, control
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the no-display rule is for Linux")
 def test_dashboard_without_a_display_prints_the_link_and_starts_no_console_browser(runner, controller):
+    """On a Linux box without a display, the link is printed and no console browser is started."""
     env = {k: "" for k in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")}
     result = runner("dashboard", env=env)
     assert result.returncode == 0 and SIGNIN.match(result.stdout.strip())
@@ -216,6 +226,7 @@ def test_dashboard_without_a_display_prints_the_link_and_starts_no_console_brows
 
 
 def test_dashboard_without_a_controller_exits_3(runner):
+    """With no controller to ask, runner dashboard says so and exits 3."""
     result = runner("dashboard", "--no-open", env={"RUNNER_SERVER": "http://127.0.0.1:9", "RUNNER_TOKEN": "x"})
     assert result.returncode == 3 and "cannot reach the controller" in result.stderr
     assert "Traceback" not in result.stderr

@@ -14,10 +14,12 @@ def _row(attempt: int, started: float, ended: float | None, reason: str, **extra
 
 
 def test_no_attempt_draws_nothing():
+    """A job that has not started yet has no timeline."""
     assert timeline.layout([], {}, []) is None
 
 
 def test_attempts_are_bars_in_time_order_with_lengths_in_proportion_to_their_durations():
+    """Each attempt is a bar from its start to its end on one axis; the lost work ends the bar it was lost from."""
     rows = [_row(1, T0, T0 + 60, "preempted", lost_seconds=6.0), _row(2, T0 + 60, T0 + 240, "succeeded")]
     drawn = timeline.layout(rows, {}, [], now=T0 + 1000)
     first, second = drawn.lanes
@@ -34,6 +36,7 @@ def test_attempts_are_bars_in_time_order_with_lengths_in_proportion_to_their_dur
 
 
 def test_a_running_attempt_reaches_now():
+    """The running attempt's bar ends at the present."""
     drawn = timeline.layout([_row(1, T0, None, "running")], {}, [], now=T0 + 30)
     (bar,) = drawn.lanes
     assert bar.reason == "running" and bar.x + bar.width == timeline.WIDTH - timeline.RIGHT
@@ -41,6 +44,7 @@ def test_a_running_attempt_reaches_now():
 
 
 def test_notices_and_checkpoints_are_marked_where_they_happened():
+    """Notices and commits are marks on their own attempt's bar, at their times."""
     rows = [_row(1, T0, T0 + 100, "preempted", checkpoint_step=40), _row(2, T0 + 100, T0 + 200, "succeeded")]
     notices = {1: [{"time": T0 + 90, "title": "aws terminate notice", "node_rank": None}]}
     commits = [{"attempt": 1, "step": 20, "time": T0 + 50}, {"attempt": 1, "step": 40, "time": T0 + 95}]
@@ -55,6 +59,7 @@ def test_notices_and_checkpoints_are_marked_where_they_happened():
 
 
 def test_a_multi_node_attempt_has_a_lane_per_node_coloured_by_that_nodes_end():
+    """A gang's attempt has a lane per node rank; a notice marks the node that received it."""
     nodes = [{"rank": 0, "zone": "local-a", "instance_type": "sim-t4", "end_reason": "kept"},
              {"rank": 1, "zone": "local-a", "instance_type": "sim-t4", "end_reason": "preempted"}]
     rows = [_row(1, T0, T0 + 60, "preempted", nodes=nodes, lost_seconds=2.0),
@@ -74,6 +79,7 @@ def test_a_multi_node_attempt_has_a_lane_per_node_coloured_by_that_nodes_end():
 
 
 def test_ticks_are_round_clock_times_inside_the_axis():
+    """The axis is labelled with a few round clock times."""
     drawn = timeline.layout([_row(1, T0 + 5, T0 + 185, "succeeded")], {}, [], now=T0 + 185)
     labels = [t.label for t in drawn.ticks]
     assert 2 <= len(labels) <= timeline.MAX_TICKS
