@@ -123,9 +123,8 @@ def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(requir
     node whose attempt ended while its job still runs, to stop that job and stay)."""
     state = _state(request)
     job, attempt = _current(state, who)
-    with state.store.db.transaction() as tx:
-        state.store.update_node(tx, who.node["id"], last_heartbeat=time.time(),
-                                progress={"phase": body.phase, **(reports.progress(body.progress) or {})})
+    state.heartbeats.record(who.node["id"], time.time(),
+                            {"phase": body.phase, **(reports.progress(body.progress) or {})})
     if who.node["state"] == NODE_DRAINING:  # handed over: its process is exiting; the exit report releases it
         return {"action": "continue"}
     kept = attempt is None and gang_agent.is_gang(job) and job["state"] not in TERMINAL

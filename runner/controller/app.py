@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 from ..scheduler.reconciler import SchedulerContext
 from ..state import Store
 from .auth import principal
+from .heartbeats import HeartbeatBook
 from .logstore import LogStore
 
 
@@ -23,6 +25,7 @@ class ControllerState:
     data_dir: Path
     logs: LogStore
     scheduler: SchedulerContext
+    heartbeats: HeartbeatBook | None = None  # set by create_app: heartbeats written once a second, together
     is_leader: Callable[[], bool] = lambda: True  # runs the scheduler and reconciler (runner/controller/leadership.py)
 
     @property
@@ -34,8 +37,19 @@ def create_app(state: ControllerState) -> FastAPI:
     from ..web import routes as web
     from . import agent_api, api, metrics
 
+    state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.heartbeats.start()
+        try:
+            yield
+        finally:
+            state.heartbeats.stop()  # the last second's heartbeats are written before the server exits
+
     # No /openapi.json: every endpoint needs a token, and the API's description is not one to hand out.
-    app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
     app.state.controller = state
     app.include_router(api.router)
     app.include_router(agent_api.router)
