@@ -22,6 +22,7 @@ MIN_BAR = 3          # a bar never thinner than this, however short the attempt
 TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
               172800, 604800)
 MAX_TICKS = 8
+TICK_CLEARANCE = 24  # a tick label is centred on its time: none so close to the gutter that it overlaps
 
 # Colour classes (static/style.css) by end reason; a gang node's own ends add "kept" and "released".
 END_REASONS = ("succeeded", "failed", "preempted", "lost", "drill", "cancelled", "running")
@@ -62,7 +63,7 @@ class Timeline:
     lanes: list[Lane]
     ticks: list[Tick]
     plot_left: float
-    start_label: str    # "2026-11-23 18:02:11 UTC"
+    start_label: str    # "2026-11-23 18:02:11" (UTC)
 
 
 def layout(attempts: list[dict], notices: dict[int, list[dict]], commits: list[dict],
@@ -103,7 +104,7 @@ def layout(attempts: list[dict], notices: dict[int, list[dict]], commits: list[d
             y += LANE
         y += ATTEMPT_GAP
     return Timeline(width=WIDTH, height=y, lanes=lanes, ticks=_ticks(start, end, x_of), plot_left=GUTTER,
-                    start_label=_utc(start, "%Y-%m-%d %H:%M:%S UTC"))
+                    start_label=_utc(start, "%Y-%m-%d %H:%M:%S"))
 
 
 def _lanes_of(row: dict) -> list[dict]:
@@ -142,7 +143,8 @@ def _ticks(start: float, end: float, x_of) -> list[Tick]:
     step = next((s for s in TICK_STEPS if span / s <= MAX_TICKS), TICK_STEPS[-1])
     fmt = "%H:%M:%S" if step < 60 else ("%H:%M" if span < 86400 else "%m-%d %H:%M")
     first = (int(start) // step + 1) * step
-    return [Tick(round(x_of(t), 1), _utc(t, fmt)) for t in range(first, int(end) + 1, step)]
+    ticks = [Tick(round(x_of(t), 1), _utc(t, fmt)) for t in range(first, int(end) + 1, step)]
+    return [tick for tick in ticks if tick.x >= GUTTER + TICK_CLEARANCE]  # clear of the axis's start label
 
 
 def _utc(ts: float, fmt: str) -> str:
