@@ -28,27 +28,37 @@ class NotFound(ClientError):
 
 
 class Client:
+    """``url`` may list several controllers separated by commas (CONTRACT §10): requests go to the one that
+    answered last, and move on to the next when it cannot be reached. Only a refused or failed connection
+    moves on, never a request that timed out (another controller would do it a second time)."""
+
     def __init__(self, url: str, token: str, timeout: float = 30.0):
-        self.url = url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()] or [url]
+        self.url = self.urls[0]
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
 
     def request(self, method: str, path: str, **kwargs):
         kwargs.setdefault("timeout", self.timeout)
-        try:
-            response = self.session.request(method, self.url + path, **kwargs)
-        except requests.ConnectionError:
-            raise ControllerUnreachable(
-                f"cannot reach the controller at {self.url}; start it with `runner server` "
-                "or check RUNNER_SERVER") from None
-        except requests.Timeout:
-            raise ControllerUnreachable(f"the controller at {self.url} did not answer in {self.timeout:.0f}s") from None
-        if response.status_code >= 400:
-            raise _error(response)
-        if response.headers.get("content-type", "").startswith("application/json"):
-            return response.json()
-        return response.content
+        start = self.urls.index(self.url)
+        for url in self.urls[start:] + self.urls[:start]:
+            try:
+                response = self.session.request(method, url + path, **kwargs)
+            except requests.ConnectionError:  # refused, reset or not connected in time: try the next one
+                continue
+            except requests.Timeout:
+                raise ControllerUnreachable(f"the controller at {url} did not answer in {self.timeout:.0f}s") from None
+            self.url = url
+            if response.status_code >= 400:
+                raise _error(response)
+            if response.headers.get("content-type", "").startswith("application/json"):
+                return response.json()
+            return response.content
+        where = self.urls[0] if len(self.urls) == 1 else "any of " + ", ".join(self.urls)
+        raise ControllerUnreachable(
+            f"cannot reach the controller at {where}; start it with `runner server` "
+            "or check RUNNER_SERVER")
 
     def get(self, path: str, **kwargs):
         return self.request("GET", path, **kwargs)

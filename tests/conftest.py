@@ -45,19 +45,25 @@ class Runner:
 
 
 class Controller:
-    """A `runner server` process on a free loopback port; ``env`` adds variables (RUNNER_* ones too)."""
+    """A `runner server` process on a free loopback port; ``env`` adds variables (RUNNER_* ones too);
+    ``db_url``: its --db (default: SQLite in ``home``)."""
 
-    def __init__(self, home: Path, env: dict[str, str] | None = None):
+    def __init__(self, home: Path, env: dict[str, str] | None = None, db_url: str | None = None,
+                 extra_args: tuple[str, ...] = ()):
         self.home = home
         self.extra_env = dict(env or {})
+        self.db_url = db_url
+        self.extra_args = extra_args
         self.process: subprocess.Popen | None = None
 
     def start(self, port: int = 0) -> "Controller":
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
         env.update(self.extra_env, RUNNER_HOME=str(self.home))
         (self.home / "controller.json").unlink(missing_ok=True)
+        db = ["--db", self.db_url] if self.db_url else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runner.cli.main", "server", "--data-dir", str(self.home), "--port", str(port)],
+            [sys.executable, "-m", "runner.cli.main", "server", "--data-dir", str(self.home), "--port", str(port),
+             *db, *self.extra_args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 30
@@ -99,6 +105,30 @@ def kill_nodes(home: Path) -> None:
             kill_session(int(ref.split(":")[0]))
 
 
+BOTH_DATABASES = ("sqlite", "postgres")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real Postgres server for the whole test session (Debian's postgresql package)."""
+    from postgres_server import PostgresServer, find_binaries
+
+    bin_dir = find_binaries()
+    if bin_dir is None:
+        pytest.skip("Postgres is not installed: no /usr/lib/postgresql/*/bin/initdb (apt-get install postgresql)")
+    server = PostgresServer(bin_dir).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=BOTH_DATABASES)
+def db_url(request, tmp_path: Path) -> str:
+    """A fresh, empty database of each backend: SQLite in the test's folder, a new database on the Postgres server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    return request.getfixturevalue("postgres").new_database()
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     path = tmp_path / "home"
@@ -113,9 +143,23 @@ def runner(home: Path) -> Runner:
     return Runner(home)
 
 
+def pytest_generate_tests(metafunc):
+    """A test module with ``ON_BOTH_DATABASES = True`` runs its `controller` on SQLite and on Postgres."""
+    if "controller_db" in metafunc.fixturenames and getattr(metafunc.module, "ON_BOTH_DATABASES", False):
+        metafunc.parametrize("controller_db", BOTH_DATABASES, indirect=True)
+
+
 @pytest.fixture
-def controller(home: Path, runner: Runner):
-    ctl = Controller(home).start()
+def controller_db(request) -> str | None:
+    """The `controller` fixture's --db: None (SQLite in its home) unless parametrized to Postgres."""
+    if getattr(request, "param", "sqlite") == "sqlite":
+        return None
+    return request.getfixturevalue("postgres").new_database()
+
+
+@pytest.fixture
+def controller(home: Path, runner: Runner, controller_db: str | None):
+    ctl = Controller(home, db_url=controller_db).start()
     runner.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
     yield ctl
     ctl.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -26,8 +28,41 @@ def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None,
 
     data_dir = (data_dir or runner_home()).expanduser()
     configure_logging(data_dir / "controller.jsonl")
-    serve(ServerSettings(data_dir=data_dir, host=host, port=port, db_url=db_url, config_home=runner_home(),
-                         advertise_url=advertise_url))
+    with _database_errors():
+        serve(ServerSettings(data_dir=data_dir, host=host, port=port, db_url=db_url, config_home=runner_home(),
+                             advertise_url=advertise_url))
+
+
+@server.command()
+@click.option("--db", "db_url", help="Database URL (default: sqlite:///DATA_DIR/runner.db).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: $RUNNER_HOME.")
+def migrate(db_url: str | None, data_dir: Path | None):
+    """Bring the database's schema up to date without starting the controller."""
+    from ..state import open_database, redact
+    from ..state.migrations import apply_migrations, schema_version
+
+    db_url = db_url or f"sqlite:///{(data_dir or runner_home()).expanduser().resolve() / 'runner.db'}"
+    with _database_errors():
+        db = open_database(db_url, migrate=False)  # refuses a schema newer than this runner's
+        try:
+            applied = apply_migrations(db)
+            version = schema_version(db)
+        finally:
+            db.close()
+    done = f"applied {', '.join(map(str, applied))}" if applied else "nothing to apply"
+    click.echo(f"{redact(db_url)}: schema at version {version} ({done})")
+
+
+@contextmanager
+def _database_errors():
+    """A database that cannot be used: one line naming it (never its password), and the contract's exit code."""
+    from ..state import DatabaseError
+
+    try:
+        yield
+    except DatabaseError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
 
 
 @server.command()

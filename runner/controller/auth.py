@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,17 +22,18 @@ def node_token(secret: str, node_id: str) -> str:
     return hmac.new(secret.encode(), node_id.encode(), hashlib.sha256).hexdigest()
 
 
-def load_or_create_secret(path: Path) -> str:
-    """A secret kept at ``path`` with mode 0600 (the admin token, the node secret), created on first start."""
-    if path.exists():
-        token = path.read_text().strip()
-        if token:
-            return token
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def write_secret(path: Path, value: str) -> None:
+    """Keep a secret (the admin token) at ``path`` with mode 0600, unless it already holds that value."""
+    try:
+        if path.read_text().strip() == value:
+            return
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
-    return token
+        handle.write(value + "\n")
+    tmp.replace(path)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,13 @@ from ..providers.local import LocalProvider
 from ..providers.local.provider import DEFAULT_ZONE_CAPACITY
 from ..providers.local.processes import process_start_ticks
 from ..scheduler.reconciler import Reconciler, SchedulerContext
-from ..state import Store, open_database
+from ..state import Store, open_database, redact
+from ..state.leader import Leadership
+from ..state.logs import DatabaseLogStore
+from ..state.secrets import ADMIN_TOKEN, NODE_SECRET, shared_secret
 from .app import ControllerState, create_app
-from .auth import hash_token, load_or_create_secret, node_token
+from .auth import hash_token, node_token, write_secret
+from .leadership import LeaderLoop
 from .logstore import LogStore
 
 log = structlog.get_logger(__name__)
@@ -135,38 +139,55 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
     the in-memory provider, whose nodes it plays itself)."""
     data_dir = settings.data_dir.resolve()
     make_data_dir_private(data_dir)  # jobs' env values, output and workdirs are kept here
-    lock = acquire_lock(data_dir)
+    db_url = settings.db_url or f"sqlite:///{data_dir / 'runner.db'}"
+    shared = db_url.startswith(("postgres://", "postgresql://"))
+    # Controllers sharing a Postgres database may share a data dir too; a SQLite one has it to itself.
+    lock = None if shared else acquire_lock(data_dir)
     sock = bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     config = load_config(settings.config_home or data_dir)
     node_url = settings.advertise_url or config.get("server") or url
-    store = Store(open_database(settings.db_url or f"sqlite:///{data_dir / 'runner.db'}"))
-    admin_token = load_or_create_secret(data_dir / ADMIN_TOKEN_FILE)
-    node_secret = load_or_create_secret(data_dir / NODE_SECRET_FILE)
+    db = open_database(db_url)
+    store = Store(db)
+    admin_token = shared_secret(db, ADMIN_TOKEN, adopt=_read_secret(data_dir / ADMIN_TOKEN_FILE))
+    write_secret(data_dir / ADMIN_TOKEN_FILE, admin_token)
+    node_secret = shared_secret(db, NODE_SECRET, adopt=_read_secret(data_dir / NODE_SECRET_FILE))
     if providers is None:
         providers = build_providers(data_dir, config)
     scheduler = SchedulerContext(store=store, providers=providers, controller_url=node_url,
                                  node_token=lambda node_id: node_token(node_secret, node_id),
                                  token_hasher=hash_token, **scheduler_settings(config))
+    leader = LeaderLoop(Leadership(db), lambda: Reconciler(scheduler))
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
-                            logs=LogStore(data_dir / "logs"), scheduler=scheduler)
-    reconciler = Reconciler(scheduler)
+                            logs=DatabaseLogStore(db) if shared else LogStore(data_dir / "logs"), scheduler=scheduler,
+                            is_leader=lambda: leader.leading)
     server = _Server(uvicorn.Config(create_app(state), log_config=None, access_log=False,
                                            timeout_graceful_shutdown=5))
     _write_controller_file(data_dir, url)
     watchdog = sdnotify.start_watchdog()  # also takes NOTIFY_SOCKET out of the environment nodes inherit
-    reconciler.start()
-    log.info("controller serving", url=url, data_dir=str(data_dir), pid=os.getpid())
+    leader.start()
+    log.info("controller serving", url=url, data_dir=str(data_dir), db=redact(db_url), pid=os.getpid(),
+             leader=leader.leading)
     try:
         server.run(sockets=[sock])
     finally:
-        reconciler.stop()
+        leader.stop()
         if watchdog is not None:
             watchdog.stop()
-        (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)
-        lock.close()
+        if (_read_controller_file(data_dir) or {}).get("pid") == os.getpid():  # a shared data dir: only our own
+            (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)
+        db.close()
+        if lock is not None:
+            lock.close()
         log.info("controller stopped")
+
+
+def _read_secret(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _write_controller_file(data_dir: Path, url: str) -> None:

@@ -1,6 +1,8 @@
 """Controller state: database access and schema migrations."""
 
-from .db import Database, DatabaseError, Tx, open_database
+from .db import Database, Tx, open_database, redact
+from .errors import DatabaseError, DatabaseUnreachable, SchemaTooNew
 from .store import Store
 
-__all__ = ["Database", "DatabaseError", "Store", "Tx", "open_database"]
+__all__ = ["Database", "DatabaseError", "DatabaseUnreachable", "SchemaTooNew", "Store", "Tx", "open_database",
+           "redact"]

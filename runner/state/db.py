@@ -1,7 +1,9 @@
-"""Database connections: SQLite in WAL mode by default.
+"""Database connections: SQLite in WAL mode by default, Postgres (psycopg 3) for teams.
 
-Everything above this module speaks through :class:`Database` (``transaction()``, ``query()``), so a
-Postgres implementation can slot in behind the same two methods.
+Everything above this module speaks through :class:`Database` (``transaction()``, ``query()``) in portable
+SQL; :mod:`.dialect` rewrites it for Postgres. Write transactions are serialised on both: SQLite's
+``BEGIN IMMEDIATE`` takes its single write lock, and on Postgres every write transaction first takes one
+transaction-scoped advisory lock, so the store's read-then-write steps see the same isolation on either.
 """
 
 from __future__ import annotations
@@ -10,26 +12,52 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+from urllib.parse import unquote, urlsplit
 
+from .dialect import to_postgres
+from .errors import DatabaseError, DatabaseUnreachable
 from .migrations import apply_migrations
 
+# Advisory lock keys (any 64-bit numbers, fixed): the write lock and the leader's lock.
+WRITE_LOCK_KEY = 0x72756E6E6572_01
+LEADER_LOCK_KEY = 0x72756E6E6572_02
+CONNECT_TIMEOUT_SECONDS = 10
 
-class DatabaseError(Exception):
-    """The database cannot be opened or used; the message names the URL and the fix."""
 
+def open_database(url: str, migrate: bool = True) -> "Database":
+    """Open a database by URL: ``sqlite:///path/to/file.db`` or ``postgresql://USER:PASS@HOST:PORT/DB``.
 
-def open_database(url: str) -> "Database":
-    """Open a database by URL: ``sqlite:///path/to/file.db`` (Postgres: not yet)."""
+    ``migrate``: bring the schema up to date (a schema newer than this runner's is refused either way)."""
     if url.startswith("sqlite:///"):
-        return SQLiteDatabase(Path(url.removeprefix("sqlite:///")))
-    if url.startswith(("postgres://", "postgresql://")):
-        raise DatabaseError(f"{url.split('@')[-1]}: Postgres support is not built yet; use sqlite:///PATH")
-    raise DatabaseError(f"--db {url!r}: unknown database URL; use sqlite:///PATH")
+        db: Database = SQLiteDatabase(Path(url.removeprefix("sqlite:///")))
+    elif url.startswith(("postgres://", "postgresql://")):
+        db = PostgresDatabase(url)
+    else:
+        raise DatabaseError(f"--db {redact(url)!r}: unknown database URL; use sqlite:///PATH or "
+                            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+    try:
+        apply_migrations(db, apply=migrate)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
 
 
 class Database:
     """The data-access seam: a transaction context and read queries, both yielding dict rows."""
+
+    kind = ""
+    shared = False  # may several controllers use it at once?
 
     def transaction(self):  # pragma: no cover - interface
         raise NotImplementedError
@@ -37,12 +65,36 @@ class Database:
     def query(self, sql: str, params: tuple = ()) -> list[dict]:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def close(self) -> None:
+        pass
+
+
+class Tx:
+    """A transaction in progress: ``execute`` for writes, ``one``/``all`` for reads."""
+
+    def __init__(self, conn, translate: Callable[[str], str] = str):
+        self._conn = conn
+        self._translate = translate
+
+    def execute(self, sql: str, params: tuple = ()) -> int:
+        return self._conn.execute(self._translate(sql), params).rowcount
+
+    def one(self, sql: str, params: tuple = ()) -> dict | None:
+        row = self._conn.execute(self._translate(sql), params).fetchone()
+        return dict(row) if row else None
+
+    def all(self, sql: str, params: tuple = ()) -> list[dict]:
+        return [dict(row) for row in self._conn.execute(self._translate(sql), params)]
+
 
 class SQLiteDatabase(Database):
     """SQLite with WAL, one connection per thread, ``BEGIN IMMEDIATE`` writes."""
 
+    kind = "sqlite"
+
     def __init__(self, path: Path):
         self.path = path
+        self.url = f"sqlite:///{path}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -52,9 +104,7 @@ class SQLiteDatabase(Database):
         # busy handler they would poll, sleeping up to 100 ms between tries, and with many threads writing that
         # sleep, not the write, is what an API request waits for.
         self._write_lock = threading.RLock()
-        conn = self._connection()
-        conn.execute("PRAGMA journal_mode=WAL")
-        apply_migrations(conn)
+        self._connection().execute("PRAGMA journal_mode=WAL")
 
     def _connection(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -71,7 +121,7 @@ class SQLiteDatabase(Database):
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator["Tx"]:
+    def transaction(self) -> Iterator[Tx]:
         conn = self._connection()
         with self._write_lock:
             conn.execute("BEGIN IMMEDIATE")
@@ -86,18 +136,84 @@ class SQLiteDatabase(Database):
         return [dict(row) for row in self._connection().execute(sql, params)]
 
 
-class Tx:
-    """A transaction in progress: ``execute`` for writes, ``one``/``all`` for reads."""
+class PostgresDatabase(Database):
+    """Postgres through psycopg 3 and a small connection pool; every controller of a team shares it."""
 
-    def __init__(self, conn: sqlite3.Connection):
-        self._conn = conn
+    kind = "postgres"
+    shared = True
 
-    def execute(self, sql: str, params: tuple = ()) -> int:
-        return self._conn.execute(sql, params).rowcount
+    def __init__(self, url: str, pool_size: int = 8):
+        try:
+            import psycopg
+            from psycopg.rows import dict_row
+            from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise DatabaseError(f"{redact(url)}: Postgres needs psycopg ({exc}); pip install 'runner[postgres]'") from None
+        self.url = url
+        self.where = postgres_location(url)
+        self._psycopg = psycopg
+        self._options = dict(row_factory=dict_row, autocommit=True, **KEEPALIVES)
+        self.connect().close()  # fail now, naming host and port, rather than in the pool's background thread
+        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=self._options, open=False,
+                                    name="runner", configure=_configure)
+        self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
 
-    def one(self, sql: str, params: tuple = ()) -> dict | None:
-        row = self._conn.execute(sql, params).fetchone()
-        return dict(row) if row else None
+    def connect(self):
+        """A new connection of its own (autocommit, dict rows), e.g. to hold the leader's lock."""
+        try:
+            conn = self._psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECONDS, **self._options)
+        except self._psycopg.Error as exc:
+            raise DatabaseUnreachable(f"cannot connect to Postgres at {self.where}: {_reason(exc, self.url)}; "
+                                      "check the host, port, user, password and database of --db") from None
+        _configure(conn)
+        return conn
 
-    def all(self, sql: str, params: tuple = ()) -> list[dict]:
-        return [dict(row) for row in self._conn.execute(sql, params)]
+    @contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+            yield Tx(conn, to_postgres)
+
+    def query(self, sql: str, params: tuple = ()) -> list[dict]:
+        with self._pool.connection() as conn:
+            return list(conn.execute(to_postgres(sql), params))
+
+    def close(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
+
+
+# The server drops a dead client's session (and so its locks) within ~10 s; the client notices a dead server too.
+KEEPALIVES = dict(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+
+
+def _configure(conn) -> None:
+    """NUMERIC results (SUM of integers) as SQLite gives them: an int when whole, else a float."""
+    from psycopg.types.numeric import NumericLoader
+
+    class WholeOrFloat(NumericLoader):
+        def load(self, data):
+            value = super().load(data)
+            return int(value) if value == value.to_integral_value() else float(value)
+
+    conn.adapters.register_loader("numeric", WholeOrFloat)
+
+
+def postgres_location(url: str) -> str:
+    """``host:port/database`` of a Postgres URL, for messages (no user, no password)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 5432
+    except ValueError:
+        port = "?"
+    return f"{parts.hostname or 'localhost'}:{port}/{unquote(parts.path.lstrip('/')) or '(default database)'}"
+
+
+def _reason(exc: Exception, url: str) -> str:
+    """The driver's first line about a failed connection, with the password taken out should it appear."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    password = urlsplit(url).password
+    if password:
+        text = text.replace(password, "***").replace(unquote(password), "***")
+    return text.removeprefix("connection failed: ")

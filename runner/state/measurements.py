@@ -43,7 +43,8 @@ def fold_oldest(tx: Tx, keep: int, buckets: Callable[[str], tuple[float, ...] | 
             continue
         for le in [*(repr(float(b)) for b in bounds if row["value"] <= b), "+Inf"]:
             tx.execute("INSERT INTO measurement_rollup (name, labels, le, n, total) VALUES (?,?,?,1,?) "
-                       "ON CONFLICT(name, labels, le) DO UPDATE SET n = n + 1, total = total + excluded.total",
+                       "ON CONFLICT(name, labels, le) DO UPDATE SET n = measurement_rollup.n + 1, "
+                       "total = measurement_rollup.total + excluded.total",
                        (row["name"], row["labels"], le, row["value"] if le == "+Inf" else 0.0))
     for row in rows:
         tx.execute("DELETE FROM measurements WHERE key = ?", (row["key"],))
@@ -80,8 +81,9 @@ def running_attempt_counts(db: Database) -> list[dict]:
 def cost_by_zone(db: Database, now: float) -> list[dict]:
     """USD per ``cloud`` and ``zone``: per-second billing from launch to end, or to ``now`` while running."""
     return db.query(
-        """SELECT cloud, zone, SUM(price_per_hour * MAX(0.0, COALESCE(ended_at, ?) - started_at) / 3600.0) AS usd
-           FROM attempts GROUP BY cloud, zone ORDER BY cloud, zone""", (now,))
+        """SELECT cloud, zone, SUM(price_per_hour * CASE WHEN COALESCE(ended_at, ?) > started_at
+                                                         THEN COALESCE(ended_at, ?) - started_at ELSE 0.0 END / 3600.0) AS usd
+           FROM attempts GROUP BY cloud, zone ORDER BY cloud, zone""", (now, now))
 
 
 def attempt_timeline(db: Database) -> list[dict]:

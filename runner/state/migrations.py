@@ -5,6 +5,10 @@ Append new migrations; never edit one that has shipped.
 
 from __future__ import annotations
 
+import time
+
+from .errors import SchemaTooNew
+
 MIGRATIONS: list[tuple[int, str]] = [
     (
         1,
@@ -170,32 +174,66 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX web_sessions_expiry ON web_sessions(expires_at)
         """,
     ),
+    (
+        8,
+        # Teams (CONTRACT §10): the secrets every controller of one database shares (the admin token, the
+        # node secret), and job output kept in the database when several controllers serve it.
+        """
+        CREATE TABLE controller_secrets (
+            name TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        CREATE TABLE log_chunks (
+            job_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            node INTEGER NOT NULL,
+            start INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (job_id, attempt, node, start)
+        )
+        """,
+    ),
 ]
 
 
-def apply_migrations(conn) -> list[int]:
-    """Bring a connection's schema up to date; return the versions applied now."""
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
-    )
-    done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+def apply_migrations(db, apply: bool = True) -> list[int]:
+    """Bring a database's schema up to date; return the versions applied now.
+
+    Each migration runs in its own transaction with its ``schema_migrations`` row (on Postgres DDL is
+    transactional too), so a failure leaves the schema at the last whole version. A database migrated by a
+    newer runner is refused before anything is applied. ``apply=False`` only checks."""
+    newest_known = max(version for version, _ in MIGRATIONS)
     applied = []
-    for version, script in MIGRATIONS:
-        if version in done:
-            continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+    with db.transaction() as tx:
+        tx.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+        current = _version(tx)
+    if current > newest_known:
+        raise SchemaTooNew(f"the database {_name(db)} is at schema version {current}, newer than this runner's "
+                           f"{newest_known}: it was migrated by a newer runner; upgrade runner to use it")
+    for version, script in sorted(MIGRATIONS):
+        if not apply:
+            break
+        with db.transaction() as tx:  # serialised with every other writer: two controllers starting migrate once
+            if tx.one("SELECT version FROM schema_migrations WHERE version = ?", (version,)):
+                continue
             for statement in filter(str.strip, script.split(";")):
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_migrations VALUES (?, strftime('%s','now'))", (version,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+                tx.execute(statement)
+            tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (version, time.time()))
         applied.append(version)
     return applied
 
 
-def schema_version(conn) -> int:
-    row = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
-    return row[0] or 0
+def schema_version(db) -> int:
+    """The newest migration the database has (0 for an empty one)."""
+    with db.transaction() as tx:
+        return _version(tx)
+
+
+def _version(tx) -> int:
+    return int(tx.one("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")["v"])
+
+
+def _name(db) -> str:
+    from .db import redact
+
+    return redact(getattr(db, "url", "?"))

@@ -24,7 +24,7 @@ def test_sigkill_at_random_moments_leaves_one_attempt_and_one_node_per_job(tmp_p
     for _ in range(4):
         time.sleep(rng.uniform(0.05, 1.0))
         current.kill()
-        current = Controller(home).start(port)
+        current = Controller(home, db_url=controller.db_url).start(port)
     try:
         for job_id in job_ids:
             runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=120, what="the end")

@@ -21,9 +21,9 @@ ZONES = ("zone-a", "zone-b")
 
 
 @pytest.fixture
-def world(tmp_path):
+def world(db_url):
     def build(refuse_second=False, gang_timeout=600.0):
-        store = Store(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
+        store = Store(open_database(db_url))
         market = MemoryProvider(memory_offers(ZONES))
         if refuse_second:  # the very first gang's second launch finds its zone stocked out
             market.on_launch = lambda request: len(market.nodes) == 1 and market.refuse(request.offer.zone)

@@ -34,6 +34,8 @@ TRAIN = """
 import time
 from runner.checkpoint import Checkpointer
 
+ON_BOTH_DATABASES = True  # the `controller` fixture runs on SQLite and on Postgres (tests/conftest.py)
+
 ckpt = Checkpointer(extra={"x": 0}, interval="1h")
 step = ckpt.restore()
 while step < 300:
@@ -175,9 +177,9 @@ OFFER = {"cloud": "local", "region": "local", "instance_type": "sim-t4", "spot_p
 
 
 @pytest.fixture
-def store(tmp_path) -> Store:
+def store(db_url) -> Store:
     """One job: attempt 1 in local-a ran 1010-1100 and was preempted; attempt 2 in local-b runs since 1130."""
-    store = Store(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
+    store = Store(open_database(db_url))
     with store.db.transaction() as tx:
         store.insert_job(tx, "j1", "j", {}, "PENDING", 1000.0)
         transition(tx, "j1", PROVISIONING, now=1000.0, message="launching")
@@ -250,9 +252,9 @@ def test_a_report_delivered_twice_is_observed_once(store):
     assert registry.get_sample_value("runner_checkpoint_commit_seconds_sum", {"emergency": "true"}) == 1.5
 
 
-def test_metrics_survive_a_controller_restart(store, tmp_path):
+def test_metrics_survive_a_controller_restart(store, db_url):
     """A second process opening the same database computes the same figures."""
-    reopened = Store(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
+    reopened = Store(open_database(db_url))
     assert collect(reopened).get_sample_value("runner_recovery_seconds_sum", {"end_reason": "preempted"}) == 30
 
 

@@ -16,8 +16,8 @@ OFFER = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type"
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = Store(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
+def store(db_url):
+    store = Store(open_database(db_url))
     with store.db.transaction() as tx:
         store.insert_job(tx, "j1", "job", {"recovery": {}}, "PENDING", time.time())
     return store

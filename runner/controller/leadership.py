@@ -1,0 +1,73 @@
+"""The leader loop: every controller serves the API; the one holding the database's leader lock also runs
+the reconciler (scheduler included). A follower tries for the lock every second, so when the leader dies
+another takes over within a couple of seconds of the database freeing its lock; a leader that loses its
+lock (its database session died) stops its reconciler at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Protocol
+
+import structlog
+
+from ..state.leader import Leadership
+
+log = structlog.get_logger(__name__)
+
+ELECTION_INTERVAL_SECONDS = 1.0
+
+
+class Worker(Protocol):
+    def start(self) -> None: ...
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+
+class LeaderLoop:
+    def __init__(self, leadership: Leadership, make_worker: Callable[[], Worker],
+                 interval: float = ELECTION_INTERVAL_SECONDS):
+        self.leadership = leadership
+        self.make_worker = make_worker
+        self.interval = interval
+        self._worker: Worker | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def leading(self) -> bool:
+        return self._worker is not None
+
+    def start(self) -> None:
+        self._step()  # a controller alone on its database leads from its first moment
+        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+        self._stand_down("controller stopping")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._step()
+            except Exception:  # never let the election thread die; try again next round
+                log.exception("leader election step failed")
+
+    def _step(self) -> None:
+        if self._worker is None:
+            if self.leadership.try_acquire():
+                self._worker = self.make_worker()
+                self._worker.start()
+                log.info("leader: running the scheduler and reconciler", since=time.time())
+        elif not self.leadership.held():
+            self._stand_down("leader lock lost")
+
+    def _stand_down(self, why: str) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+            log.info("no longer the leader", why=why)
+        self.leadership.release()

@@ -1,0 +1,17 @@
+"""The state layer's errors; each message names the database (never its password) and the fix."""
+
+
+class DatabaseError(Exception):
+    """The database cannot be opened or used."""
+
+    exit_code = 1
+
+
+class DatabaseUnreachable(DatabaseError):
+    """The database server cannot be reached or refuses the connection (CLI exit 3)."""
+
+    exit_code = 3
+
+
+class SchemaTooNew(DatabaseError):
+    """The database was migrated by a newer runner than this one."""

@@ -1,0 +1,49 @@
+"""Job output kept in the database, for controllers that share one (with SQLite it stays in files:
+runner/controller/logstore.py). The same interface and offsets: an agent sends each chunk with the offset it
+starts at; a chunk already received is not stored twice, and a gap is refused so the agent resends from the end.
+
+Each stored chunk is a row keyed by (job, attempt, node rank, start offset); the chunks of one stream are
+contiguous, so its size is the end of its last chunk.
+"""
+
+from __future__ import annotations
+
+from .db import Database
+
+_STREAM = "job_id = ? AND attempt = ? AND node = ?"
+
+
+class DatabaseLogStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def size(self, job_id: str, attempt: int, node: int = 0) -> int:
+        return _size(self.db.query, job_id, attempt, node)
+
+    def append(self, job_id: str, attempt: int, offset: int, data: bytes, node: int = 0) -> int:
+        """Store ``data`` that starts at ``offset``; return the new size (the offset to send next)."""
+        with self.db.transaction() as tx:
+            size = _size(tx.all, job_id, attempt, node)
+            if offset > size:
+                return size  # a gap: the agent resends from here
+            new = bytes(data[size - offset:])
+            if new:
+                tx.execute("INSERT INTO log_chunks (job_id, attempt, node, start, data) VALUES (?,?,?,?,?)",
+                           (job_id, attempt, node, size, new))
+            return max(size, offset + len(data))
+
+    def read(self, job_id: str, attempt: int, offset: int = 0, limit: int = 1 << 20, node: int = 0) -> bytes:
+        rows = self.db.query(
+            f"SELECT start, data FROM log_chunks WHERE {_STREAM} AND start < ? AND start + LENGTH(data) > ? "
+            "ORDER BY start", (job_id, attempt, node, offset + limit, offset))
+        if not rows:
+            return b""
+        joined = b"".join(bytes(row["data"]) for row in rows)
+        skip = offset - rows[0]["start"]
+        return joined[skip:skip + limit]
+
+
+def _size(run, job_id: str, attempt: int, node: int) -> int:
+    rows = run(f"SELECT start + LENGTH(data) AS size FROM log_chunks WHERE {_STREAM} ORDER BY start DESC LIMIT 1",
+               (job_id, attempt, node))
+    return int(rows[0]["size"]) if rows else 0

@@ -1,0 +1,83 @@
+"""A throwaway Postgres cluster for the test session: Debian's initdb and pg_ctl in a temporary folder.
+
+initdb refuses to run as root, so as root the cluster belongs to the ``postgres`` system user (commands run
+through ``runuser``); as anyone else it belongs to the current user. The superuser has a password, so the
+tests use real password URLs (and can check that the password never shows).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+USER = "runner"
+PASSWORD = "pw-" + secrets.token_hex(8)
+
+
+def find_binaries() -> Path | None:
+    """The bin folder of the newest Postgres installed the Debian way, or None."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+    return Path(found[-1]).parent if found else None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PostgresServer:
+    def __init__(self, bin_dir: Path):
+        self.bin_dir = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="runner-pg-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        self._as = []
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam("postgres")
+            os.chown(self.root, owner.pw_uid, owner.pw_gid)
+            self._as = ["runuser", "-u", "postgres", "--"]
+        self._counter = 0
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self._as, *args], check=True, capture_output=True, text=True, timeout=120)
+
+    def start(self) -> "PostgresServer":
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(PASSWORD + "\n")
+        if self._as:
+            shutil.chown(pwfile, "postgres")
+        self._run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", USER, "--pwfile", str(pwfile),
+                  "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync")
+        pwfile.unlink()
+        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
+                  str(self.root / "server.log"), "-w", "-t", "60", "start")
+        return self
+
+    def stop(self) -> None:
+        try:
+            self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def url(self, database: str = "postgres", password: str = PASSWORD, port: int | None = None) -> str:
+        return f"postgresql://{USER}:{password}@127.0.0.1:{port or self.port}/{database}"
+
+    def new_database(self) -> str:
+        """A fresh, empty database; its URL."""
+        import psycopg
+
+        self._counter += 1
+        name = f"t{os.getpid()}_{self._counter}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)

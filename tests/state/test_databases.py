@@ -1,0 +1,109 @@
+"""The state layer on both databases: one set of migrations, refusals that name what is wrong, output
+kept in the database, shared secrets and the leader's lock."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.state import DatabaseUnreachable, SchemaTooNew, open_database
+from runner.state import migrations
+from runner.state.dialect import to_postgres
+from runner.state.leader import Leadership
+from runner.state.logs import DatabaseLogStore
+from runner.state.migrations import MIGRATIONS, apply_migrations, schema_version
+from runner.state.secrets import shared_secret
+
+
+def test_every_migration_applies_and_reopening_applies_none(db_url):
+    """A new database gets every migration; a second open (a restart, another controller) applies nothing."""
+    db = open_database(db_url)
+    assert schema_version(db) == max(version for version, _ in MIGRATIONS)
+    assert apply_migrations(db) == []
+    assert open_database(db_url).query("SELECT COUNT(*) AS n FROM schema_migrations")[0]["n"] == len(MIGRATIONS)
+
+
+def test_epoch_seconds_keep_their_fraction(db_url):
+    """REAL columns hold a full double on both (a Postgres REAL would round 1.7e9 to 128 s steps)."""
+    db = open_database(db_url)
+    with db.transaction() as tx:
+        tx.execute("INSERT INTO jobs (id, name, spec, state, created_at, updated_at) VALUES (?,?,?,?,?,?)",
+                   ("j", "j", "{}", "PENDING", 1763900000.125, 1763900000.125))
+    assert db.query("SELECT created_at FROM jobs")[0]["created_at"] == 1763900000.125
+
+
+def test_a_database_migrated_by_a_newer_runner_is_refused_naming_both_versions(db_url):
+    db = open_database(db_url)
+    with db.transaction() as tx:
+        tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (999, 0.0))
+    newest = max(version for version, _ in MIGRATIONS)
+    with pytest.raises(SchemaTooNew, match=rf"schema version 999, newer than this runner's {newest}"):
+        open_database(db_url)
+
+
+def test_a_failing_migration_leaves_nothing_half_applied(db_url, monkeypatch):
+    """Its first statement is rolled back with it, and its version is not recorded."""
+    open_database(db_url)
+    broken = (10_000, "CREATE TABLE half_done (x INTEGER); CREATE TABLE jobs (x INTEGER)")
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*MIGRATIONS, broken])
+    with pytest.raises(Exception):
+        open_database(db_url)
+    monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS)
+    db = open_database(db_url)
+    assert schema_version(db) == max(version for version, _ in MIGRATIONS)
+    with pytest.raises(Exception):
+        db.query("SELECT * FROM half_done")
+
+
+def test_an_unreachable_postgres_is_named_by_host_and_port_without_the_password(postgres):
+    url = postgres.url(password="hunter2-secret", port=1)
+    with pytest.raises(DatabaseUnreachable) as raised:
+        open_database(url)
+    assert "127.0.0.1:1" in str(raised.value) and "hunter2-secret" not in str(raised.value)
+
+
+def test_a_wrong_password_is_refused_without_showing_it(postgres):
+    with pytest.raises(DatabaseUnreachable) as raised:
+        open_database(postgres.url(password="wrong-pw-1234"))
+    assert f"127.0.0.1:{postgres.port}" in str(raised.value) and "wrong-pw-1234" not in str(raised.value)
+
+
+def test_output_stored_in_the_database_keeps_exact_offsets(db_url):
+    """A resent chunk is stored once, a gap is refused with the offset to resend from, reads slice exactly."""
+    logs = DatabaseLogStore(open_database(db_url))
+    assert logs.append("j", 1, 0, b"hello ") == 6
+    assert logs.append("j", 1, 3, b"lo world\n") == 12  # overlaps what is stored: only the new part lands
+    assert logs.append("j", 1, 40, b"late") == 12  # a gap: resend from 12
+    assert logs.append("j", 1, 0, b"\x00\xff", node=1) == 2  # another rank's stream, binary kept as is
+    assert logs.read("j", 1) == b"hello world\n"
+    assert logs.read("j", 1, offset=4, limit=3) == b"o w"
+    assert logs.read("j", 1, offset=12) == b"" and logs.read("j", 2) == b""
+    assert logs.read("j", 1, node=1) == b"\x00\xff" and logs.size("j", 1, node=1) == 2
+
+
+def test_the_first_controller_creates_a_shared_secret_and_the_others_read_it(db_url):
+    db = open_database(db_url)
+    first = shared_secret(db, "admin-token")
+    assert shared_secret(open_database(db_url), "admin-token", adopt="from-another-data-dir") == first
+    assert shared_secret(db, "node-secret", adopt="kept-from-before") == "kept-from-before"
+
+
+def test_one_leader_at_a_time_and_the_next_takes_over_when_it_goes(postgres):
+    url = postgres.new_database()
+    first, second = Leadership(open_database(url)), Leadership(open_database(url))
+    assert first.try_acquire() and first.held()
+    assert not second.try_acquire()
+    first.release()  # what a dead leader's closed connection does
+    assert second.try_acquire() and not first.held()
+
+
+@pytest.mark.parametrize("portable, postgres_sql", [
+    ("SELECT * FROM t WHERE a = ? AND b = ?", "SELECT * FROM t WHERE a = %s AND b = %s"),
+    ("CREATE TABLE t (a REAL, b INTEGER NOT NULL, c BLOB)", "CREATE TABLE t (a DOUBLE PRECISION, b BIGINT NOT NULL, c BYTEA)"),
+    ("CREATE TABLE e (id INTEGER PRIMARY KEY AUTOINCREMENT)", "CREATE TABLE e (id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY)"),
+    ("INSERT OR IGNORE INTO m (k) VALUES (?)", "INSERT INTO m (k) VALUES (%s) ON CONFLICT DO NOTHING"),
+    ("SELECT k FROM m ORDER BY k LIMIT -1 OFFSET ?", "SELECT k FROM m ORDER BY k LIMIT ALL OFFSET %s"),
+    ("SELECT 'REAL ?' AS s, a % 2 FROM t", "SELECT 'REAL ?' AS s, a %% 2 FROM t"),
+])
+def test_portable_sql_becomes_postgres_sql(portable, postgres_sql):
+    """The dialect's rewrites, and nothing inside a string literal."""
+    assert to_postgres(portable) == postgres_sql
