@@ -13,7 +13,7 @@ import math
 from fastapi import HTTPException
 
 from ..state import telemetry as stored
-from .reports import step
+from .reports import MAX_INT
 
 BYTES_PER_GB = 1e9
 MANIFEST_KEYS = ("git_commit", "git_dirty", "python", "torch", "cuda", "gpus", "packages_sha256", "argv")
@@ -22,7 +22,11 @@ MAX_ITEMS = 256  # entries of a manifest list (argv, gpus)
 
 
 def _count(value, key: str) -> int | None:
-    return None if value is None else step(value, key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
+        raise HTTPException(422, f"{key}: a count must be a whole number from 0 (got {str(value)[:40]!r})")
+    return value
 
 
 def _rate(value, key: str) -> float | None:
