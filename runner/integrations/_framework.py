@@ -20,7 +20,10 @@ from runner.checkpoint.errors import RestoreError
 from runner.checkpoint.folder_format import take_in
 from runner.checkpoint.log import get_logger
 from runner.checkpoint.manifest import FOLDER
-from runner.checkpoint.restore import Restored, written_by
+from runner.checkpoint.durable import DurableTier
+from runner.checkpoint.group import Solo
+from runner.checkpoint.local import LocalTier
+from runner.checkpoint.restore import Restored, restore_into, written_by
 
 log = get_logger("runner.integrations")
 
@@ -74,13 +77,15 @@ class FrameworkCheckpoints:
     def should_stop(self) -> bool:
         return self.ckpt is not None and self.ckpt.should_stop
 
+    def folder(self, fallback_dir) -> str:
+        return str(self.local_dir or os.environ.get("RUNNER_CHECKPOINT_DIR") or fallback_dir)
+
     def start(self, fallback_dir, model=None) -> Checkpointer:
         """Build the Checkpointer (once; collective under torch.distributed); remember the model's signature."""
         if model is not None:
             self.model = model_signature(model)
         if self.ckpt is None:
-            folder = self.local_dir or os.environ.get("RUNNER_CHECKPOINT_DIR") or fallback_dir
-            self.ckpt = Checkpointer(local_dir=folder, **self.options)
+            self.ckpt = Checkpointer(local_dir=self.folder(fallback_dir), **self.options)
             if not under_runner():
                 log.info(f"{self.framework} RunnerCallback: not under the runner (no RUNNER_CHECKPOINT_DIR); "
                          f"periodic checkpoints (interval {self.options['interval'] or 'auto'}) into "
@@ -107,6 +112,17 @@ class FrameworkCheckpoints:
         restored = self.start(fallback_dir).restore_folder(self.check)
         self.found = restored
         return str(self.ckpt.local.folder(restored.step)) if restored is not None else None
+
+    def find(self, fallback_dir) -> Restored | None:
+        """``last_checkpoint`` before the framework has set up (no Checkpointer yet, and no process group):
+        this process alone looks at both tiers and fetches what its local folder lacks."""
+        local = LocalTier(self.folder(fallback_dir))
+        url = self.options["durable_url"] or os.environ.get("RUNNER_CHECKPOINT_URL")
+        durable = DurableTier(url) if url else None
+        resume_step = os.environ.get("RUNNER_RESUME_STEP")
+        self.found = restore_into(local, durable, Solo(), True, {}, {}, None, apply_folder=self.check,
+                                  max_step=int(resume_step) if resume_step and resume_step.isdigit() else None)
+        return self.found
 
     def report_resumed(self, step: int) -> None:
         """Tell the agent, once, the step the framework resumed from (0: a fresh start)."""

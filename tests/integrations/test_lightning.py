@@ -1,0 +1,131 @@
+"""runner.integrations.lightning with a real lightning.Trainer, a tiny LightningModule and a ResumableSampler.
+
+The interrupted run is a real process that receives SIGTERM at step 17, in the middle of its second epoch
+(13 batches an epoch); the run that resumes is another process on a "new node" (an empty local folder,
+the same durable URL). With the sampler's position and the RNG states in the callback's state, its final
+weights equal those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import structlog
+import torch
+
+from runner.checkpoint import RestoreError
+
+from .conftest import REPO, clean_env, run_trainee
+
+pytest.importorskip("lightning")
+sys.path.insert(0, str(REPO / "examples" / "lightning"))
+import lightning  # noqa: E402
+import train as example  # noqa: E402
+
+from runner.integrations.lightning import RunnerCallback, last_checkpoint  # noqa: E402
+
+STEPS = "40"
+
+
+def committed(root: Path) -> dict[int, dict]:
+    return {int(p.name.split("-")[1]): json.loads((p / "manifest.json").read_text())
+            for p in root.glob("step-*") if (p / "manifest.json").is_file()}
+
+
+def final_sha(stdout: str) -> str:
+    return next(line.split()[-1] for line in stdout.splitlines() if line.startswith("final weights sha256"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_sha(tmp_path_factory) -> str:
+    """The example trained once, start to end, outside the runner (in this process)."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    trainer, model, loader = example.build(example.parse(["--steps", STEPS]))
+    next(c for c in trainer.callbacks if isinstance(c, RunnerCallback)).checkpoints.local_dir = folder
+    rng = torch.get_rng_state()
+    trainer.fit(model, train_dataloaders=loader)
+    torch.set_rng_state(rng)
+    return example.weights_sha256(model)
+
+
+def test_sigterm_mid_epoch_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path, uninterrupted_sha):
+    durable = tmp_path / "durable"
+    first = run_trainee("pl_trainee.py", "--steps", STEPS, "--sigterm-at", "17", cwd=tmp_path,
+                        env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node1"),
+                                      RUNNER_CHECKPOINT_URL=f"file://{durable}"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "stopping at step 17 for a preemption" in first.stdout + first.stderr
+    assert "final weights" not in first.stdout
+    for tier in (tmp_path / "node1", durable):
+        (step, manifest), = committed(tier).items()
+        assert step == 17 and manifest["emergency"] and manifest["layout"] == "folder"
+        assert manifest["payload"]["framework"] == "lightning" and manifest["payload"]["model"] == "Regressor"
+        assert [f["name"] for f in manifest["files"]] == ["model.ckpt"]
+
+    second = run_trainee("pl_trainee.py", "--steps", STEPS, cwd=tmp_path,
+                         env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node2"),
+                                       RUNNER_CHECKPOINT_URL=f"file://{durable}"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming from {tmp_path / 'node2' / 'step-00000017' / 'model.ckpt'}" in second.stdout
+    assert final_sha(second.stdout) == uninterrupted_sha
+
+
+def _fit(model, folder: Path, steps: int = 6, **options):
+    lightning.seed_everything(0, verbose=False)
+    data = example.dataset()
+    loader = torch.utils.data.DataLoader(data, batch_size=16)
+    callback = RunnerCallback(local_dir=folder, exit_on_stop=False, **options)
+    trainer = lightning.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=last_checkpoint())
+    return trainer
+
+
+class Wider(example.Regressor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
+def test_outside_the_runner_it_checkpoints_into_the_given_folder_with_one_log_line(tmp_path):
+    with structlog.testing.capture_logs() as logs:
+        _fit(example.Regressor(), tmp_path / "ckpt", every_steps=3)
+    assert sorted(committed(tmp_path / "ckpt")) == [3, 6]
+    told = [e["event"] for e in logs if "not under the runner" in e["event"]]
+    assert len(told) == 1 and str(tmp_path / "ckpt") in told[0]
+
+
+def test_it_resumes_from_its_own_checkpoint_and_goes_on(tmp_path):
+    _fit(example.Regressor(), tmp_path / "ckpt", steps=3, every_steps=3)
+    trainer = _fit(example.Regressor(), tmp_path / "ckpt", steps=6, every_steps=3)
+    assert trainer.global_step == 6 and sorted(committed(tmp_path / "ckpt")) == [3, 6]
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
+    _fit(example.Regressor(), tmp_path / "ckpt", every_steps=3)
+    with pytest.raises(RestoreError) as refused:
+        _fit(Wider(), tmp_path / "ckpt", every_steps=3)
+    assert "Regressor" in str(refused.value) and "Wider" in str(refused.value)
+
+
+def test_a_checkpoint_of_another_framework_is_refused_naming_both(tmp_path):
+    from runner.checkpoint import Checkpointer
+
+    plain = Checkpointer(local_dir=tmp_path / "ckpt", model=torch.nn.Linear(2, 2))
+    plain.save(4)
+    plain.close()
+    RunnerCallback(local_dir=tmp_path / "ckpt")
+    with pytest.raises(RestoreError, match=r"written by runner\.checkpoint\.Checkpointer, not by the lightning "
+                                           r"integration"):
+        last_checkpoint()
+
+
+def test_an_unsupported_lightning_version_fails_at_import_naming_the_supported_ones(monkeypatch):
+    monkeypatch.setattr(lightning, "__version__", "1.9.5")
+    monkeypatch.delitem(sys.modules, "runner.integrations.lightning")
+    with pytest.raises(ImportError, match=r"supports lightning >=2\.2,<3; 1\.9\.5 is installed"):
+        importlib.import_module("runner.integrations.lightning")
