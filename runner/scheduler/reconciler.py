@@ -27,6 +27,7 @@ from . import placement
 from .attempts import end_attempt
 from .gang import GANG_FORM_SECONDS
 from .gang_workers import abandon_gang_launch, gang_node_gone, plan_gang_attempt, watch_gang_formation
+from .launches import LaunchAnswer, LaunchRequests
 from .policy import BackoffBook
 from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, TERMINAL
 
@@ -54,6 +55,12 @@ class SchedulerContext:
     on_demand_backoff: BackoffBook = field(default_factory=BackoffBook)  # and of on-demand ones (another pool)
     auto_on_demand_after: float = placement.AUTO_ON_DEMAND_AFTER_SECONDS  # config.yaml scheduler.auto_on_demand_after
     gang_timeout: float = GANG_FORM_SECONDS  # config.yaml scheduler.gang_timeout: launch to every node registered
+    launches: LaunchRequests = field(default_factory=LaunchRequests)  # provider launches out (threaded in the daemon)
+    clock: Callable[[], float] = time.time  # unix seconds now (a test moves its own through the cancel grace)
+
+    def __post_init__(self):
+        if self.launches.on_answer is None:
+            self.launches.on_answer = self.nudge.set  # an answer is work for the next tick: wake it
 
 
 class Reconciler:
@@ -85,12 +92,15 @@ class Reconciler:
             self.ctx.nudge.clear()
 
     def tick(self) -> None:
+        """One pass of every worker. None waits on a cloud: launches are asked for here and answered later."""
+        collect_launches(self.ctx)
         finish_launches(self.ctx)
         watch_running_nodes(self.ctx)
         watch_gang_formation(self.ctx)
         apply_cancellations(self.ctx)
         release_nodes(self.ctx)
         launch_pending_jobs(self.ctx)
+        collect_launches(self.ctx)  # what came back meanwhile (every launch of this tick, when launches run inline)
 
 
 def launch_pending_jobs(ctx: SchedulerContext) -> None:
@@ -140,24 +150,44 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
 
 
 def finish_launches(ctx: SchedulerContext) -> None:
-    """Nodes left in ``launching`` by a controller that died mid-launch are launched again (idempotently)."""
+    """Nodes in ``launching`` with no launch out (their controller died mid-launch) are asked for again:
+    a provider's launch is idempotent per node id."""
     for node in ctx.store.nodes((NODE_LAUNCHING,)):
-        _launch(ctx, node)
+        if not ctx.launches.in_flight(node["id"]):
+            _launch(ctx, node)
 
 
 def _launch(ctx: SchedulerContext, node: dict) -> None:
-    store = ctx.store
+    """Ask the node's provider for it and return; :func:`collect_launches` applies the answer."""
     provider = ctx.providers[node["provider"]]
-    token = ctx.node_token(node["id"])
+    gang_size = ctx.store.job(node["job_id"])["spec"]["resources"].get("num_nodes", 1)
+    request = LaunchRequest(node["id"], node["job_id"], node["attempt"], Offer(**node["offer"]), node["spot"],
+                            NodeBootstrap(ctx.controller_url, node["id"], ctx.node_token(node["id"])),
+                            gang_size=gang_size)
+    ctx.launches.request(node["id"], lambda: provider.launch(request))
+
+
+def collect_launches(ctx: SchedulerContext) -> None:
+    """Apply every launch answer that has come back, each in its own transaction."""
+    unexpected = None
+    for answer in ctx.launches.answers():
+        if answer.error is not None and not isinstance(answer.error, ProviderError):
+            unexpected = unexpected or answer.error  # a bug, or the process stopping: the node is asked for again
+            continue
+        node = ctx.store.node(answer.node_id)
+        if node is not None:
+            _apply_launch(ctx, node, answer)
+    if unexpected is not None:
+        raise unexpected
+
+
+def _apply_launch(ctx: SchedulerContext, node: dict, answer: LaunchAnswer) -> None:
+    store = ctx.store
     offer = Offer(**node["offer"])
-    gang_size = store.job(node["job_id"])["spec"]["resources"].get("num_nodes", 1)
-    request = LaunchRequest(node["id"], node["job_id"], node["attempt"], offer, node["spot"],
-                            NodeBootstrap(ctx.controller_url, node["id"], token), gang_size=gang_size)
     key = (offer.cloud, offer.zone, offer.instance_type)
     backoff = ctx.backoff if node["spot"] else ctx.on_demand_backoff
-    try:
-        ref = provider.launch(request)
-    except ProviderError as exc:
+    if answer.error is not None:
+        exc = answer.error
         backoff.record_failure(key, time.time())
         with store.db.transaction() as tx:
             store.update_node(tx, node["id"], state=NODE_TERMINATED, terminated_at=time.time())
@@ -178,7 +208,10 @@ def _launch(ctx: SchedulerContext, node: dict) -> None:
         return
     backoff.record_success(key, time.time())
     with store.db.transaction() as tx:
-        store.update_node(tx, node["id"], state=NODE_RUNNING, provider_ref=ref)
+        if store.node(node["id"], tx)["state"] != NODE_LAUNCHING:  # released while its launch was out: let it go
+            store.update_node(tx, node["id"], state=NODE_TERMINATING, provider_ref=answer.ref)
+            return
+        store.update_node(tx, node["id"], state=NODE_RUNNING, provider_ref=answer.ref)
         job = store.job(node["job_id"], tx)
         if job["state"] in (PENDING, RECOVERING):
             transition(tx, job["id"], PROVISIONING, now=time.time(),
@@ -216,21 +249,37 @@ def watch_running_nodes(ctx: SchedulerContext) -> None:
         ctx.nudge.set()
 
 
+WAIT_FOR_AGENT, END_ATTEMPT, CANCEL_JOB = "wait for the agent", "end the attempt", "cancel the job"
+
+
+def cancel_step(cancel_requested: float, now: float, attempt_running: bool, agent_registered: bool,
+                grace: float = CANCEL_GRACE_SECONDS) -> str:
+    """What a cancelled job needs now. Its agent, told on its next heartbeat, sends the job SIGTERM and asks for
+    its checkpoint, and reports the exit: until ``grace`` has passed the node is left to it. After that, or with
+    no agent to tell, the attempt ends here and its node goes; a job with no attempt is simply cancelled."""
+    if not attempt_running:
+        return CANCEL_JOB
+    if agent_registered and now - cancel_requested < grace:
+        return WAIT_FOR_AGENT
+    return END_ATTEMPT
+
+
 def apply_cancellations(ctx: SchedulerContext) -> None:
-    """Cancelled jobs: the agent stops the job first; after a grace period the node is released anyway."""
+    """Cancelled jobs: load each, decide with :func:`cancel_step`, apply in one transaction."""
     store = ctx.store
     for job in store.cancelled_jobs(ACTIVE_STATES):
         current = store.current_attempt(job["id"])
-        waited = time.time() - job["cancel_requested"]
         agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job["id"]) if n["registered_at"]]
-        if current and waited < CANCEL_GRACE_SECONDS and agents:
-            continue  # the agent hears about it on its next heartbeat and stops the job itself
-        if current:
-            end_attempt(store, job["id"], current["attempt"], "cancelled")
-        else:
+        now = ctx.clock()
+        step = cancel_step(job["cancel_requested"], now, current is not None, bool(agents))
+        if step == END_ATTEMPT:
+            end_attempt(store, job["id"], current["attempt"], "cancelled", now=now,
+                        message=f"cancelled by the user; the job had not stopped {CANCEL_GRACE_SECONDS:.0f}s later"
+                        if agents else None)
+        elif step == CANCEL_JOB:
             with store.db.transaction() as tx:
                 if store.job(job["id"], tx)["state"] not in TERMINAL:
-                    transition(tx, job["id"], CANCELLED, now=time.time(), message="cancelled by the user")
+                    transition(tx, job["id"], CANCELLED, now=now, message="cancelled by the user")
                     store.release_job_nodes(tx, job["id"])
 
 
@@ -238,6 +287,8 @@ def release_nodes(ctx: SchedulerContext) -> None:
     """Nodes marked for release are terminated through their provider, then recorded as terminated."""
     store = ctx.store
     for node in store.nodes((NODE_TERMINATING,)):
+        if ctx.launches.in_flight(node["id"]):
+            continue  # its launch is still out: the answer names the node to terminate
         try:
             ctx.providers[node["provider"]].terminate(node["id"], node["provider_ref"])
         except ProviderError as exc:
