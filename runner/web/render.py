@@ -62,7 +62,7 @@ class WebRoute(APIRoute):
                 response = await handler(request)
             except HTTPException as refused:
                 response = JSONResponse({"detail": refused.detail}, status_code=refused.status_code,
-                                        headers={"Cache-Control": "no-store"})
+                                        headers={**(refused.headers or {}), "Cache-Control": "no-store"})
             for name, value in SECURITY_HEADERS.items():
                 response.headers.setdefault(name, value)
             return response
