@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..scheduler.attempts import close_drained, end_attempt, hand_over
@@ -106,10 +106,9 @@ def _default_durable_url(state, job_id: str, attempt: int) -> str | None:
 def workdir(request: Request, who: Principal = Depends(require_node)):
     state = _state(request)
     digest = state.store.job(who.node["job_id"])["spec"].get("workdir_digest")
-    path = state.workdirs / f"{digest}.tar.gz"
-    if not digest or not path.exists():
+    if not digest or not state.workdirs.has(digest):
         raise HTTPException(404, "this job has no workdir")
-    return FileResponse(path, media_type="application/gzip")
+    return StreamingResponse(state.workdirs.stream(digest), media_type="application/gzip")
 
 
 class Heartbeat(BaseModel):

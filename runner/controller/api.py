@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import time
 
@@ -46,15 +45,7 @@ async def upload_workdir(request: Request, who: Principal = Depends(require_admi
     if len(body) > MAX_WORKDIR_BYTES:
         raise HTTPException(413, f"workdir is {len(body) >> 20} MiB packed; the limit is 256 MiB")
     digest = hashlib.sha256(body).hexdigest()
-    folder = _state(request).workdirs
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{digest}.tar.gz"
-    if not target.exists():
-        tmp = target.with_suffix(f".{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # a job's code may hold secrets too
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(body)
-        tmp.replace(target)
+    _state(request).workdirs.put(digest, body)
     return {"digest": digest, "bytes": len(body)}
 
 
@@ -70,7 +61,7 @@ def submit(body: SubmitRequest, request: Request, who: Principal = Depends(requi
         spec = validate_job(body.spec, "job")
     except SpecError as exc:
         raise HTTPException(422, "\n".join(exc.problems)) from None
-    if body.workdir_digest and not (state.workdirs / f"{body.workdir_digest}.tar.gz").exists():
+    if body.workdir_digest and not state.workdirs.has(body.workdir_digest):
         raise HTTPException(422, "workdir_digest: upload the workdir first (PUT /v1/workdirs)")
     problem = unsatisfiable(state, spec) or gang_too_big(state, spec) or missing_durable_url(state, spec)
     if problem:

@@ -16,6 +16,7 @@ from ..state import Store
 from .auth import principal
 from .heartbeats import HeartbeatBook
 from .logstore import LogStore
+from .workdirs import FileWorkdirs
 
 
 @dataclass
@@ -28,9 +29,15 @@ class ControllerState:
     heartbeats: HeartbeatBook | None = None  # set by create_app: heartbeats written once a second, together
     is_leader: Callable[[], bool] = lambda: True  # runs the scheduler and reconciler (runner/controller/leadership.py)
 
+    workdir_archives: object | None = None  # where uploaded workdirs are kept (default: files in the data dir)
+
     @property
-    def workdirs(self) -> Path:
-        return self.data_dir / "workdirs"
+    def workdirs(self):
+        """Uploaded workdir archives: ``has``, ``put`` and ``stream`` by sha256 (runner/controller/workdirs.py,
+        or in the database when controllers share one: runner/state/workdirs.py)."""
+        if self.workdir_archives is None:
+            self.workdir_archives = FileWorkdirs(self.data_dir / "workdirs")
+        return self.workdir_archives
 
 
 def create_app(state: ControllerState) -> FastAPI:

@@ -27,6 +27,7 @@ from ..scheduler.reconciler import Reconciler, SchedulerContext
 from ..state import Store, open_database, redact
 from ..state.leader import Leadership
 from ..state.logs import DatabaseLogStore
+from ..state.workdirs import DatabaseWorkdirs
 from ..state.secrets import ADMIN_TOKEN, NODE_SECRET, shared_secret
 from .app import ControllerState, create_app
 from .auth import hash_token, node_token, write_secret
@@ -163,7 +164,8 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
     leader = LeaderLoop(Leadership(db), lambda: Reconciler(scheduler))
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
                             logs=DatabaseLogStore(db) if shared else LogStore(data_dir / "logs"), scheduler=scheduler,
-                            is_leader=lambda: leader.leading)
+                            is_leader=lambda: leader.leading,
+                            workdir_archives=DatabaseWorkdirs(db) if shared else None)
     server = _Server(uvicorn.Config(create_app(state), log_config=None, access_log=False,
                                            timeout_graceful_shutdown=5))
     _write_controller_file(data_dir, url)

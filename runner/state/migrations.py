@@ -177,7 +177,8 @@ MIGRATIONS: list[tuple[int, str]] = [
     (
         8,
         # Teams (CONTRACT §10): the secrets every controller of one database shares (the admin token, the
-        # node secret), and job output kept in the database when several controllers serve it.
+        # node secret), and job output and uploaded workdirs, kept in the database when several controllers
+        # serve it.
         """
         CREATE TABLE controller_secrets (
             name TEXT PRIMARY KEY,
@@ -190,6 +191,12 @@ MIGRATIONS: list[tuple[int, str]] = [
             start INTEGER NOT NULL,
             data BLOB NOT NULL,
             PRIMARY KEY (job_id, attempt, node, start)
+        );
+        CREATE TABLE workdir_chunks (
+            digest TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (digest, seq)
         )
         """,
     ),

@@ -171,6 +171,7 @@ def test_leader_killed_mid_launch_mid_transition_and_mid_recovery_loses_and_dupl
                              (job_id,)).fetchall()
     assert nodes == [(1, 1), (2, 1)], nodes
     assert len(list(team.home.glob("nodes/*/ref"))) == 2  # and one simulated VM each
+    assert not (team.home / "logs").exists() and not (team.home / "workdirs").exists()  # all in the database
     # Every attempt's output arrives without a gap; the last one whole.
     logs = cli("logs", job_id).stdout
     per_attempt = [[int(n) for n in re.findall(r"^line (\d+)$", part, re.M)]

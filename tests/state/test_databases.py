@@ -12,6 +12,7 @@ from runner.state.leader import Leadership
 from runner.state.logs import DatabaseLogStore
 from runner.state.migrations import MIGRATIONS, apply_migrations, schema_version
 from runner.state.secrets import shared_secret
+from runner.state.workdirs import DatabaseWorkdirs
 
 
 def test_every_migration_applies_and_reopening_applies_none(db_url):
@@ -78,6 +79,15 @@ def test_output_stored_in_the_database_keeps_exact_offsets(db_url):
     assert logs.read("j", 1, offset=4, limit=3) == b"o w"
     assert logs.read("j", 1, offset=12) == b"" and logs.read("j", 2) == b""
     assert logs.read("j", 1, node=1) == b"\x00\xff" and logs.size("j", 1, node=1) == 2
+
+
+def test_a_workdir_archive_is_stored_once_and_streamed_back_whole(db_url, monkeypatch):
+    monkeypatch.setattr("runner.state.workdirs.CHUNK_BYTES", 4)
+    archives = DatabaseWorkdirs(open_database(db_url))
+    assert not archives.has("d1")
+    archives.put("d1", b"0123456789")
+    archives.put("d1", b"a second upload of the same digest changes nothing")
+    assert archives.has("d1") and b"".join(archives.stream("d1")) == b"0123456789"
 
 
 def test_the_first_controller_creates_a_shared_secret_and_the_others_read_it(db_url):
