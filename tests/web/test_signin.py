@@ -15,7 +15,7 @@ import yaml
 from conftest import Controller, Runner, kill_nodes, write_job
 from runner.controller.auth import hash_token
 from runner.state import Store, open_database, web_sessions
-from runner.web import sessions
+from runner.web import routes, sessions
 
 SLEEPER = """
 name: sleeper
@@ -116,6 +116,16 @@ def test_without_a_session_no_page_shows_a_job_whatever_token_is_sent(home, runn
             assert refused.status_code == 401 and job_id not in refused.text, path
     forged = requests.get(controller.url + "/ui/jobs", cookies={sessions.COOKIE: "made-up"}, timeout=10)
     assert forged.status_code == 401
+
+
+DATA_ROUTES = sorted(route.path for route in routes.router.routes if route.path.startswith("/ui/"))
+
+
+@pytest.mark.parametrize("path", DATA_ROUTES)
+def test_every_data_route_of_the_page_refuses_a_browser_without_a_session(controller, job_id, path):
+    """Each route the page's script reads (present and future) answers 401 without a session."""
+    response = requests.get(controller.url + path.replace("{job_id}", job_id), params={"attempt": 1}, timeout=10)
+    assert response.status_code == 401 and job_id not in response.text
 
 
 def test_only_the_admin_token_mints_a_link(home, controller, job_id):
