@@ -21,6 +21,7 @@ NODE_TERMINATED = "terminated"    # provider confirmed it is gone
 LIVE_NODE_STATES = (NODE_LAUNCHING, NODE_RUNNING, NODE_DRAINING, NODE_TERMINATING)
 # A job gets its next node only when none of its nodes is in one of these: a draining node does not hold it back.
 NODES_HOLDING_A_JOB = (NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING)
+MAX_REMEMBERED_TOKENS = 100_000  # token hashes whose node id a Store keeps (forgotten all at once beyond)
 
 
 class Store:
@@ -28,6 +29,7 @@ class Store:
 
     def __init__(self, db: Database):
         self.db = db
+        self._node_by_token: dict[str, str] = {}  # token hash -> node id (fixed for a node's life): see node_by_token_hash
 
     # --- jobs -------------------------------------------------------------
     def insert_job(self, tx: Tx, job_id: str, name: str, spec: dict, state: str, now: float) -> None:
@@ -174,8 +176,20 @@ class Store:
         return _decode_node(row) if row else None
 
     def node_by_token_hash(self, token_hash: str) -> dict | None:
+        """The node a token belongs to. Every agent request asks, and the table has no index on the hash: a node
+        found once is read again by its id."""
+        node_id = self._node_by_token.get(token_hash)
+        if node_id is not None:
+            node = self.node(node_id)
+            if node is not None and node["token_hash"] == token_hash:
+                return node
         rows = self.db.query("SELECT * FROM nodes WHERE token_hash = ?", (token_hash,))
-        return _decode_node(rows[0]) if rows else None
+        if not rows:
+            return None
+        if len(self._node_by_token) >= MAX_REMEMBERED_TOKENS:
+            self._node_by_token.clear()
+        self._node_by_token[token_hash] = rows[0]["id"]
+        return _decode_node(rows[0])
 
     def nodes(self, states: tuple[str, ...] = LIVE_NODE_STATES, job_id: str | None = None) -> list[dict]:
         marks = ",".join("?" * len(states))
