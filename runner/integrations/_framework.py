@@ -70,6 +70,7 @@ class FrameworkCheckpoints:
         self.model: dict | None = None
         self.found: Restored | None = None  # what last_checkpoint() returned
         self.reported = False
+        self.stop_reason: str | None = None
         self._told_copy = False
         _live[framework] = self
 
@@ -150,6 +151,12 @@ class FrameworkCheckpoints:
     def commit(self, step: int, folder: Path | None, decision: Decision) -> None:
         """Commit the files in ``folder`` (from ``incoming``) as the checkpoint of ``step``."""
         self.ckpt.commit_folder(step, folder, decision, self.payload())
+        if self.ckpt.should_stop:
+            self.stop_reason = decision.request.reason
+
+    def say_stopping(self, step: int) -> None:
+        why = {"drill": "the resume drill", "cancel": "a cancellation"}.get(self.stop_reason, "a preemption")
+        log.info(f"stopping at step {step} for {why}; the checkpoint is committed")
 
     def take_in(self, step: int, source: Path, move: bool) -> Path | None:
         """Move (or link) the framework's folder ``source`` into ``incoming(step)``; returns that folder."""

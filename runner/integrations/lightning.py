@@ -126,7 +126,7 @@ class RunnerCallback(Callback):
         self.checkpoints.report_resumed(trainer.global_step)
         self.checkpoints.close()
         if self.should_stop and self.exit_on_stop:
-            log.info(f"stopping at step {trainer.global_step} for a preemption; the checkpoint is committed")
+            self.checkpoints.say_stopping(trainer.global_step)
             raise SystemExit(0)
 
     def on_exception(self, trainer, pl_module, exception) -> None:

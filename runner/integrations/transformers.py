@@ -108,7 +108,7 @@ class RunnerCallback(TrainerCallback):
             self._hook = None
         self.checkpoints.close()
         if self.should_stop and self.exit_on_stop:
-            log.info(f"stopping at step {state.global_step} for a preemption; the checkpoint is committed")
+            self.checkpoints.say_stopping(state.global_step)
             raise SystemExit(0)
 
     # ------------------------------------------------------------------ helpers
