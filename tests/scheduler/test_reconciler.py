@@ -11,7 +11,7 @@ import time
 import pytest
 
 from runner import wire
-from runner.providers.errors import AuthError, NoCapacityError
+from runner.providers.errors import AuthError
 from runner.providers.memory import MemoryProvider
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.reconciler import CANCEL_GRACE_SECONDS, Reconciler, SchedulerContext

@@ -1,0 +1,260 @@
+"""How many nodes one controller holds: N simulated nodes heartbeating at 1 Hz against the real controller.
+
+The controller is `runner server`'s own ``serve()`` in a process of its own (so its CPU and memory are its
+alone), on the in-memory provider: jobs are submitted through the real API, the scheduler launches them,
+and every launched node's bootstrap (its id and token) is handed to this script, which plays the node's
+agent over HTTP: it registers, then heartbeats once a second, ships a line of output every
+``--log-every`` seconds and reports a durable checkpoint every ``--checkpoint-every`` seconds, each node
+at its own phase. The load generator is one asyncio loop (aiohttp) in this process.
+
+Printed per N: p50/p99 latency and requests per second of each endpoint, the share of heartbeats that
+came late, and the controller's CPU (percent of one core) and resident memory (psutil).
+
+    python benchmarks/controller_scale.py --nodes 200,1000,2000 --seconds 30
+    python benchmarks/controller_scale.py --db postgresql://USER@HOST/DB   # a Postgres store
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import machine, percentile  # noqa: E402
+
+BOOTSTRAPS = "bench-bootstraps.jsonl"  # written by the controller process: one node's id and token a line
+JOB = {"name": "bench", "run": "python train.py",
+       "recovery": {"resume_drill": "off"}}
+
+
+# --- the controller's process -------------------------------------------------------------------------
+def serve_controller(data_dir: Path, db_url: str | None) -> None:
+    """`runner server` on the in-memory provider; each launch's bootstrap is appended to BOOTSTRAPS."""
+    from runner.controller.daemon import ServerSettings, serve
+    from runner.logconfig import configure_logging
+    from runner.providers.memory import MemoryProvider
+
+    out = open(data_dir / BOOTSTRAPS, "a", buffering=1)
+
+    def hand_over(request) -> None:
+        out.write(json.dumps({"node_id": request.node_id, "token": request.bootstrap.token}) + "\n")
+
+    provider = MemoryProvider(zone_capacity=100_000, on_launch=hand_over)
+    provider.describe_interval = 10.0  # as a cloud's: its API is rate-limited
+    configure_logging(data_dir / "controller.jsonl")
+    serve(ServerSettings(data_dir=data_dir, port=0, db_url=db_url), providers={"memory": provider})
+
+
+def start_controller(data_dir: Path, db_url: str | None) -> tuple[subprocess.Popen, str, str]:
+    command = [sys.executable, __file__, "--serve", str(data_dir)] + (["--db", db_url] if db_url else [])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    process = subprocess.Popen(command, env={**env, "RUNNER_HOME": str(data_dir)}, stdout=subprocess.DEVNULL,
+                               stderr=open(data_dir / "controller.err", "wb"), start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the controller exited: {(data_dir / 'controller.err').read_text()[-2000:]}")
+        try:
+            url = json.loads((data_dir / "controller.json").read_text())["url"]
+            token = (data_dir / "admin-token").read_text().strip()
+            return process, url, token
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
+    raise SystemExit("the controller did not start within 60 s")
+
+
+# --- the nodes ------------------------------------------------------------------------------------------
+class Recorder:
+    """Each endpoint's latencies and errors over the recorded window, and the CPU figures of both processes."""
+
+    def __init__(self):
+        self.latencies: dict[str, list[float]] = defaultdict(list)
+        self.errors: dict[str, int] = defaultdict(int)
+        self.late = 0  # heartbeats sent more than 100 ms after their due time (the generator fell behind)
+        self.beats = 0
+        self.recording = False
+        self.cpu = self.gen_cpu = self.rss_mb = self.cpu_ms_per_request = 0.0
+
+    async def call(self, session, method: str, url: str, endpoint: str, token: str, body=None):
+        started = time.perf_counter()
+        try:
+            async with session.request(method, url, json=body, headers={"Authorization": f"Bearer {token}"}) as reply:
+                payload = await reply.read()
+                ok = reply.status < 400
+        except Exception:  # a refused or reset connection counts as an error of that endpoint
+            ok, payload = False, b""
+        elapsed = time.perf_counter() - started
+        if self.recording:
+            if ok:
+                self.latencies[endpoint].append(elapsed)
+            else:
+                self.errors[endpoint] += 1
+        return json.loads(payload) if ok and payload else None
+
+
+async def play_node(session, url: str, node: dict, recorder: Recorder, stop: asyncio.Event,
+                    log_every: float, checkpoint_every: float) -> None:
+    token = node["token"]
+    await asyncio.sleep(random.random())  # each node at its own phase within the second
+    while await recorder.call(session, "POST", url + "/v1/agent/register", "register", token, {"address": "10.0.0.1"}) is None:
+        if stop.is_set():
+            return
+        await asyncio.sleep(1.0)
+    offset, step, beat = 0, 0, 0
+    log_phase = random.randrange(int(log_every))
+    checkpoint_phase = random.randrange(int(checkpoint_every))
+    due = time.monotonic()
+    while not stop.is_set():
+        beat += 1
+        step += 10
+        recorder.beats += recorder.recording
+        if recorder.recording and time.monotonic() - due > 0.1:
+            recorder.late += 1
+        await recorder.call(session, "POST", url + "/v1/agent/heartbeat", "heartbeat", token,
+                            {"phase": "running", "progress": {"checkpoint_step": step - step % 100}})
+        if beat % int(log_every) == log_phase:
+            line = f"step {step} loss {random.random():.4f}\n".encode()
+            reply = await recorder.call(session, "POST", url + "/v1/agent/logs", "logs", token,
+                                        {"offset": offset, "data_b64": base64.b64encode(line).decode()})
+            offset = reply["offset"] if reply else offset
+        if beat % int(checkpoint_every) == checkpoint_phase:
+            await recorder.call(session, "POST", url + "/v1/agent/events", "events (checkpoint)", token,
+                                {"kind": "checkpoint", "data": {"step": step, "durable": True, "emergency": False,
+                                                                "manifest": f"step-{step}/manifest.json",
+                                                                "seconds": 0.4, "bytes": 1 << 20}})
+        due = max(due + 1.0, time.monotonic())  # a late node beats again a second later, as an agent does
+        await asyncio.sleep(due - time.monotonic())
+
+
+async def drive(url: str, admin: str, data_dir: Path, nodes: int, args, controller: psutil.Process) -> Recorder:
+    import aiohttp
+
+    recorder = Recorder()
+    connector = aiohttp.TCPConnector(limit=args.connections)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        submitting = asyncio.Semaphore(16)
+
+        async def submit(i: int) -> None:  # through the real API: the scheduler launches a node for each job
+            async with submitting:
+                reply = await recorder.call(session, "POST", url + "/v1/jobs", "submit", admin,
+                                            {"spec": {**JOB, "name": f"bench-{i}"}})
+            if reply is None:
+                raise SystemExit(f"submitting job {i} failed; see {data_dir / 'controller.err'}")
+
+        await asyncio.gather(*(submit(i) for i in range(nodes)))
+        bootstraps = data_dir / BOOTSTRAPS
+        deadline = time.monotonic() + 300
+        while True:
+            lines = bootstraps.read_text().splitlines() if bootstraps.exists() else []
+            if len(lines) >= nodes:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {len(lines)} of {nodes} nodes were launched within 300 s")
+            await asyncio.sleep(0.2)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(play_node(session, url, json.loads(line), recorder, stop, args.log_every,
+                                               args.checkpoint_every)) for line in lines[:nodes]]
+        await asyncio.sleep(args.warmup)  # every node registered and at its steady cadence
+        me = psutil.Process()
+        before, mine, started = controller.cpu_times(), me.cpu_times(), time.monotonic()
+        recorder.recording = True
+        profiler = _profile(controller.pid, args.seconds, args.profile, nodes) if args.profile else None
+        await asyncio.sleep(args.seconds)
+        if profiler is not None:
+            profiler.wait()
+        recorder.recording = False
+        after, mine_after, wall = controller.cpu_times(), me.cpu_times(), time.monotonic() - started
+        recorder.cpu = 100 * (after.user + after.system - before.user - before.system) / wall
+        served = sum(len(v) for v in recorder.latencies.values()) + sum(recorder.errors.values())
+        recorder.cpu_ms_per_request = 1000 * (after.user + after.system - before.user - before.system) / max(1, served)
+        recorder.gen_cpu = 100 * (mine_after.user + mine_after.system - mine.user - mine.system) / wall
+        recorder.rss_mb = controller.memory_info().rss / 2**20
+        stop.set()
+        await asyncio.gather(*tasks)
+    return recorder
+
+
+def _profile(pid: int, seconds: float, prefix: str, nodes: int) -> subprocess.Popen:
+    """py-spy over the recorded window: the controller's stacks, every thread, as flamegraph input."""
+    out = f"{prefix}.{nodes}.txt"
+    return subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "--threads",
+                             "--nonblocking",
+                             "--format", "raw", "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def measure(nodes: int, args) -> dict:
+    """One node count against a fresh controller: each endpoint's latency, the controller's CPU and memory."""
+    with tempfile.TemporaryDirectory(prefix="controller-scale-") as folder:
+        data_dir = Path(folder)
+        process, url, admin = start_controller(data_dir, args.db)
+        try:
+            recorder = asyncio.run(drive(url, admin, data_dir, nodes, args, psutil.Process(process.pid)))
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    rows = []
+    for endpoint in ("heartbeat", "logs", "events (checkpoint)"):
+        values = recorder.latencies.get(endpoint, [])
+        rows.append({"endpoint": endpoint, "rate": len(values) / args.seconds,
+                     "p50": percentile(values, 50) * 1000 if values else float("nan"),
+                     "p99": percentile(values, 99) * 1000 if values else float("nan"),
+                     "errors": recorder.errors.get(endpoint, 0)})
+    return {"rows": rows, "cpu": recorder.cpu, "rss_mb": recorder.rss_mb, "gen_cpu": recorder.gen_cpu,
+            "cpu_ms_per_request": recorder.cpu_ms_per_request,
+            "late": recorder.late / max(1, recorder.beats)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="200,1000,2000", help="comma-separated node counts")
+    parser.add_argument("--seconds", type=float, default=30.0, help="recorded seconds per node count")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of load before recording")
+    parser.add_argument("--log-every", type=float, default=5.0, help="seconds between a node's log chunks")
+    parser.add_argument("--checkpoint-every", type=float, default=30.0, help="seconds between a node's checkpoints")
+    parser.add_argument("--connections", type=int, default=512, help="HTTP connections the nodes share")
+    parser.add_argument("--db", help="database URL (default: SQLite in the controller's temporary data dir)")
+    parser.add_argument("--profile", metavar="PREFIX", help="py-spy the controller while recording: PREFIX.N.txt "
+                        "(collapsed stacks for flamegraph.pl or speedscope; pip install py-spy). py-spy takes CPU "
+                        "of its own: take the figures from a run without it")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # internal: be the controller
+    args = parser.parse_args()
+    if args.serve:
+        serve_controller(args.serve, args.db)
+        return
+    print(machine())
+    print(f"load average {os.getloadavg()[0]:.1f} at the start (other work on this machine takes CPU from both sides)")
+    print(f"store: {args.db.split('@')[-1] if args.db else 'SQLite (WAL)'}; heartbeat 1 Hz, a log chunk every "
+          f"{args.log_every:g} s, a checkpoint every {args.checkpoint_every:g} s per node; {args.seconds:g} s recorded "
+          f"after {args.warmup:g} s of warm-up")
+    print(f"{'nodes':>6} {'endpoint':<20} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}   controller")
+    for count in [int(n) for n in args.nodes.split(",")]:
+        result = measure(count, args)
+        first = True
+        for row in result["rows"]:
+            extra = (f"{result['cpu']:.0f}% CPU ({result['cpu_ms_per_request']:.2f} ms a request), "
+                     f"{result['rss_mb']:.0f} MB RSS; generator {result['gen_cpu']:.0f}% CPU, "
+                     f"{result['late']:.1%} of heartbeats late") if first else ""
+            print(f"{count:>6} {row['endpoint']:<20} {row['rate']:>7.0f} {row['p50']:>8.1f} {row['p99']:>8.1f} "
+                  f"{row['errors']:>6}   {extra}")
+            first = False
+
+
+if __name__ == "__main__":
+    main()
