@@ -1,0 +1,54 @@
+"""The Hugging Face callback under torchrun (2 ranks, gloo on CPU): one stop step for every rank.
+
+SIGTERM reaches rank 1 only, at step 5; the ranks agree through the checkpoint library's step agreement and
+both stop at step 6 with one checkpoint holding both ranks' RNG states. Resumed under torchrun, the run ends
+with the weights of an uninterrupted 2-rank run.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import HERE, clean_env
+
+pytest.importorskip("transformers")
+FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(*args: str, cwd, env) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(_free_port()), str(HERE / "hf_trainee.py"), "--steps", "12", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_sigterm_to_one_rank_stops_both_at_one_step_and_the_resume_is_bit_exact(tmp_path):
+    runner_env = clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node"),
+                           RUNNER_CHECKPOINT_URL=f"file://{tmp_path / 'durable'}")
+    stopped = torchrun("--output-dir", "out", "--sigterm-at", "5", "--sigterm-rank", "1", cwd=tmp_path,
+                       env=runner_env)
+    assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-3000:]
+    said = re.findall(r"stopping at step (\d+) for a preemption", stopped.stdout + stopped.stderr)
+    assert said == ["6", "6"]  # every rank, the same step: the one after the step rank 1 was signalled in
+    assert sorted(p.name for p in (tmp_path / "node").glob("step-*")) == ["step-00000006"]
+    files = {p.name for p in (tmp_path / "node" / "step-00000006").iterdir()}
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "manifest.json"} <= files
+    assert (tmp_path / "durable" / "step-00000006" / "manifest.json").is_file()
+
+    resumed = torchrun("--output-dir", "out", cwd=tmp_path, env=runner_env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count(f"resuming from {tmp_path / 'node' / 'step-00000006'}") == 2
+    uninterrupted = torchrun("--output-dir", "out2", cwd=tmp_path, env=clean_env())
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    assert set(FINAL.findall(resumed.stdout)) == set(FINAL.findall(uninterrupted.stdout))
+    assert len(FINAL.findall(resumed.stdout)) == 2
