@@ -117,3 +117,40 @@ def test_one_leader_at_a_time_and_the_next_takes_over_when_it_goes(postgres):
 def test_portable_sql_becomes_postgres_sql(portable, postgres_sql):
     """The dialect's rewrites, and nothing inside a string literal."""
     assert to_postgres(portable) == postgres_sql
+
+
+def test_a_leader_whose_session_dies_knows_it_and_the_lock_is_free(postgres):
+    """The database ending the leader's session (a restart, a network cut) frees the lock at once."""
+    import psycopg
+
+    url = postgres.new_database()
+    leader, other = Leadership(open_database(url)), Leadership(open_database(url))
+    assert leader.try_acquire()
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+    assert not leader.held()
+    assert other.try_acquire()
+
+
+def test_rows_decode_to_their_declared_types(db_url):
+    """A cancel request is a timestamp (never a bool), flags are bools and times floats, on either database."""
+    import time as clock
+
+    from runner.state import Store
+
+    store = Store(open_database(db_url))
+    offer = {"cloud": "local", "region": "r", "zone": "z", "instance_type": "t", "spot_price": 0.1,
+             "on_demand_price": 0.3}
+    with store.db.transaction() as tx:
+        store.insert_job(tx, "j", "j", {"recovery": {}}, "PENDING", 1000)
+        store.insert_attempt(tx, "j", "n1", offer, True, 0, 1000)
+        store.insert_node(tx, "n1", "j", 1, "local", "hash", offer, False, 1000)
+    job = store.job("j")
+    assert job["cancel_requested"] is None and isinstance(job["created_at"], float)
+    with store.db.transaction() as tx:
+        store.request_cancel(tx, "j", 1763900000.0)
+        store.request_cancel(tx, "j", clock.time() + 99)  # a second request keeps the first
+    assert store.job("j")["cancel_requested"] == 1763900000.0
+    attempt, node = store.attempts("j")[0], store.node("n1")
+    assert attempt["spot"] is True and isinstance(attempt["started_at"], float) and attempt["end_reason"] == "running"
+    assert node["spot"] is False and node["offer"] == offer and isinstance(node["attempt"], int)
