@@ -38,25 +38,17 @@ def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None,
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: $RUNNER_HOME.")
 def migrate(db_url: str | None, data_dir: Path | None):
     """Bring the database's schema up to date without starting the controller."""
-    from ..state import open_database, redact
-    from ..state.migrations import apply_migrations, schema_version
+    from ..controller.daemon import migrate as apply
 
     db_url = db_url or f"sqlite:///{(data_dir or runner_home()).expanduser().resolve() / 'runner.db'}"
     with _database_errors():
-        db = open_database(db_url, migrate=False)  # refuses a schema newer than this runner's
-        try:
-            applied = apply_migrations(db)
-            version = schema_version(db)
-        finally:
-            db.close()
-    done = f"applied {', '.join(map(str, applied))}" if applied else "nothing to apply"
-    click.echo(f"{redact(db_url)}: schema at version {version} ({done})")
+        click.echo(apply(db_url))
 
 
 @contextmanager
 def _database_errors():
     """A database that cannot be used: one line naming it (never its password), and the contract's exit code."""
-    from ..state import DatabaseError
+    from ..controller.daemon import DatabaseError
 
     try:
         yield

@@ -24,9 +24,10 @@ from ..providers.local.provider import DEFAULT_ZONE_CAPACITY
 from ..providers.local.processes import process_start_ticks
 from ..scheduler.launches import LaunchRequests
 from ..scheduler.reconciler import Reconciler, SchedulerContext
-from ..state import Store, open_database, redact
+from ..state import DatabaseError, Store, open_database, redact
 from ..state.leader import Leadership
 from ..state.logs import DatabaseLogStore
+from ..state.migrations import apply_migrations, schema_version
 from ..state.workdirs import DatabaseWorkdirs
 from ..state.secrets import ADMIN_TOKEN, NODE_SECRET, shared_secret
 from .app import ControllerState, create_app
@@ -39,6 +40,9 @@ log = structlog.get_logger(__name__)
 
 class ServerError(Exception):
     """The controller cannot start; the message says why and what to do."""
+
+
+__all__ = ["DatabaseError", "ServerError", "ServerSettings", "migrate", "serve", "stop_running"]
 
 
 @dataclass
@@ -185,6 +189,19 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
         if lock is not None:
             lock.close()
         log.info("controller stopped")
+
+
+def migrate(db_url: str) -> str:
+    """``runner server migrate``: bring the database's schema up to date without serving; say what was done.
+    Raises DatabaseError (its ``exit_code``: 3 unreachable, 1 otherwise)."""
+    db = open_database(db_url, migrate=False)  # refuses a schema newer than this runner's
+    try:
+        applied = apply_migrations(db)
+        version = schema_version(db)
+    finally:
+        db.close()
+    done = f"applied {', '.join(map(str, applied))}" if applied else "nothing to apply"
+    return f"{redact(db_url)}: schema at version {version} ({done})"
 
 
 def _read_secret(path: Path) -> str | None:
