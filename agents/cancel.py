@@ -1,5 +1,6 @@
 """A cancel, agent side: a stop with a checkpoint, like a notice, then the process group's end.
 
+The same stop serves a move to spot (runner/scheduler/spot_return.py): only the exit reason differs.
 The user cancelled the job: the training process is asked over the control channel for a checkpoint and a
 stop (``reason: cancel``, the same request as a notice's), and gets the grace to commit it and exit by itself.
 Then, or at once when no training process is connected, the whole process group gets SIGTERM (a job that
@@ -23,8 +24,9 @@ class CancelStop:
     """Stops the agent's current process for a cancel; ``run()`` returns once it has exited."""
 
     def __init__(self, send: Callable[[dict], int], supervisor: Callable[[], object],
-                 grace: float = CANCEL_STOP_SECONDS):
+                 grace: float = CANCEL_STOP_SECONDS, why: str = "cancel"):
         self.send = send              # control channel: how many training processes got the message
+        self.why = why                # what the controller asked for (cancel, shutdown, move): for the logs
         self.supervisor = supervisor  # the current Supervisor
         self.grace = grace
         self.ack: dict | None = None
@@ -42,11 +44,12 @@ class CancelStop:
         deadline = time.monotonic() + self.grace
         request = {"op": "checkpoint", "reason": "cancel", "deadline": time.time() + self.grace, "stop": True}
         delivered = self.send(request)
-        log.info("cancel: stopping the job", checkpoint_requested_from=delivered, grace_seconds=self.grace)
+        log.info("stopping the job with a checkpoint", why=self.why, checkpoint_requested_from=delivered,
+                 grace_seconds=self.grace)
         if delivered:
             self._wait(lambda: self._acked.is_set(), supervisor, deadline - SIGTERM_GRACE_SECONDS)
             if self._acked.is_set():
-                log.info("cancel: checkpoint committed", step=self.ack.get("step"), durable=self.ack.get("durable"))
+                log.info("stop: checkpoint committed", why=self.why, step=self.ack.get("step"), durable=self.ack.get("durable"))
                 self._wait(lambda: False, supervisor, deadline - SIGTERM_GRACE_SECONDS)  # let it exit by itself
         if supervisor.process.poll() is None:
             supervisor.stop(max(SIGTERM_GRACE_SECONDS, deadline - time.monotonic()))

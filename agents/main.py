@@ -65,6 +65,7 @@ class Agent(AgentCore):
         self.drill: ResumeDrill | None = None
         self.gang = GangRanks()  # what this node's ranks said about a gang's stop and restore
         self.cancel_stop: CancelStop | None = None
+        self.stop_reason = "cancelled"  # the exit reason of a stop the controller asked for: cancelled or moved
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -147,7 +148,7 @@ class Agent(AgentCore):
             self.phase = "setup"
             code = self._run_command(setup, workdir, env)
             if self.cancelled.is_set():
-                return "cancelled", code, None, None
+                return self.stop_reason, code, None, None
             if code != 0:
                 return "failed", code, f"setup failed with exit code {code}", None
         self.phase = "running"
@@ -170,7 +171,7 @@ class Agent(AgentCore):
         if self.emergency.active:
             return "preempted", code, self.emergency.summary(), None
         if self.cancelled.is_set():
-            return "cancelled", code, None, None
+            return self.stop_reason, code, None, None
         if self.drill.triggered:
             return "drill", code, None, self.drill.outcome()
         return ("succeeded" if code == 0 else "failed"), code, None, None
@@ -244,9 +245,12 @@ class Agent(AgentCore):
         if action == wire.STOP_FOR_PEER and self.current is not None and self.gang.on_stop_for_peer():
             log.info("the gang's attempt ended elsewhere; stopping the job here to restart with the gang")
             threading.Thread(target=self.current.stop, args=(self.config.stop_grace_seconds,), daemon=True).start()
-        if action in ("cancel", "shutdown") and not self.cancelled.is_set():
+        if action in ("cancel", "shutdown", wire.MOVE_TO_SPOT) and not self.cancelled.is_set():
             log.info("stopping the job", why=action)
-            self.cancel_stop = CancelStop(self.send_control, lambda: self.current, self.config.stop_grace_seconds)
+            if action == wire.MOVE_TO_SPOT:  # the cost policy moves the job to spot: the same stop, another end
+                self.stop_reason = wire.MOVED
+            self.cancel_stop = CancelStop(self.send_control, lambda: self.current, self.config.stop_grace_seconds,
+                                          why=action)
             self.cancelled.set()
             if self.current is not None:
                 threading.Thread(target=self.cancel_stop.run, name="cancel", daemon=True).start()

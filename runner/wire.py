@@ -26,7 +26,14 @@ ENV_GPUS_PER_NODE = "RUNNER_GPUS_PER_NODE"  # the accelerator count of resources
 # stopped because another node of the gang was preempted or drilled (they learned it through the process
 # group), not because of anything on this node; the node stays for the gang's next attempt.
 STOPPED_BY_PEER = "stopped-by-peer"
-EXIT_REASONS = ("succeeded", "failed", "preempted", "cancelled", "drill", STOPPED_BY_PEER)
+# MOVED: the job stopped with a checkpoint because the controller asked it to (MOVE_TO_SPOT); it is also the
+# restart log's end reason of an attempt the cost policy ended to move the job from on-demand back to spot.
+MOVED = "moved"
+EXIT_REASONS = ("succeeded", "failed", "preempted", "cancelled", "drill", STOPPED_BY_PEER, MOVED)
+
+# A heartbeat's action for a node whose job the cost policy moves from on-demand back to spot: the agent stops
+# the job with a checkpoint, as for a cancel, and reports MOVED; the job relaunches on spot.
+MOVE_TO_SPOT = "move"
 
 # An agent event (POST /v1/agent/events): the emergency checkpoint after a notice is durable, so the controller
 # ends the attempt and launches the next one now; the node drains (its process exits, its logs are shipped)

@@ -12,13 +12,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..scheduler.attempts import close_drained, end_attempt, hand_over
+from ..scheduler.spot_return import finish_move, move_requested
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
 from ..scheduler.transitions import transition
 from ..state.store import NODE_DRAINING, NODE_RUNNING
 from ..scheduler.states import TERMINAL
-from ..wire import EXIT_REASONS, HANDOVER, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
+from ..wire import EXIT_REASONS, HANDOVER, MOVE_TO_SPOT, MOVED, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
 from . import gang_agent, metrics, reports, telemetry
 from .auth import Principal, require_node
 
@@ -118,7 +119,8 @@ class Heartbeat(BaseModel):
 
 @router.post("/heartbeat")
 def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(require_node)):
-    """Record liveness and progress; the reply tells the agent to continue, cancel, or shut down (or, a gang
+    """Record liveness and progress; the reply tells the agent to continue, cancel, move (stop the job with a
+    checkpoint for a move to spot: runner/scheduler/spot_return.py), or shut down (or, a gang
     node whose attempt ended while its job still runs, to stop that job and stay)."""
     state = _state(request)
     job, attempt = _current(state, who)
@@ -131,6 +133,8 @@ def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(requir
         return {"action": "shutdown"}
     if job["cancel_requested"]:
         return {"action": "cancel"}
+    if move_requested(state.store, job, attempt):
+        return {"action": MOVE_TO_SPOT}
     if kept:
         return {"action": gang_agent.heartbeat_action(state, who.node)}
     return {"action": "continue"}
@@ -226,13 +230,18 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
     if body.reason not in EXIT_REASONS:
         raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(EXIT_REASONS)}")
     if gang_agent.is_gang(state.store.job(who.node["job_id"])):
+        if body.reason == MOVED:
+            raise HTTPException(422, f"reason: {MOVED!r} is for a single-node job only (a gang is never moved)")
         return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
     if body.reason == STOPPED_BY_PEER:
         raise HTTPException(422, f"reason: {STOPPED_BY_PEER!r} is for a node of a multi-node job only")
     if body.reason == "drill":
         return _drill_exit(state, who.node, body)
-    new_state = end_attempt(state.store, who.node["job_id"], who.node["attempt"], body.reason,
-                            exit_code=body.exit_code, message=body.message)
+    if body.reason == MOVED:
+        new_state = finish_move(state.store, who.node, body.exit_code, body.message)
+    else:
+        new_state = end_attempt(state.store, who.node["job_id"], who.node["attempt"], body.reason,
+                                exit_code=body.exit_code, message=body.message)
     if new_state is None:
         close_drained(state.store, who.node, body.exit_code)  # a handed-over attempt's process has exited
     state.scheduler.nudge.set()

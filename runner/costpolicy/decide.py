@@ -17,10 +17,10 @@ the observed preemption rate, m = a safety margin), applied whenever the job nee
 - no spot capacity now: wait while S, after the wait, still covers an on-demand launch and m;
 - otherwise on-demand.
 
-A running node is kept, spot or on-demand. Spot needs no proactive move to on-demand: slack is constant
-while it runs, and the reserve covers the restart after a preemption. A move from on-demand back to spot
-would pay on some traces (docs/cost-policy.md measures it) but needs a stop-with-checkpoint on request,
-which the agent does not have; the job moves back to spot at its next launch instead.
+A running spot node is kept: slack is constant while it runs, and the reserve covers the restart after a
+preemption, so a move to on-demand would only spend a restart early. A job running on on-demand moves back
+to spot (:func:`return_to_spot`) when the move itself (a stop with a checkpoint and a spot launch) still
+leaves what the first rule asks for, and the move saves money; never twice within ``MOVE_HOLD_SECONDS``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOUR = 3600.0
+# After a move back to spot, no other for this long. A spot market that has just come back may go again
+# at once, and each move spends a restart of slack and of billed time: with a 5-minute restart, a move at
+# most every 30 minutes bounds what a flapping market can spend on moves to a sixth of the job's time.
+MOVE_HOLD_SECONDS = 1800.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,39 @@ def decide(*, now: float, deadline: float, work_left: float, restart: float, mar
     if on_demand is None:
         return Decision(None, f"waiting: no on-demand offer fits; {facts}")
     return Decision(on_demand, f"on-demand: {facts}, {why}")
+
+
+def return_to_spot(*, now: float, deadline: float, work_left: float, restart: float, markets: list[Market],
+                   on_demand_price: float, stop: float = 0.0, margin: float = 0.0, last_move: float | None = None,
+                   hold: float = MOVE_HOLD_SECONDS) -> Decision:
+    """For a job running on on-demand at ``on_demand_price``: the spot market to move to now, or None to stay.
+
+    The move is a stop with a checkpoint (``stop`` seconds) and a spot launch; it is affordable when the time
+    left still covers the stop, what spot would need and the reserve and ``margin`` of :func:`decide`'s spot
+    rule, and it pays when the work left at the spot market's expected price, its launch and the stop cost
+    less than the work left on on-demand. ``markets``: the spot markets that can be launched now;
+    ``last_move``: when the job last moved (None: never), which holds it for ``hold`` seconds.
+    """
+    if last_move is not None and now - last_move < hold:
+        return Decision(None, f"staying on on-demand: moved to spot {_minutes(now - last_move)} min ago, "
+                              f"at most one move per {_minutes(hold)} min")
+    spots = sorted((m for m in markets if m.spot), key=lambda m: (_expected_price(m, restart), m.zone))
+    if not spots:
+        return Decision(None, "staying on on-demand: no spot capacity now")
+    best = spots[0]
+    time_left = deadline - now
+    need = stop + spot_seconds_needed(work_left, restart, best.preemptions_per_hour)
+    facts = (f"{_hours(time_left - work_left)} h of slack ({_hours(work_left)} h of work left, "
+             f"{_hours(time_left)} h to the deadline)")
+    how = f"the move and spot would need {_hours(need)} h at the observed {_rate(best.preemptions_per_hour)} preemptions/h"
+    if time_left < need + restart + margin:
+        return Decision(None, f"staying on on-demand: {facts}, {how}")
+    saving = (work_left * (on_demand_price - _expected_price(best, restart)) - restart * best.price
+              - stop * on_demand_price) / HOUR
+    if saving <= 0:
+        return Decision(None, f"staying on on-demand: {facts}; spot in {best.zone} would not save the move's cost")
+    return Decision(best, f"moved to spot: {facts}, {how}, leaving {_hours(time_left - need)} h for a fallback "
+                          f"to on-demand; spot in {best.zone} saves about ${saving:.2f}")
 
 
 def _expected_price(market: Market, restart: float) -> float:

@@ -12,6 +12,8 @@ def next_state(end_reason: str, *, preemptions: int, failures: int, max_preempti
         return SUCCEEDED, "the job exited 0"
     if end_reason == "cancelled":
         return CANCELLED, "cancelled by the user"
+    if end_reason == "moved":  # the cost policy's choice: neither a preemption nor a failure
+        return RECOVERING, "moved by the cost policy; relaunching from the last committed checkpoint"
     if end_reason == "drill":
         return RECOVERING, "resume drill: restarting from the drill checkpoint"
     if end_reason == "failed":

@@ -65,11 +65,7 @@ def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: dict,
         return (first.offer, first.spot), (f"{'spot' if first.spot else 'on-demand'}: step {step} of {total}, no "
                                            "speed measured yet; the deadline is weighed from the job's first "
                                            "checkpoint on")
-    rates = observe.preemption_rates(zone_history)
-    by_market: dict[Market, Candidate] = {}
-    for candidate in ranked:  # best first: a market's first candidate is the one to launch
-        rate = rates.get(candidate.offer.zone, 0.0) if candidate.spot else 0.0
-        by_market.setdefault(Market(candidate.offer.zone, candidate.spot, candidate.price, rate), candidate)
+    by_market = _markets(ranked, zone_history)
     markets = list(by_market)
     if any(m.spot and m.zone not in avoid_zones for m in markets):  # just preempted there: other zones first
         markets = [m for m in markets if not (m.spot and m.zone in avoid_zones)]
@@ -81,3 +77,21 @@ def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: dict,
         return None, decision.reason
     chosen = by_market[decision.market]
     return (chosen.offer, chosen.spot), decision.reason
+
+
+def spot_markets_now(offers: list[Offer], resources: Resources, *, zone_history: dict[str, tuple[int, float]],
+                     avoid_zones: set[str], backoff: BackoffBook, now: float) -> list[Market]:
+    """The spot markets a job could launch in now (fitting, not backed off, not in a zone that preempted it
+    within the hour), at their observed preemption rates: where a move back to spot would go."""
+    ranked = [c for c in rank_offers(offers, resources, backoff=backoff, now=now) if c.spot]
+    return [m for m in _markets(ranked, zone_history) if m.zone not in avoid_zones]
+
+
+def _markets(ranked: list[Candidate], zone_history: dict[str, tuple[int, float]]) -> dict[Market, Candidate]:
+    """The cost policy's markets of ranked candidates (each market's best candidate), with observed rates."""
+    rates = observe.preemption_rates(zone_history)
+    by_market: dict[Market, Candidate] = {}
+    for candidate in ranked:  # best first: a market's first candidate is the one to launch
+        rate = rates.get(candidate.offer.zone, 0.0) if candidate.spot else 0.0
+        by_market.setdefault(Market(candidate.offer.zone, candidate.spot, candidate.price, rate), candidate)
+    return by_market

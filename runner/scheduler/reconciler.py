@@ -29,6 +29,7 @@ from .gang import GANG_FORM_SECONDS
 from .gang_workers import abandon_gang_launch, gang_node_gone, plan_gang_attempt, watch_gang_formation
 from .launches import LaunchAnswer, LaunchRequests
 from .policy import BackoffBook
+from .spot_return import move_to_spot
 from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, TERMINAL
 
 ACTIVE_STATES = tuple(state for state in ALLOWED if state not in TERMINAL)
@@ -57,6 +58,7 @@ class SchedulerContext:
     gang_timeout: float = GANG_FORM_SECONDS  # config.yaml scheduler.gang_timeout: launch to every node registered
     launches: LaunchRequests = field(default_factory=LaunchRequests)  # provider launches out (threaded in the daemon)
     clock: Callable[[], float] = time.time  # unix seconds now (a test moves its own through the cancel grace)
+    spot_checked_at: dict[str, float] = field(default_factory=dict)  # job id -> last weighed for a move to spot
 
     def __post_init__(self):
         if self.launches.on_answer is None:
@@ -98,6 +100,7 @@ class Reconciler:
         watch_running_nodes(self.ctx)
         watch_gang_formation(self.ctx)
         apply_cancellations(self.ctx)
+        move_to_spot(self.ctx)
         release_nodes(self.ctx)
         launch_pending_jobs(self.ctx)
         collect_launches(self.ctx)  # what came back meanwhile (every launch of this tick, when launches run inline)

@@ -24,4 +24,5 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 
 # Why an attempt ended (CONTRACT §4).
-END_REASONS = frozenset({"succeeded", "failed", "preempted", "lost", "drill", "cancelled", "running"})
+# "moved": the cost policy stopped it to move the job from on-demand back to spot (runner/scheduler/spot_return.py).
+END_REASONS = frozenset({"succeeded", "failed", "preempted", "lost", "drill", "cancelled", "moved", "running"})

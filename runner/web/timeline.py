@@ -25,7 +25,7 @@ MAX_TICKS = 8
 TICK_CLEARANCE = 24  # a tick label is centred on its time: none so close to the gutter that it overlaps
 
 # Colour classes (static/style.css) by end reason; a gang node's own ends add "kept" and "released".
-END_REASONS = ("succeeded", "failed", "preempted", "lost", "drill", "cancelled", "running")
+END_REASONS = ("succeeded", "failed", "preempted", "lost", "drill", "cancelled", "moved", "running")
 LEGEND = END_REASONS + (wire.NODE_KEPT, wire.NODE_RELEASED)
 
 

@@ -1,0 +1,109 @@
+"""Moving a deadline job from on-demand back to spot once the cost policy can afford it (docs/cost-policy.md).
+
+A reconciler worker, load -> decide -> apply: a RUNNING single-node job with ``spot_policy: auto`` and a
+deadline whose attempt runs on on-demand is weighed at most once a CHECK_EVERY_SECONDS by the cost policy's
+:func:`~runner.costpolicy.decide.return_to_spot`. A move is a MOVE_EVENT on the attempt (its message says
+why); the node's next heartbeat answers ``wire.MOVE_TO_SPOT``, its agent stops the job with a checkpoint as
+for a cancel and reports ``wire.MOVED``, and :func:`finish_move` ends the attempt as ``moved``: neither a
+preemption nor a failure. The job RECOVERS and its relaunch goes through the deadline placement, which picks
+spot. An agent that has not stopped the job MOVE_GRACE_SECONDS after the request (an old agent, a job
+without the checkpoint library) has its attempt ended here all the same, and its node is released.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from ..costpolicy import Decision, observe, return_to_spot
+from ..spec import Resources
+from ..state import Store
+from ..state.spot_history import zone_preemptions
+from ..wire import MOVED
+from . import placement
+from .attempts import end_attempt
+from .states import RUNNING
+
+log = structlog.get_logger(__name__)
+
+MOVE_EVENT = "move"  # an attempt's event: the cost policy asked it to stop for a move to spot; message: why
+CHECK_EVERY_SECONDS = 60.0  # a job on on-demand is weighed for a move at most this often
+# As for a cancel (reconciler.CANCEL_GRACE_SECONDS): the heartbeat that carries the request, the agent's
+# stop_grace_seconds for the checkpoint and the exit, and the log flush. The move's stop is counted at this
+# bound against the job's slack.
+MOVE_GRACE_SECONDS = 20.0
+
+
+def move_to_spot(ctx) -> None:
+    """The worker: request a move for each job the policy says can afford one; end moves not done in time."""
+    store = ctx.store
+    now = ctx.clock()
+    for job in store.jobs((RUNNING,)):
+        if (job["cancel_requested"] or not observe.has_deadline(job["spec"])
+                or job["spec"]["resources"].get("num_nodes", 1) > 1):  # a gang's placement ignores the policy
+            continue
+        current = store.current_attempt(job["id"])
+        if current is None or current["spot"] or not current["running_at"]:
+            continue
+        requested = move_request(store, job["id"], current["attempt"])
+        if requested is not None:
+            if now - requested["time"] >= MOVE_GRACE_SECONDS:
+                end_attempt(store, job["id"], current["attempt"], MOVED, now=now,
+                            message=f"{requested['message']}; the job had not stopped {MOVE_GRACE_SECONDS:.0f}s "
+                                    "after the request, so its node was released")
+                ctx.nudge.set()
+            continue
+        if now - ctx.spot_checked_at.get(job["id"], float("-inf")) < CHECK_EVERY_SECONDS:
+            continue
+        ctx.spot_checked_at[job["id"]] = now
+        decision = weigh_move(ctx, job, current, now)
+        if decision.market is None:
+            log.debug("staying on on-demand", job=job["id"], why=decision.reason)
+            continue
+        with store.db.transaction() as tx:
+            fresh = store.job(job["id"], tx)
+            still = store.current_attempt(job["id"], tx)
+            if (fresh["state"] != RUNNING or fresh["cancel_requested"] or still is None
+                    or still["attempt"] != current["attempt"]):
+                continue
+            store.add_event(tx, job["id"], MOVE_EVENT, decision.reason, attempt=current["attempt"], now=now)
+        log.info("moving to spot", job=job["id"], attempt=current["attempt"], why=decision.reason)
+
+
+def weigh_move(ctx, job: dict, current: dict, now: float) -> Decision:
+    """The cost policy's answer for a job running on on-demand: a spot market to move to now, or None."""
+    store = ctx.store
+    attempts = store.attempts(job["id"])
+    speed = observe.steps_per_second(job, attempts)
+    if speed is None:
+        return Decision(None, "staying on on-demand: no speed measured yet")
+    offers = [o for p in ctx.providers.values() for o in p.offers()]
+    markets = placement.spot_markets_now(
+        offers, Resources.model_validate(job["spec"]["resources"]),
+        zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
+        avoid_zones=placement.recent_preempted_zones(attempts, now), backoff=ctx.backoff, now=now)
+    work_left = max(0, job["spec"]["recovery"]["total_steps"] - job["step"]) / speed
+    moves = [a["ended_at"] for a in attempts if a["end_reason"] == MOVED and a["ended_at"]]
+    return return_to_spot(now=now, deadline=observe.job_deadline(job), work_left=work_left,
+                          restart=observe.restart_seconds(attempts), markets=markets,
+                          on_demand_price=current["price_per_hour"], stop=MOVE_GRACE_SECONDS,
+                          margin=placement.DEADLINE_MARGIN * work_left, last_move=max(moves, default=None))
+
+
+def move_requested(store: Store, job: dict, attempt: dict | None) -> bool:
+    """Whether the heartbeat of this attempt's node answers MOVE_TO_SPOT (cheap checks before the query)."""
+    return (attempt is not None and not attempt["spot"] and observe.has_deadline(job["spec"])
+            and move_request(store, job["id"], attempt["attempt"]) is not None)
+
+
+def move_request(store: Store, job_id: str, attempt: int) -> dict | None:
+    """The move asked of this attempt (its MOVE_EVENT), or None."""
+    event = store.last_event(job_id, MOVE_EVENT)
+    return event if event is not None and event["attempt"] == attempt else None
+
+
+def finish_move(store: Store, node: dict, exit_code: int | None, message: str | None = None) -> str | None:
+    """The agent stopped the job for a move: end the attempt as moved, saying why; return the job's new state."""
+    requested = move_request(store, node["job_id"], node["attempt"])
+    why = requested["message"] if requested else "moved: the agent stopped the job for a move to spot"
+    return end_attempt(store, node["job_id"], node["attempt"], MOVED, exit_code=exit_code,
+                       message="; ".join(part for part in (why, message) if part))
