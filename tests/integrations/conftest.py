@@ -32,3 +32,16 @@ def run_trainee(script: str, *args: str, cwd: Path, env: dict | None = None, tim
     """Run a trainee program of this folder to its end; return its completed process (stdout and stderr text)."""
     return subprocess.run([sys.executable, str(HERE / script), *args], cwd=cwd, env=env or clean_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def load_example(framework: str):
+    """examples/<framework>/train.py as a module of its own name (both examples are called train.py)."""
+    import importlib.util
+
+    name = f"example_{framework}_train"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "examples" / framework / "train.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

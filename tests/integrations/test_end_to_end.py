@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
 
-from .conftest import REPO
+from .conftest import REPO, load_example
 
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 JOB = """
@@ -37,25 +36,18 @@ CASES = {  # steps and the time added to each: enough left after the preemption 
 
 def uninterrupted_sha(framework: str, steps: int, folder) -> str:
     """The example trained start to end in this process, outside the runner."""
-    sys.path.insert(0, str(REPO / "examples" / framework))
-    sys.modules.pop("train", None)
-    try:
-        import train as example
-
-        rng = torch.get_rng_state()
-        if framework == "transformers":
-            trainer = example.build(example.parse(["--steps", str(steps), "--output-dir", str(folder)]))
-            trainer.train()
-            model = trainer.model
-        else:
-            trainer, model, loader = example.build(example.parse(["--steps", str(steps)]))
-            next(c for c in trainer.callbacks if type(c).__name__ == "RunnerCallback").checkpoints.local_dir = folder
-            trainer.fit(model, train_dataloaders=loader)
-        torch.set_rng_state(rng)
-        return example.weights_sha256(model)
-    finally:
-        sys.path.remove(str(REPO / "examples" / framework))
-        sys.modules.pop("train", None)
+    example = load_example(framework)
+    rng = torch.get_rng_state()
+    if framework == "transformers":
+        trainer = example.build(example.parse(["--steps", str(steps), "--output-dir", str(folder)]))
+        trainer.train()
+        model = trainer.model
+    else:
+        trainer, model, loader = example.build(example.parse(["--steps", str(steps)]))
+        next(c for c in trainer.callbacks if type(c).__name__ == "RunnerCallback").checkpoints.local_dir = folder
+        trainer.fit(model, train_dataloaders=loader)
+    torch.set_rng_state(rng)
+    return example.weights_sha256(model)
 
 
 @pytest.fixture

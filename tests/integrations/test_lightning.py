@@ -19,12 +19,11 @@ import torch
 
 from runner.checkpoint import RestoreError
 
-from .conftest import REPO, clean_env, run_trainee
+from .conftest import clean_env, load_example, run_trainee
 
 pytest.importorskip("lightning")
-sys.path.insert(0, str(REPO / "examples" / "lightning"))
 import lightning  # noqa: E402
-import train as example  # noqa: E402
+example = load_example("lightning")
 
 from runner.integrations.lightning import RunnerCallback, last_checkpoint  # noqa: E402
 
@@ -129,3 +128,17 @@ def test_an_unsupported_lightning_version_fails_at_import_naming_the_supported_o
     monkeypatch.delitem(sys.modules, "runner.integrations.lightning")
     with pytest.raises(ImportError, match=r"supports lightning >=2\.2,<3; 1\.9\.5 is installed"):
         importlib.import_module("runner.integrations.lightning")
+
+
+class NanOnSteps2And5(example.Regressor):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.trainer.global_step in (1, 4):  # steps 2 and 5: a NaN loss whose gradient stays finite
+            return loss - loss.detach() + float("nan")
+        return loss
+
+
+def test_each_step_and_its_nan_losses_reach_the_jobs_telemetry(tmp_path):
+    trainer = _fit(NanOnSteps2And5(), tmp_path / "ckpt", steps=6, interval="1h")
+    telemetry = next(c for c in trainer.callbacks if isinstance(c, RunnerCallback)).checkpoints.ckpt.telemetry
+    assert telemetry.steps == 6 and telemetry.nan_steps == 2

@@ -18,11 +18,10 @@ import torch
 
 from runner.checkpoint import Checkpointer, RestoreError
 
-from .conftest import REPO, clean_env, run_trainee
+from .conftest import clean_env, load_example, run_trainee
 
 pytest.importorskip("transformers")
-sys.path.insert(0, str(REPO / "examples" / "transformers"))
-import train as example  # noqa: E402
+example = load_example("transformers")
 
 from runner.integrations.transformers import RunnerCallback, last_checkpoint  # noqa: E402
 
@@ -143,3 +142,42 @@ def test_an_unsupported_transformers_version_fails_at_import_naming_the_supporte
     monkeypatch.delitem(sys.modules, "runner.integrations.transformers")
     with pytest.raises(ImportError, match=r"supports transformers >=4\.40,<6; 4\.30\.2 is installed"):
         importlib.import_module("runner.integrations.transformers")
+
+
+def test_the_trainers_own_saves_are_committed_too_and_stay_in_its_output_dir(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=8, seed=0,
+                             save_strategy="steps", save_steps=2, save_total_limit=2, report_to=[], use_cpu=True,
+                             disable_tqdm=True)
+    callback = RunnerCallback(local_dir=tmp_path / "ckpt", interval="1h", keep=3, exit_on_stop=False)
+    Trainer(model=_gpt2(), args=args, train_dataset=example.RandomTokens(), callbacks=[callback]).train()
+    assert sorted(committed(tmp_path / "ckpt")) == [2, 4, 6]
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert (tmp_path / "ckpt" / "step-00000006" / "model.safetensors").stat().st_nlink == 2  # linked, not copied
+
+
+def test_last_checkpoint_is_never_newer_than_the_step_the_runner_handed_over(tmp_path, monkeypatch):
+    trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
+    trainer.train()
+    assert sorted(committed(tmp_path / "ckpt")) == [3, 6]
+    monkeypatch.setenv("RUNNER_RESUME_STEP", "3")
+    _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt")
+    assert last_checkpoint() == str(tmp_path / "ckpt" / "step-00000003")
+
+
+def test_each_step_and_its_nan_losses_reach_the_jobs_telemetry(tmp_path):
+    model = _gpt2()
+    calls = []
+
+    def nan_on_steps_2_and_5(module, args, output):
+        calls.append(None)
+        if len(calls) in (2, 5):  # a NaN loss whose gradient stays finite, so later steps are not poisoned
+            output.loss = output.loss - output.loss.detach() + float("nan")
+        return output
+
+    model.register_forward_hook(nan_on_steps_2_and_5)
+    trainer, callback = _tiny_trainer(tmp_path / "out", model, local_dir=tmp_path / "ckpt", interval="1h")
+    trainer.train()
+    telemetry = callback.checkpoints.ckpt.telemetry
+    assert telemetry.steps == 6 and telemetry.nan_steps == 2
