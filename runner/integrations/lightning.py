@@ -29,6 +29,8 @@ from runner.checkpoint.local import LocalTier
 
 from ._framework import FrameworkCheckpoints, live, log, require_version
 
+__all__ = ["RunnerCallback", "last_checkpoint"]
+
 SUPPORTED = (">=2.2", "<3")
 require_version("lightning", lightning.__version__, "2.2", "3")
 

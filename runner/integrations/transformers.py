@@ -22,6 +22,8 @@ from transformers import TrainerCallback
 
 from ._framework import FrameworkCheckpoints, live, log, require_version
 
+__all__ = ["RunnerCallback", "last_checkpoint"]
+
 SUPPORTED = (">=4.40", "<6")
 require_version("transformers", transformers.__version__, "4.40", "6")
 

@@ -181,3 +181,14 @@ def test_each_step_and_its_nan_losses_reach_the_jobs_telemetry(tmp_path):
     trainer.train()
     telemetry = callback.checkpoints.ckpt.telemetry
     assert telemetry.steps == 6 and telemetry.nan_steps == 2
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path):
+    trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
+    trainer.train()
+    weights = tmp_path / "ckpt" / "step-00000006" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt")
+    assert last_checkpoint() == str(tmp_path / "ckpt" / "step-00000003")
