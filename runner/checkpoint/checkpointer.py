@@ -165,7 +165,7 @@ class Checkpointer:
         return restored.step if restored is not None else 0
 
     def _report_restored(self, restored: Restored | None, handed_over: int | None) -> None:
-        """Log the restore and tell the agent (its ``restored`` message), naming a shortfall from the handed-over step."""
+        """Log the restore and tell the agent (``restored``), naming a shortfall from the handed-over step."""
         step = restored.step if restored is not None else 0
         if handed_over and step < handed_over:
             # The controller recorded a commit of this step; resuming from less must not pass unnoticed.

@@ -48,7 +48,8 @@ def _loss_of(outputs):
 
 def _find_sampler(trainer) -> ResumableSampler | None:
     loader = getattr(trainer, "train_dataloader", None)
-    for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for candidate in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
         if isinstance(candidate, ResumableSampler):
             return candidate
     return None

@@ -23,7 +23,8 @@ def _outside_the_runner(monkeypatch):
 def clean_env(**extra: str) -> dict:
     """The environment of a trainee subprocess: this one without RUNNER_* variables, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
-    env.update({"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false"})
+    env.update({"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
+                "TOKENIZERS_PARALLELISM": "false"})
     env.update(extra)
     return env
 

@@ -51,7 +51,8 @@ def uninterrupted_sha(tmp_path_factory) -> str:
     return example.weights_sha256(model)
 
 
-def test_sigterm_mid_epoch_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path, uninterrupted_sha):
+def test_sigterm_mid_epoch_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path,
+                                                                                          uninterrupted_sha):
     durable = tmp_path / "durable"
     first = run_trainee("pl_trainee.py", "--steps", STEPS, "--sigterm-at", "17", cwd=tmp_path,
                         env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node1"),
