@@ -43,15 +43,19 @@ def test_script_installs_the_agent_unit_from_deploy():
     assert embedded == (DEPLOY / "runner-agent.service").read_text()
 
 
-def test_script_writes_a_private_config_the_agent_accepts(tmp_path: Path):
-    """Run as bash, the config-writing part yields a mode-0600 agent.yaml naming this node, its token and zone."""
-    text = render_bootstrap(NODE, cloud="gcp", zone="us-central1-a")
+@pytest.mark.parametrize("controller_url", [NODE.controller_url,
+                                            "https://ctl-a.example.com:8470,https://ctl-b.example.com:8470"])
+def test_script_writes_a_private_config_the_agent_accepts(tmp_path: Path, controller_url: str):
+    """Run as bash, the config-writing part yields a mode-0600 agent.yaml naming this node, its token and zone
+    (and every controller of a team, when the node is given several URLs)."""
+    node = NodeBootstrap(controller_url=controller_url, node_id=NODE.node_id, token=NODE.token)
+    text = render_bootstrap(node, cloud="gcp", zone="us-central1-a")
     assignments = "\n".join(line for line in text.splitlines() if re.match(r"^[a-z_]+=", line))
     block = re.search(r"^\(\n  umask 077\n.*?^CONFIG\n\)$", text, re.S | re.M).group(0)
     target = tmp_path / "agent.yaml"
     subprocess.run(["bash", "-c", "set -euo pipefail\n" + assignments + "\n"
                     + block.replace("/etc/runner/agent.yaml", str(target))], check=True, timeout=30)
     config = load_agent_config(target)
-    assert (config.controller_url, config.node_id, config.token) == (NODE.controller_url, NODE.node_id, NODE.token)
+    assert (config.controller_url, config.node_id, config.token) == (controller_url, NODE.node_id, NODE.token)
     assert (config.cloud, config.zone) == ("gcp", "us-central1-a")
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
