@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from .decide import Market, decide
+from .decide import MOVE_HOLD_SECONDS, Market, decide, return_to_spot
 from .traces import Traces, TraceError
 from .uniform_progress import IDLE, ON_DEMAND, SPOT, UniformProgress
 
@@ -142,16 +142,27 @@ def _uniform_progress(traces: Traces, job: Job, zone: int) -> Chooser:
     return choose
 
 
-def _runner(traces: Traces, job: Job, rates: "_PreemptionRates") -> Chooser:
-    """Runner's policy: decides whenever the job has no node, over every zone; a running node is kept."""
+def _runner(traces: Traces, job: Job, rates: "_PreemptionRates", hold: float = MOVE_HOLD_SECONDS) -> Chooser:
+    """Runner's policy: decides whenever the job has no node, over every zone; a spot node is kept, and an
+    on-demand one is left for spot when :func:`return_to_spot` says so (the move costs a spot launch's restart;
+    the stop's checkpoint is instant in the model, as a notice's is)."""
     work, deadline, restart = job.work_hours * 3600, job.deadline_hours * 3600, job.restart_minutes * 60
     on_demand = Market("on-demand", False, job.on_demand_price)
+    moved_at: list[float] = []
 
     def choose(tick, elapsed, done, placement):
-        if placement is not None:
-            return placement
         markets = [Market(traces.zones[z], True, job.spot_price, rates.per_hour(z, tick))
                    for z in range(len(traces.zones)) if traces.available[z][tick]]
+        if placement == OD:
+            move = return_to_spot(now=elapsed, deadline=deadline, work_left=work - done, restart=restart,
+                                  markets=markets, on_demand_price=job.on_demand_price, margin=traces.gap_seconds,
+                                  last_move=moved_at[-1] if moved_at else None, hold=hold)
+            if move.market is None:
+                return OD
+            moved_at.append(elapsed)
+            return traces.zones.index(move.market.zone)
+        if placement is not None:
+            return placement
         decision = decide(now=elapsed, deadline=deadline, work_left=work - done, restart=restart,
                           markets=[*markets, on_demand], margin=traces.gap_seconds, wait_step=traces.gap_seconds)
         if decision.market is None:

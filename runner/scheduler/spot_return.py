@@ -6,8 +6,8 @@ deadline whose attempt runs on on-demand is weighed at most once a CHECK_EVERY_S
 why); the node's next heartbeat answers ``wire.MOVE_TO_SPOT``, its agent stops the job with a checkpoint as
 for a cancel and reports ``wire.MOVED``, and :func:`finish_move` ends the attempt as ``moved``: neither a
 preemption nor a failure. The job RECOVERS and its relaunch goes through the deadline placement, which picks
-spot. An agent that has not stopped the job MOVE_GRACE_SECONDS after the request (an old agent, a job
-without the checkpoint library) has its attempt ended here all the same, and its node is released.
+spot. An agent that has not reported the stop MOVE_GRACE_SECONDS after the request (one too old to know the
+action, or one the controller cannot hear) has its attempt ended here all the same, and its node released.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..costpolicy import Decision, observe, return_to_spot
 from ..spec import Resources
 from ..state import Store
 from ..state.spot_history import zone_preemptions
+from ..state.spot_moves import on_demand_attempts
 from ..wire import MOVED
 from . import placement
 from .attempts import end_attempt
@@ -34,39 +35,45 @@ MOVE_GRACE_SECONDS = 20.0
 
 
 def move_to_spot(ctx) -> None:
-    """The worker: request a move for each job the policy says can afford one; end moves not done in time."""
+    """The worker: request a move for each job the policy says can afford one; end moves not done in time.
+
+    Reads the running on-demand attempts without decoding a job; a job is decoded only when it is due to
+    be weighed (once a CHECK_EVERY_SECONDS) or its move's grace has run out."""
     store = ctx.store
     now = ctx.clock()
-    for job in store.jobs((RUNNING,)):
-        if (job["cancel_requested"] or not observe.has_deadline(job["spec"])
-                or job["spec"]["resources"].get("num_nodes", 1) > 1):  # a gang's placement ignores the policy
-            continue
-        current = store.current_attempt(job["id"])
-        if current is None or current["spot"] or not current["running_at"]:
-            continue
-        requested = move_request(store, job["id"], current["attempt"])
-        if requested is not None:
-            if now - requested["time"] >= MOVE_GRACE_SECONDS:
-                end_attempt(store, job["id"], current["attempt"], MOVED, now=now,
+    rows = on_demand_attempts(store.db, RUNNING, MOVE_EVENT)
+    for gone in set(ctx.spot_checked_at) - {row["job_id"] for row in rows}:
+        del ctx.spot_checked_at[gone]  # off on-demand, ended or cancelled: weighed afresh if it comes back
+    for row in rows:
+        job_id, attempt = row["job_id"], row["attempt"]
+        if row["move_requested_at"] is not None:
+            if now - row["move_requested_at"] >= MOVE_GRACE_SECONDS:
+                requested = move_request(store, job_id, attempt)
+                end_attempt(store, job_id, attempt, MOVED, now=now,
                             message=f"{requested['message']}; the job had not stopped {MOVE_GRACE_SECONDS:.0f}s "
                                     "after the request, so its node was released")
                 ctx.nudge.set()
             continue
-        if now - ctx.spot_checked_at.get(job["id"], float("-inf")) < CHECK_EVERY_SECONDS:
+        if now - ctx.spot_checked_at.get(job_id, float("-inf")) < CHECK_EVERY_SECONDS:
             continue
-        ctx.spot_checked_at[job["id"]] = now
+        ctx.spot_checked_at[job_id] = now
+        job = store.job(job_id)
+        if not observe.has_deadline(job["spec"]) or job["spec"]["resources"].get("num_nodes", 1) > 1:
+            continue  # only the deadline policy moves a job; a gang's placement does not consult it yet
+        current = store.current_attempt(job_id)
+        if current is None or current["attempt"] != attempt:
+            continue
         decision = weigh_move(ctx, job, current, now)
         if decision.market is None:
-            log.debug("staying on on-demand", job=job["id"], why=decision.reason)
+            log.debug("staying on on-demand", job=job_id, why=decision.reason)
             continue
         with store.db.transaction() as tx:
-            fresh = store.job(job["id"], tx)
-            still = store.current_attempt(job["id"], tx)
-            if (fresh["state"] != RUNNING or fresh["cancel_requested"] or still is None
-                    or still["attempt"] != current["attempt"]):
+            fresh = store.job(job_id, tx)
+            still = store.current_attempt(job_id, tx)
+            if fresh["state"] != RUNNING or fresh["cancel_requested"] or still is None or still["attempt"] != attempt:
                 continue
-            store.add_event(tx, job["id"], MOVE_EVENT, decision.reason, attempt=current["attempt"], now=now)
-        log.info("moving to spot", job=job["id"], attempt=current["attempt"], why=decision.reason)
+            store.add_event(tx, job_id, MOVE_EVENT, decision.reason, attempt=attempt, now=now)
+        log.info("moving to spot", job=job_id, attempt=attempt, why=decision.reason)
 
 
 def weigh_move(ctx, job: dict, current: dict, now: float) -> Decision:

@@ -85,7 +85,7 @@ def test_shared_traces_reproduce_the_documented_table(folder, deadline_hours):
 DOCUMENTED = {  # (mean cost, against on-demand, deadlines met) per policy
     ("availability-16node-aws-2023-08-27", 36): {"on-demand": (73.7, 1.0, 1.0), "spot": (24.52, 0.333, 0.84),
                                                  "uniform-progress": (56.32, 0.764, 1.0),
-                                                 "runner": (27.89, 0.378, 1.0)},
+                                                 "runner": (26.83, 0.364, 1.0)},
     ("availability-16node-aws-2023-08-27", 48): {"on-demand": (73.7, 1.0, 1.0), "spot": (22.72, 0.308, 1.0),
                                                  "uniform-progress": (57.21, 0.776, 1.0),
                                                  "runner": (22.7, 0.308, 1.0)},
@@ -96,3 +96,13 @@ DOCUMENTED = {  # (mean cost, against on-demand, deadlines met) per policy
                                               "uniform-progress": (39.91, 0.542, 1.0),
                                               "runner": (22.27, 0.302, 1.0)},
 }
+
+
+def test_on_demand_moves_back_to_spot_when_spot_returns_with_slack_enough(tmp_path):
+    """Instant launches: spot for 1 h (1 h of work), then none for 2 h. The runner policy waits while the
+    wait leaves its one-tick margin (to 2 h 50 min), runs on-demand for a tick, and when spot returns at 3 h
+    with 50 min of work and 60 min left (the margin's 10 min of slack) moves back to it, as the scheduler does
+    (return_to_spot): $1 + 10 min x $3 + 50 min x $1 = $2.33, where staying on on-demand would cost $4."""
+    instant = Job(work_hours=2, deadline_hours=4, restart_minutes=0, spot_price=1.0, on_demand_price=3.0)
+    result = table(write_traces(tmp_path / "t", a=[1] * 6 + [0] * 12 + [1] * 6), instant)
+    assert result["runner"]["mean_cost_usd"] == 2.33 and result["runner"]["deadline_met_fraction"] == 1.0
