@@ -49,7 +49,8 @@ class CancelStop:
         if delivered:
             self._wait(lambda: self._acked.is_set(), supervisor, deadline - SIGTERM_GRACE_SECONDS)
             if self._acked.is_set():
-                log.info("stop: checkpoint committed", why=self.why, step=self.ack.get("step"), durable=self.ack.get("durable"))
+                log.info("stop: checkpoint committed", why=self.why, step=self.ack.get("step"),
+                         durable=self.ack.get("durable"))
                 self._wait(lambda: False, supervisor, deadline - SIGTERM_GRACE_SECONDS)  # let it exit by itself
         if supervisor.process.poll() is None:
             supervisor.stop(max(SIGTERM_GRACE_SECONDS, deadline - time.monotonic()))

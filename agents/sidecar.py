@@ -27,7 +27,7 @@ import time
 
 import structlog
 
-from runner import sdnotify
+from runner import sdnotify, wire
 
 from .config import AgentConfig
 from .core import AgentCore
@@ -40,6 +40,8 @@ ACTION_LOGS = {
     "cancel": "the controller asks to cancel the job: stop the training container (delete the pod); a sidecar "
               "does not stop a process it did not start",
     "shutdown": "the controller has ended this node's attempt; the sidecar keeps serving until it is stopped",
+    wire.MOVE_TO_SPOT: "the controller moves the job from on-demand to spot; a sidecar does not stop a process "
+                       "it did not start, so the node is released after the move's grace",
 }
 
 

@@ -119,7 +119,8 @@ def return_to_spot(*, now: float, deadline: float, work_left: float, restart: fl
     need = stop + spot_seconds_needed(work_left, restart, best.preemptions_per_hour)
     facts = (f"{_hours(time_left - work_left)} h of slack ({_hours(work_left)} h of work left, "
              f"{_hours(time_left)} h to the deadline)")
-    how = f"the move and spot would need {_hours(need)} h at the observed {_rate(best.preemptions_per_hour)} preemptions/h"
+    how = (f"the move and spot would need {_hours(need)} h at the observed {_rate(best.preemptions_per_hour)} "
+           "preemptions/h")
     if time_left < need + restart + margin:
         return Decision(None, f"staying on on-demand: {facts}, {how}")
     saving = (work_left * (on_demand_price - _expected_price(best, restart)) - restart * best.price

@@ -81,4 +81,5 @@ def test_a_move_stops_the_job_with_a_checkpoint_and_reports_moved(tmp_path):
     assert (reason, code) == (wire.MOVED, 0), agent.shipper.text()  # it stopped by itself, after its checkpoint
     stopped = int(re.search(r"stopped at step (\d+)", agent.shipper.text()).group(1))
     assert agent.cancel_stop.ack["step"] == stopped and agent.cancel_stop.ack["durable"]
-    assert any(p.name == f"step-{stopped:08d}" for p in Path(durable).rglob("step-*")), "the stop's checkpoint is not durable"
+    committed = [p.name for p in Path(durable).rglob("step-*")]
+    assert f"step-{stopped:08d}" in committed, f"the stop's checkpoint is not durable: {committed}"
