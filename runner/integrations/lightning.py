@@ -99,16 +99,14 @@ class RunnerCallback(Callback):
         self.checkpoints.report_resumed(trainer.global_step)
         self._last_step = trainer.global_step
         state, self._restored_state = self._restored_state, None
-        if state is None:
+        if state is None or state.get("sampler") is None:
             return
-        sampler = self.sampler or _find_sampler(trainer)
-        if state.get("sampler") is not None:
-            if sampler is None:
-                log.warning("the checkpoint holds a ResumableSampler's position, but the training loader has none; "
-                            "the epoch starts over (pass sampler= to RunnerCallback)")
-            else:
-                sampler.load_state_dict(state["sampler"])
-        rng.restore(rng.from_portable(state["rng"]))
+        sampler = self.sampler or _find_sampler(trainer)  # the loader exists now; its first batch is not drawn yet
+        if sampler is None:
+            log.warning("the checkpoint holds a ResumableSampler's position, but the training loader has none; "
+                        "the epoch starts over (pass sampler= to RunnerCallback)")
+        else:
+            sampler.load_state_dict(state["sampler"])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -141,6 +139,10 @@ class RunnerCallback(Callback):
         return {"rng": rng.portable(rng.capture()), "sampler": sampler.state_dict() if sampler is not None else None}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        # The RNG states go back now, before Lightning creates the loader's iterator (which draws its base seed
+        # from torch's generator, as the uninterrupted run's next epoch did); a sampler resumed mid-epoch
+        # undoes that draw itself (sampler.py). The sampler's position waits for the loader (on_train_start).
+        rng.restore(rng.from_portable(state_dict["rng"]))
         self._restored_state = state_dict
 
 

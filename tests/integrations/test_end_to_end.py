@@ -97,4 +97,11 @@ def test_the_drill_passes_and_a_preempted_job_resumes_where_it_stopped_bit_exact
     stopped_at = int(re.search(r"stopping at step (\d+) for a preemption", second_attempt).group(1))
     assert preempted["checkpoint_step"] == stopped_at == finished["resumed_from_step"] > drill_step
     assert finished["end_reason"] == "succeeded" and finished["zone"] != preempted["zone"]
+    # Every step and its loss reached the job's telemetry (CONTRACT §9) through the callback.
+    trained = [drill_step, stopped_at - drill_step, case["steps"] - stopped_at]
+    assert [row["steps"] for row in (drilled, preempted, finished)] == trained
+    assert [row["nan_steps"] for row in (drilled, preempted, finished)] == [0, 0, 0]
+    status = runner.json("status", job_id)
+    assert status["steps_per_second"] > 0 and status["cost_per_1000_steps"] is not None
+    assert status["manifest"]["torch"] == torch.__version__
     assert FINAL.search(logs).group(1) == uninterrupted_sha(framework, case["steps"], tmp_path / "reference")

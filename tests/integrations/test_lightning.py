@@ -1,7 +1,7 @@
 """runner.integrations.lightning with a real lightning.Trainer, a tiny LightningModule and a ResumableSampler.
 
 The interrupted run is a real process that receives SIGTERM at step 17, in the middle of its second epoch
-(13 batches an epoch); the run that resumes is another process on a "new node" (an empty local folder,
+(13 batches an epoch), or at step 13, its first epoch's last batch; the run that resumes is another process on a "new node" (an empty local folder,
 the same durable URL). With the sampler's position and the RNG states in the callback's state, its final
 weights equal those of an uninterrupted run.
 """
@@ -51,18 +51,18 @@ def uninterrupted_sha(tmp_path_factory) -> str:
     return example.weights_sha256(model)
 
 
-def test_sigterm_mid_epoch_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path,
-                                                                                          uninterrupted_sha):
+@pytest.mark.parametrize("stop", [17, 13], ids=["mid-epoch", "epoch-end"])
+def test_sigterm_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path, uninterrupted_sha, stop):
     durable = tmp_path / "durable"
-    first = run_trainee("pl_trainee.py", "--steps", STEPS, "--sigterm-at", "17", cwd=tmp_path,
+    first = run_trainee("pl_trainee.py", "--steps", STEPS, "--sigterm-at", str(stop), cwd=tmp_path,
                         env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node1"),
                                       RUNNER_CHECKPOINT_URL=f"file://{durable}"))
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "stopping at step 17 for a preemption" in first.stdout + first.stderr
+    assert f"stopping at step {stop} for a preemption" in first.stdout + first.stderr
     assert "final weights" not in first.stdout
     for tier in (tmp_path / "node1", durable):
         (step, manifest), = committed(tier).items()
-        assert step == 17 and manifest["emergency"] and manifest["layout"] == "folder"
+        assert step == stop and manifest["emergency"] and manifest["layout"] == "folder"
         assert manifest["payload"]["framework"] == "lightning" and manifest["payload"]["model"] == "Regressor"
         assert [f["name"] for f in manifest["files"]] == ["model.ckpt"]
 
@@ -70,7 +70,7 @@ def test_sigterm_mid_epoch_commits_that_step_on_both_tiers_and_a_new_node_resume
                          env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node2"),
                                        RUNNER_CHECKPOINT_URL=f"file://{durable}"))
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resuming from {tmp_path / 'node2' / 'step-00000017' / 'model.ckpt'}" in second.stdout
+    assert f"resuming from {tmp_path / 'node2' / f'step-{stop:08d}' / 'model.ckpt'}" in second.stdout
     assert final_sha(second.stdout) == uninterrupted_sha
 
 
