@@ -88,9 +88,10 @@ class FrameworkCheckpoints:
         if self.ckpt is None:
             self.ckpt = Checkpointer(local_dir=self.folder(fallback_dir), **self.options)
             if not under_runner():
+                every = (f"every {self.options['every_steps']} steps" if self.options["every_steps"] else
+                         f"interval {self.options['interval'] or 'auto'}")
                 log.info(f"{self.framework} RunnerCallback: not under the runner (no RUNNER_CHECKPOINT_DIR); "
-                         f"periodic checkpoints (interval {self.options['interval'] or 'auto'}) into "
-                         f"{self.ckpt.local.root}, SIGTERM takes one and stops")
+                         f"periodic checkpoints ({every}) into {self.ckpt.local.root}, SIGTERM takes one and stops")
         return self.ckpt
 
     def payload(self) -> dict:
