@@ -8,7 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 import requests
@@ -173,3 +176,34 @@ def write_job(folder: Path, text: str, files: dict[str, str] | None = None) -> P
     path = folder / "job.yaml"
     path.write_text(text)
     return path
+
+
+SLEEPER = """
+name: sleeper
+run: sleep 600
+resources: {cloud: [local]}
+recovery: {resume_drill: "off"}
+"""
+
+
+@contextmanager
+def controller_with_a_sleeping_job(folder: Path) -> Iterator[SimpleNamespace]:
+    """A controller under ``folder`` with one RUNNING job that never trains, for tests that speak for its agent:
+    ``controller``, ``runner``, ``job_id``, ``home`` and ``node_headers`` (its node's token)."""
+    home = folder / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    try:
+        job_id = runner.json("submit", str(write_job(folder / "job", SLEEPER)))["id"]
+        runner.wait_for(job_id, lambda j: j["state"] == "RUNNING", what="running")
+        node = runner.json("status", job_id)["current_attempt"]["node"]
+        token = next(yaml.safe_load(c.read_text())["token"] for c in home.glob("nodes/*/agent.yaml")
+                     if yaml.safe_load(c.read_text())["node_id"] == node)
+        yield SimpleNamespace(controller=controller, runner=runner, job_id=job_id, home=home,
+                              node_headers={"Authorization": f"Bearer {token}"})
+    finally:
+        controller.stop()
+        kill_nodes(home)

@@ -4,43 +4,18 @@ from __future__ import annotations
 
 import math
 import re
-from types import SimpleNamespace
 
 import pytest
 import requests
-import yaml
 
-from conftest import Controller, Runner, kill_nodes, write_job
+from conftest import controller_with_a_sleeping_job
 from runner import wire
-
-SLEEPER = """
-name: sleeper
-run: sleep 600
-resources: {cloud: [local]}
-recovery: {resume_drill: "off"}
-"""
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One controller with one running job that never trains: the tests post its agent's reports themselves."""
-    home = tmp_path_factory.mktemp("telemetry") / "home"
-    home.mkdir()
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    controller = Controller(home).start()
-    runner = Runner(home)
-    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    try:
-        job_id = runner.json("submit", str(write_job(home.parent / "job", SLEEPER)))["id"]
-        runner.wait_for(job_id, lambda j: j["state"] == "RUNNING", what="running")
-        node = runner.json("status", job_id)["current_attempt"]["node"]
-        token = next(yaml.safe_load(c.read_text())["token"] for c in home.glob("nodes/*/agent.yaml")
-                     if yaml.safe_load(c.read_text())["node_id"] == node)
-        yield SimpleNamespace(controller=controller, runner=runner, job_id=job_id,
-                              node_headers={"Authorization": f"Bearer {token}"})
-    finally:
-        controller.stop()
-        kill_nodes(home)
+    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("telemetry")) as server:
+        yield server
 
 
 def post(server, kind: str, data: dict) -> requests.Response:

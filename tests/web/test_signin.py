@@ -12,17 +12,11 @@ import pytest
 import requests
 import yaml
 
-from conftest import Controller, Runner, kill_nodes, write_job
+from conftest import controller_with_a_sleeping_job
 from runner.controller.auth import hash_token
 from runner.state import Store, open_database, web_sessions
 from runner.web import routes, sessions
 
-SLEEPER = """
-name: sleeper
-run: sleep 600
-resources: {cloud: [local]}
-recovery: {resume_drill: "off"}
-"""
 SIGNIN = re.compile(r"^(http://127\.0\.0\.1:\d+)/signin\?code=[\w-]{40,}$")
 
 
@@ -45,19 +39,8 @@ def _signed_in(runner) -> tuple[requests.Session, str]:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """One controller for the module, with one running job: (controller, runner, job id, home)."""
-    home = tmp_path_factory.mktemp("web") / "home"
-    home.mkdir()
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    controller = Controller(home).start()
-    runner = Runner(home)
-    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    try:
-        job = runner.json("submit", str(write_job(home.parent / "job", SLEEPER)))["id"]
-        runner.wait_for(job, lambda j: j["state"] == "RUNNING", what="running")
-        yield controller, runner, job, home
-    finally:
-        controller.stop()
-        kill_nodes(home)
+    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("web")) as server:
+        yield server.controller, server.runner, server.job_id, server.home
 
 
 @pytest.fixture
