@@ -55,6 +55,27 @@ def _find_sampler(trainer) -> ResumableSampler | None:
     return None
 
 
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _every_rank(state: dict) -> list[dict]:
+    """Every rank's ``state``, in rank order. Lightning keeps rank 0's checkpoint only, and calls the callbacks'
+    state_dict on every rank inside ``save_checkpoint``, so each rank's RNG states are gathered into it."""
+    import torch.distributed as dist
+
+    rank, world = _rank_and_world()
+    if world == 1:
+        return [state]
+    out = [None] * world
+    dist.all_gather_object(out, state)
+    return out
+
+
 class RunnerCallback(Callback):
     """Periodic and emergency checkpoints of a ``lightning.Trainer`` through the runner.
 
@@ -136,14 +157,23 @@ class RunnerCallback(Callback):
 
     def state_dict(self) -> dict:
         sampler = self.sampler or (_find_sampler(self._trainer) if self._trainer is not None else None)
-        return {"rng": rng.portable(rng.capture()), "sampler": sampler.state_dict() if sampler is not None else None}
+        mine = {"rng": rng.portable(rng.capture()), "sampler": sampler.state_dict() if sampler is not None else None}
+        return {"ranks": _every_rank(mine)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         # The RNG states go back now, before Lightning creates the loader's iterator (which draws its base seed
         # from torch's generator, as the uninterrupted run's next epoch did); a sampler resumed mid-epoch
         # undoes that draw itself (sampler.py). The sampler's position waits for the loader (on_train_start).
-        rng.restore(rng.from_portable(state_dict["rng"]))
-        self._restored_state = state_dict
+        ranks = state_dict["ranks"]
+        rank, world = _rank_and_world()
+        if len(ranks) == world:
+            mine = ranks[rank]
+            rng.restore(rng.from_portable(mine["rng"]))
+        else:  # the sampler re-shards what the job consumed; RNG states of other ranks do not apply
+            mine = ranks[0]
+            log.warning(f"the checkpoint was saved by {len(ranks)} ranks and this job has {world}; the RNG states "
+                        f"are left as they are, so the resume is not bit-exact")
+        self._restored_state = mine
 
 
 def last_checkpoint() -> str | None:

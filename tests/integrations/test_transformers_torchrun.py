@@ -26,10 +26,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun(*args: str, cwd, env) -> subprocess.CompletedProcess:
+def torchrun_script(script: str, *args: str, cwd, env) -> subprocess.CompletedProcess:
+    """Run a trainee of this folder under torchrun with 2 local ranks."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(_free_port()), str(HERE / "hf_trainee.py"), "--steps", "12", *args]
+               "--master-port", str(_free_port()), str(HERE / script), *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def torchrun(*args: str, cwd, env) -> subprocess.CompletedProcess:
+    return torchrun_script("hf_trainee.py", "--steps", "12", *args, cwd=cwd, env=env)
 
 
 def test_sigterm_to_one_rank_stops_both_at_one_step_and_the_resume_is_bit_exact(tmp_path):
