@@ -1,4 +1,4 @@
-"""Endpoints for agents (node tokens): register, heartbeat, logs, events, exit, workdir.
+"""Endpoints for agents (node tokens): register, logs, events, exit, workdir (the heartbeat: heartbeat_api.py).
 
 The job is always taken from the token's node row, never from the request body.
 """
@@ -12,14 +12,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..scheduler.attempts import close_drained, end_attempt, hand_over
-from ..scheduler.spot_return import finish_move, move_requested
+from ..scheduler.spot_return import finish_move
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
 from ..scheduler.transitions import transition
-from ..state.store import NODE_DRAINING, NODE_RUNNING
-from ..scheduler.states import TERMINAL
-from ..wire import EXIT_REASONS, HANDOVER, MOVE_TO_SPOT, MOVED, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
+from ..wire import EXIT_REASONS, HANDOVER, MOVED, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
 from . import gang_agent, metrics, reports, telemetry
 from .auth import Principal, require_node
 
@@ -110,34 +108,6 @@ def workdir(request: Request, who: Principal = Depends(require_node)):
     if not digest or not state.workdirs.has(digest):
         raise HTTPException(404, "this job has no workdir")
     return StreamingResponse(state.workdirs.stream(digest), media_type="application/gzip")
-
-
-class Heartbeat(BaseModel):
-    phase: str = "running"
-    progress: dict | None = None
-
-
-@router.post("/heartbeat")
-def heartbeat(body: Heartbeat, request: Request, who: Principal = Depends(require_node)):
-    """Record liveness and progress; the reply tells the agent to continue, cancel, move (stop the job with a
-    checkpoint for a move to spot: runner/scheduler/spot_return.py), or shut down (or, a gang
-    node whose attempt ended while its job still runs, to stop that job and stay)."""
-    state = _state(request)
-    job, attempt = _current(state, who)
-    state.heartbeats.record(who.node["id"], time.time(),
-                            {"phase": body.phase, **(reports.progress(body.progress) or {})})
-    if who.node["state"] == NODE_DRAINING:  # handed over: its process is exiting; the exit report releases it
-        return {"action": "continue"}
-    kept = attempt is None and gang_agent.is_gang(job) and job["state"] not in TERMINAL
-    if (attempt is None and not kept) or who.node["state"] != NODE_RUNNING:
-        return {"action": "shutdown"}
-    if job["cancel_requested"]:
-        return {"action": "cancel"}
-    if move_requested(state.store, job, attempt):
-        return {"action": MOVE_TO_SPOT}
-    if kept:
-        return {"action": gang_agent.heartbeat_action(state, who.node)}
-    return {"action": "continue"}
 
 
 class LogChunk(BaseModel):

@@ -42,7 +42,7 @@ class ControllerState:
 
 def create_app(state: ControllerState) -> FastAPI:
     from ..web import routes as web
-    from . import agent_api, api, metrics
+    from . import agent_api, api, heartbeat_api, metrics
 
     state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
 
@@ -58,6 +58,8 @@ def create_app(state: ControllerState) -> FastAPI:
     app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     app.state.controller = state
+    # The heartbeat first: every node sends one a second, and routes are matched in order.
+    app.add_route("/v1/agent/heartbeat", heartbeat_api.heartbeat, methods=["POST"])
     app.include_router(api.router)
     app.include_router(agent_api.router)
     app.include_router(metrics.router)

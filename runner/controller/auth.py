@@ -13,6 +13,9 @@ from fastapi import HTTPException, Request
 from ..state.store import NODE_TERMINATED
 
 
+NODE_ONLY = "only a node's own token can do this"
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -55,16 +58,32 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
+def _is_admin(token: str, state) -> bool:
+    return hmac.compare_digest(token.encode(), state.admin_token.encode())  # bytes: a non-ASCII token is just wrong
+
+
 def principal(request: Request) -> Principal:
     """Who is calling: the admin, or a node whose node row is not terminated."""
     token = _bearer(request)
     state = request.app.state.controller
-    if hmac.compare_digest(token.encode(), state.admin_token.encode()):  # bytes: a non-ASCII token is just wrong
+    if _is_admin(token, state):
         return Principal("admin")
     node = state.store.node_by_token_hash(hash_token(token))
     if node is None or node["state"] == NODE_TERMINATED:
         raise HTTPException(401, "invalid token")
     return Principal("node", node)
+
+
+def heartbeat_caller(request: Request) -> dict:
+    """The calling node's ``Store.heartbeat_view``, read fresh, refused with the 401 and 403 of ``require_node``."""
+    token = _bearer(request)
+    state = request.app.state.controller
+    if _is_admin(token, state):
+        raise HTTPException(403, NODE_ONLY)
+    view = state.store.heartbeat_view(hash_token(token))
+    if view is None or view["state"] == NODE_TERMINATED:
+        raise HTTPException(401, "invalid token")
+    return view
 
 
 # The checks are coroutines, so FastAPI runs them on the event loop (the node's row is read by its key): as
@@ -80,7 +99,7 @@ async def require_admin(request: Request) -> Principal:
 async def require_node(request: Request) -> Principal:
     who = principal(request)
     if who.kind != "node":
-        raise HTTPException(403, "only a node's own token can do this")
+        raise HTTPException(403, NODE_ONLY)
     return who
 
 

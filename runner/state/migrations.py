@@ -200,6 +200,13 @@ MIGRATIONS: list[tuple[int, str]] = [
         )
         """,
     ),
+    (
+        9,
+        # Every agent request finds its node by the token's hash: an index, not a scan of every node ever launched.
+        """
+        CREATE INDEX nodes_token_hash ON nodes(token_hash)
+        """,
+    ),
 ]
 
 

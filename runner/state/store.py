@@ -21,7 +21,6 @@ NODE_TERMINATED = "terminated"    # provider confirmed it is gone
 LIVE_NODE_STATES = (NODE_LAUNCHING, NODE_RUNNING, NODE_DRAINING, NODE_TERMINATING)
 # A job gets its next node only when none of its nodes is in one of these: a draining node does not hold it back.
 NODES_HOLDING_A_JOB = (NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING)
-MAX_REMEMBERED_TOKENS = 100_000  # token hashes whose node id a Store keeps (forgotten all at once beyond)
 
 
 class Store:
@@ -29,7 +28,6 @@ class Store:
 
     def __init__(self, db: Database):
         self.db = db
-        self._node_by_token: dict[str, str] = {}  # token hash -> node id (fixed for a node's life): see node_by_token_hash
 
     # --- jobs -------------------------------------------------------------
     def insert_job(self, tx: Tx, job_id: str, name: str, spec: dict, state: str, now: float) -> None:
@@ -176,20 +174,29 @@ class Store:
         return _decode_node(row) if row else None
 
     def node_by_token_hash(self, token_hash: str) -> dict | None:
-        """The node a token belongs to. Every agent request asks, and the table has no index on the hash: a node
-        found once is read again by its id."""
-        node_id = self._node_by_token.get(token_hash)
-        if node_id is not None:
-            node = self.node(node_id)
-            if node is not None and node["token_hash"] == token_hash:
-                return node
+        """The node a token belongs to, read fresh each time (by the index of migration 9)."""
         rows = self.db.query("SELECT * FROM nodes WHERE token_hash = ?", (token_hash,))
+        return _decode_node(rows[0]) if rows else None
+
+    def heartbeat_view(self, token_hash: str) -> dict | None:
+        """What a heartbeat is answered from, in one read: the token's node (id, job_id, attempt, rank, state),
+        its job's ``job_state``, ``cancel_requested`` and ``spec`` (JSON text, fixed at submit), and whether the
+        node's attempt is the job's running one (``attempt_current``) and on spot (``attempt_spot``)."""
+        rows = self.db.query(
+            """SELECT n.id, n.job_id, n.attempt, n.rank, n.state, j.state AS job_state, j.cancel_requested, j.spec,
+                   a.spot AS attempt_spot,
+                   CASE WHEN a.end_reason = 'running' AND NOT EXISTS (
+                       SELECT 1 FROM attempts b WHERE b.job_id = n.job_id AND b.attempt > n.attempt)
+                   THEN 1 ELSE 0 END AS attempt_current
+               FROM nodes n JOIN jobs j ON j.id = n.job_id
+                   LEFT JOIN attempts a ON a.job_id = n.job_id AND a.attempt = n.attempt
+               WHERE n.token_hash = ?""", (token_hash,))
         if not rows:
             return None
-        if len(self._node_by_token) >= MAX_REMEMBERED_TOKENS:
-            self._node_by_token.clear()
-        self._node_by_token[token_hash] = rows[0]["id"]
-        return _decode_node(rows[0])
+        row = rows[0]
+        return {**decode(row, NODE_COLUMNS), "job_state": row["job_state"],
+                "cancel_requested": _timestamp_or_none(row["cancel_requested"]), "spec": row["spec"],
+                "attempt_spot": FLAG(row["attempt_spot"]), "attempt_current": bool(row["attempt_current"])}
 
     def nodes(self, states: tuple[str, ...] = LIVE_NODE_STATES, job_id: str | None = None) -> list[dict]:
         marks = ",".join("?" * len(states))

@@ -1,0 +1,81 @@
+"""The agent's heartbeat, the request every node sends once a second: kept lean end to end.
+
+A plain coroutine on the event loop (no thread-pool hop, no dependency injection, no model validation), one
+read of the database (``Store.heartbeat_view``: the node, its job and whether its attempt is the running
+one, fresh on every beat, so another controller's cancel or release is heard on the next one), the beat kept
+in memory for the once-a-second write (runner/controller/heartbeats.py). The rare answers (a gang node kept
+after its attempt, a move to spot) take the slower reads they always took.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import lru_cache
+
+from fastapi import HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from ..costpolicy import observe
+from ..scheduler.spot_return import move_request
+from ..scheduler.states import TERMINAL
+from ..state.store import NODE_DRAINING, NODE_RUNNING
+from ..wire import MOVE_TO_SPOT
+from . import gang_agent, reports
+from .auth import heartbeat_caller
+
+CONTINUE, CANCEL, SHUTDOWN = "continue", "cancel", "shutdown"
+
+
+async def heartbeat(request: Request) -> JSONResponse:
+    """Record liveness and progress; the reply tells the agent to continue, cancel, move (stop the job with a
+    checkpoint for a move to spot: runner/scheduler/spot_return.py), or shut down (or, a gang node whose
+    attempt ended while its job still runs, to stop that job and stay). The token is checked before the body."""
+    node = heartbeat_caller(request)
+    phase, progress = _beat(await request.body())
+    state = request.app.state.controller
+    state.heartbeats.record(node["id"], time.time(), {"phase": phase, **(progress or {})})
+    return JSONResponse({"action": _action(state, node)})
+
+
+def _beat(body: bytes) -> tuple[str, dict | None]:
+    """The body's ``phase`` (default running) and ``progress``, refused (422) naming the field as FastAPI would."""
+    if not body.strip():
+        raise HTTPException(422, "body: Field required")
+    try:
+        beat = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise HTTPException(422, "body: JSON decode error") from None
+    if not isinstance(beat, dict):
+        raise HTTPException(422, "body: Input should be a valid dictionary or object to extract fields from")
+    phase, progress = beat.get("phase", "running"), beat.get("progress")
+    if not isinstance(phase, str):
+        raise HTTPException(422, "body.phase: Input should be a valid string")
+    if progress is not None and not isinstance(progress, dict):
+        raise HTTPException(422, "body.progress: Input should be a valid dictionary")
+    return phase, reports.progress(progress)
+
+
+def _action(state, node: dict) -> str:
+    if node["state"] == NODE_DRAINING:  # handed over: its process is exiting; the exit report releases it
+        return CONTINUE
+    current = node["attempt_current"]
+    is_gang, has_deadline = _spec_flags(node["spec"])
+    kept = not current and is_gang and node["job_state"] not in TERMINAL
+    if (not current and not kept) or node["state"] != NODE_RUNNING:
+        return SHUTDOWN
+    if node["cancel_requested"]:
+        return CANCEL
+    if current and not node["attempt_spot"] and has_deadline \
+            and move_request(state.store, node["job_id"], node["attempt"]) is not None:
+        return MOVE_TO_SPOT
+    if kept:
+        return gang_agent.heartbeat_action(state, node)
+    return CONTINUE
+
+
+@lru_cache(maxsize=4096)
+def _spec_flags(spec_text: str) -> tuple[bool, bool]:
+    """Whether a job is a gang and whether the cost policy may move it (its spec is fixed at submit)."""
+    spec = json.loads(spec_text)
+    return gang_agent.is_gang({"spec": spec}), observe.has_deadline(spec)

@@ -1,0 +1,114 @@
+"""The agent's heartbeat (runner/controller/heartbeat_api.py): its token checks, its body checks and its answer,
+read fresh on every beat, through the real app on the in-memory provider."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runner.controller.app import ControllerState, create_app
+from runner.controller.auth import hash_token
+from runner.controller.logstore import LogStore
+from runner.scheduler.attempts import end_attempt
+
+from scheduler_world import make_world
+
+ADMIN = "admin-token"
+BEAT = {"phase": "running", "progress": {"checkpoint_step": 100}}
+
+
+@pytest.fixture
+def world(tmp_path):
+    world = make_world(tmp_path)
+    world.ctx.token_hasher = hash_token  # node tokens the agent API accepts
+    return world
+
+
+@pytest.fixture
+def api(world, tmp_path):
+    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
+    with TestClient(create_app(state)) as client:
+        client.controller = state
+        yield client
+
+
+def running_job(world) -> tuple[str, dict]:
+    """A running job and the headers of its node's token."""
+    job_id = world.submit()
+    world.tick()
+    world.register(job_id)
+    world.tick()
+    return job_id, {"Authorization": f"Bearer {world.ctx.node_token(world.node(job_id)['id'])}"}
+
+
+def beat(api, headers, body=BEAT):
+    return api.post("/v1/agent/heartbeat", json=body, headers=headers)
+
+
+def test_a_running_node_is_told_to_continue_and_its_progress_is_kept(world, api):
+    job_id, headers = running_job(world)
+    assert beat(api, headers).json() == {"action": "continue"}
+    api.controller.heartbeats.flush()
+    node = world.node(job_id)
+    assert node["progress"] == {"phase": "running", "checkpoint_step": 100} and node["last_heartbeat"] > 0
+
+
+def test_the_answer_follows_the_database_on_the_very_next_beat(world, api):
+    """A cancel, then the node's release, written by anyone sharing the database, answer the next beat."""
+    job_id, headers = running_job(world)
+    world.cancel(job_id)
+    assert beat(api, headers).json() == {"action": "cancel"}
+    with world.store.db.transaction() as tx:
+        world.store.update_node(tx, world.node(job_id)["id"], state="terminating")
+    assert beat(api, headers).json() == {"action": "shutdown"}
+    with world.store.db.transaction() as tx:
+        world.store.update_node(tx, world.node(job_id)["id"], state="terminated", terminated_at=time.time())
+    assert beat(api, headers).status_code == 401
+
+
+def test_a_node_whose_attempt_has_ended_is_told_to_shut_down(world, api):
+    job_id, headers = running_job(world)
+    end_attempt(world.store, job_id, 1, "preempted")
+    assert beat(api, headers).json() == {"action": "shutdown"}
+
+
+def test_only_a_node_token_may_beat(world, api):
+    """No token: 401 asking for one; a wrong token: 401; the admin's: 403 (as every agent endpoint answers)."""
+    running_job(world)
+    missing = beat(api, {})
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert beat(api, {"Authorization": "Bearer wrong"}).status_code == 401
+    assert beat(api, {"Authorization": f"Bearer {ADMIN}"}).status_code == 403
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"phase": 3}, "body.phase"),
+    ({"progress": [1, 2]}, "body.progress"),
+    ({"progress": {"checkpoint_step": "abc"}}, "progress.checkpoint_step"),
+    ({"progress": {"checkpoint_step": -1}}, "progress.checkpoint_step"),
+    ([1, 2], "body"),
+])
+def test_a_malformed_beat_is_422_naming_the_field_and_is_not_kept(world, api, body, field):
+    job_id, headers = running_job(world)
+    reply = beat(api, headers, body)
+    assert reply.status_code == 422 and reply.json()["detail"].startswith(field)
+    api.controller.heartbeats.flush()
+    assert world.node(job_id)["progress"] is None
+
+
+def test_a_body_that_is_not_json_is_422_with_a_token_and_401_without(world, api):
+    _, headers = running_job(world)
+    raw = {"content": b"{not json", "headers": {**headers, "content-type": "application/json"}}
+    assert api.post("/v1/agent/heartbeat", **raw).status_code == 422
+    assert api.post("/v1/agent/heartbeat", content=b"{not json").status_code == 401
+    assert api.post("/v1/agent/heartbeat", headers=headers).status_code == 422  # no body at all
+
+
+def test_an_empty_beat_means_running_without_progress(world, api):
+    """The agent's defaults: phase running, no progress (as the model the endpoint had before)."""
+    job_id, headers = running_job(world)
+    assert beat(api, headers, {}).json() == {"action": "continue"}
+    api.controller.heartbeats.flush()
+    assert world.node(job_id)["progress"] == {"phase": "running"}
