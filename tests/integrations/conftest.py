@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,12 +26,6 @@ def clean_env(**extra: str) -> dict:
                 "TOKENIZERS_PARALLELISM": "false"})
     env.update(extra)
     return env
-
-
-def run_trainee(script: str, *args: str, cwd: Path, env: dict | None = None, timeout: float = 240):
-    """Run a trainee program of this folder to its end; return its completed process (stdout and stderr text)."""
-    return subprocess.run([sys.executable, str(HERE / script), *args], cwd=cwd, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def load_example(framework: str):

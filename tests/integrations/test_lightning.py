@@ -1,15 +1,18 @@
 """runner.integrations.lightning with a real lightning.Trainer, a tiny LightningModule and a ResumableSampler.
 
-The interrupted run is a real process that receives SIGTERM at step 17, in the middle of its second epoch
-(13 batches an epoch), or at step 13, its first epoch's last batch; the run that resumes is another process on a "new node" (an empty local folder,
+The interrupted run receives SIGTERM at step 17, in the middle of its second epoch (13 batches an epoch),
+or at step 13, its first epoch's last batch; the run that resumes is on a "new node" (an empty local folder,
 the same durable URL). With the sampler's position and the RNG states in the callback's state, its final
-weights equal those of an uninterrupted run.
+weights equal those of an uninterrupted run. (tests/integrations/test_end_to_end.py runs the same example
+as real jobs, preempted through the agent.)
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,10 +22,11 @@ import torch
 
 from runner.checkpoint import RestoreError
 
-from .conftest import clean_env, load_example, run_trainee
+from .conftest import load_example
 
 pytest.importorskip("lightning")
 import lightning  # noqa: E402
+
 example = load_example("lightning")
 
 from runner.integrations.lightning import RunnerCallback, last_checkpoint  # noqa: E402
@@ -35,43 +39,57 @@ def committed(root: Path) -> dict[int, dict]:
             for p in root.glob("step-*") if (p / "manifest.json").is_file()}
 
 
-def final_sha(stdout: str) -> str:
-    return next(line.split()[-1] for line in stdout.splitlines() if line.startswith("final weights sha256"))
+class SigtermAt(lightning.Callback):
+    """Sends this process SIGTERM at the end of one step's batch, before the runner's callback sees it."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _example(folder: Path | None = None):
+    trainer, model, loader = example.build(example.parse(["--steps", STEPS]))
+    if folder is not None:
+        next(c for c in trainer.callbacks if isinstance(c, RunnerCallback)).checkpoints.local_dir = folder
+    return trainer, model, loader
 
 
 @pytest.fixture(scope="module")
 def uninterrupted_sha(tmp_path_factory) -> str:
-    """The example trained once, start to end, outside the runner (in this process)."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    trainer, model, loader = example.build(example.parse(["--steps", STEPS]))
-    next(c for c in trainer.callbacks if isinstance(c, RunnerCallback)).checkpoints.local_dir = folder
-    rng = torch.get_rng_state()
+    """The example trained once, start to end, outside the runner."""
+    trainer, model, loader = _example(tmp_path_factory.mktemp("uninterrupted"))
     trainer.fit(model, train_dataloaders=loader)
-    torch.set_rng_state(rng)
     return example.weights_sha256(model)
 
 
 @pytest.mark.parametrize("stop", [17, 13], ids=["mid-epoch", "epoch-end"])
-def test_sigterm_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path, uninterrupted_sha, stop):
+def test_sigterm_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(
+        tmp_path, monkeypatch, uninterrupted_sha, stop):
     durable = tmp_path / "durable"
-    first = run_trainee("pl_trainee.py", "--steps", STEPS, "--sigterm-at", str(stop), cwd=tmp_path,
-                        env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node1"),
-                                      RUNNER_CHECKPOINT_URL=f"file://{durable}"))
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert f"stopping at step {stop} for a preemption" in first.stdout + first.stderr
-    assert "final weights" not in first.stdout
+    monkeypatch.setenv("RUNNER_CHECKPOINT_URL", f"file://{durable}")
+    monkeypatch.setenv("RUNNER_CHECKPOINT_DIR", str(tmp_path / "node1"))
+    trainer, model, loader = _example()
+    trainer.callbacks.insert(0, SigtermAt(stop))
+    assert last_checkpoint() is None
+    with structlog.testing.capture_logs() as logs, pytest.raises(SystemExit) as exited:
+        trainer.fit(model, train_dataloaders=loader)
+    assert exited.value.code == 0  # the process exits instead of carrying on after fit()
+    assert f"stopping at step {stop} for a preemption; the checkpoint is committed" in [e["event"] for e in logs]
     for tier in (tmp_path / "node1", durable):
         (step, manifest), = committed(tier).items()
         assert step == stop and manifest["emergency"] and manifest["layout"] == "folder"
         assert manifest["payload"]["framework"] == "lightning" and manifest["payload"]["model"] == "Regressor"
         assert [f["name"] for f in manifest["files"]] == ["model.ckpt"]
 
-    second = run_trainee("pl_trainee.py", "--steps", STEPS, cwd=tmp_path,
-                         env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node2"),
-                                       RUNNER_CHECKPOINT_URL=f"file://{durable}"))
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resuming from {tmp_path / 'node2' / f'step-{stop:08d}' / 'model.ckpt'}" in second.stdout
-    assert final_sha(second.stdout) == uninterrupted_sha
+    monkeypatch.setenv("RUNNER_CHECKPOINT_DIR", str(tmp_path / "node2"))
+    trainer, model, loader = _example()
+    resume = last_checkpoint()
+    assert resume == str(tmp_path / "node2" / f"step-{stop:08d}" / "model.ckpt")
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
+    assert example.weights_sha256(model) == uninterrupted_sha
 
 
 def _fit(model, folder: Path, steps: int = 6, **options):

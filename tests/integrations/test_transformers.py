@@ -1,14 +1,17 @@
 """runner.integrations.transformers with a real Hugging Face Trainer and a tiny GPT-2 built from a config.
 
-The interrupted run is a real process that receives SIGTERM at step 5 (it sends it to itself at that step,
-so the test does not depend on timing); the run that resumes is another process on a "new node" (an empty
-local folder, the same durable URL). Its final weights must equal those of an uninterrupted run.
+The interrupted run receives SIGTERM at step 5 (it sends it to itself at that step, so the test does not
+depend on timing); the run that resumes is on a "new node" (an empty local folder, the same durable URL).
+Its final weights must equal those of an uninterrupted run. (tests/integrations/test_end_to_end.py runs the
+same example as real jobs, preempted through the agent.)
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -18,10 +21,12 @@ import torch
 
 from runner.checkpoint import Checkpointer, RestoreError
 
-from .conftest import clean_env, load_example, run_trainee
+from .conftest import load_example
 
 pytest.importorskip("transformers")
 example = load_example("transformers")
+
+from transformers import TrainerCallback  # noqa: E402
 
 from runner.integrations.transformers import RunnerCallback, last_checkpoint  # noqa: E402
 
@@ -33,30 +38,39 @@ def committed(root: Path) -> dict[int, dict]:
             for p in root.glob("step-*") if (p / "manifest.json").is_file()}
 
 
-def final_sha(stdout: str) -> str:
-    return next(line.split()[-1] for line in stdout.splitlines() if line.startswith("final weights sha256"))
+class SigtermAt(TrainerCallback):
+    """Sends this process SIGTERM at the end of one step, before the runner's callback sees that step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted_sha(tmp_path_factory) -> str:
-    """The example trained once, start to end, outside the runner (in this process)."""
+    """The example trained once, start to end, outside the runner."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     trainer = example.build(example.parse(["--steps", STEPS, "--output-dir", str(folder / "out")]))
     assert last_checkpoint() is None
-    rng = torch.get_rng_state()
     trainer.train()
-    torch.set_rng_state(rng)
     return example.weights_sha256(trainer.model)
 
 
-def test_sigterm_mid_run_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(tmp_path, uninterrupted_sha):
+def test_sigterm_mid_run_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(
+        tmp_path, monkeypatch, uninterrupted_sha):
     durable = tmp_path / "durable"
-    first = run_trainee("hf_trainee.py", "--steps", STEPS, "--sigterm-at", "5", "--output-dir", "out", cwd=tmp_path,
-                        env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node1"),
-                                      RUNNER_CHECKPOINT_URL=f"file://{durable}"))
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "stopping at step 5 for a preemption" in first.stdout + first.stderr
-    assert "final weights" not in first.stdout  # it exited instead of carrying on after train()
+    monkeypatch.setenv("RUNNER_CHECKPOINT_URL", f"file://{durable}")
+    monkeypatch.setenv("RUNNER_CHECKPOINT_DIR", str(tmp_path / "node1"))
+    trainer = example.build(example.parse(["--steps", STEPS, "--output-dir", str(tmp_path / "out")]))
+    trainer.callback_handler.callbacks.insert(0, SigtermAt(5))
+    assert last_checkpoint() is None
+    with structlog.testing.capture_logs() as logs, pytest.raises(SystemExit) as exited:
+        trainer.train()
+    assert exited.value.code == 0  # the process exits instead of carrying on after train()
+    assert "stopping at step 5 for a preemption; the checkpoint is committed" in [e["event"] for e in logs]
     for tier in (tmp_path / "node1", durable):
         (step, manifest), = committed(tier).items()
         assert step == 5 and manifest["emergency"] and manifest["layout"] == "folder"
@@ -65,12 +79,12 @@ def test_sigterm_mid_run_commits_that_step_on_both_tiers_and_a_new_node_resumes_
             f["name"] for f in manifest["files"]}
     assert not (tmp_path / "out" / "checkpoint-5").exists()  # moved into the runner's folder, not copied
 
-    second = run_trainee("hf_trainee.py", "--steps", STEPS, "--output-dir", "out", cwd=tmp_path,
-                         env=clean_env(RUNNER_CHECKPOINT_DIR=str(tmp_path / "node2"),
-                                       RUNNER_CHECKPOINT_URL=f"file://{durable}"))
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resuming from {tmp_path / 'node2' / 'step-00000005'}" in second.stdout
-    assert final_sha(second.stdout) == uninterrupted_sha
+    monkeypatch.setenv("RUNNER_CHECKPOINT_DIR", str(tmp_path / "node2"))
+    resumed = example.build(example.parse(["--steps", STEPS, "--output-dir", str(tmp_path / "out")]))
+    resume = last_checkpoint()
+    assert resume == str(tmp_path / "node2" / "step-00000005")
+    resumed.train(resume_from_checkpoint=resume)
+    assert example.weights_sha256(resumed.model) == uninterrupted_sha
 
 
 def _tiny_trainer(output_dir: Path, model, **callback_options):
