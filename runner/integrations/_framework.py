@@ -10,6 +10,7 @@ for the same model.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 from pathlib import Path
@@ -27,6 +28,7 @@ from runner.checkpoint.restore import Restored, restore_into, written_by
 
 log = get_logger("runner.integrations")
 
+RESTORE_LOCK = ".restore.lock"  # in the local folder: one process of a node at a time fetches and verifies
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
 _live: dict[str, "FrameworkCheckpoints"] = {}  # the newest callback of each framework, for last_checkpoint()
 
@@ -117,13 +119,17 @@ class FrameworkCheckpoints:
 
     def find(self, fallback_dir) -> Restored | None:
         """``last_checkpoint`` before the framework has set up (no Checkpointer yet, and no process group):
-        this process alone looks at both tiers and fetches what its local folder lacks."""
+        this process looks at both tiers and fetches what its local folder lacks. Processes sharing the
+        local folder (the ranks of one node) take turns, so one downloads and the others verify its copy."""
         local = LocalTier(self.folder(fallback_dir))
         url = self.options["durable_url"] or os.environ.get("RUNNER_CHECKPOINT_URL")
         durable = DurableTier(url) if url else None
         resume_step = os.environ.get("RUNNER_RESUME_STEP")
-        self.found = restore_into(local, durable, Solo(), True, {}, {}, None, apply_folder=self.check,
-                                  max_step=int(resume_step) if resume_step and resume_step.isdigit() else None)
+        local.root.mkdir(parents=True, exist_ok=True)
+        with open(local.root / RESTORE_LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.found = restore_into(local, durable, Solo(), True, {}, {}, None, apply_folder=self.check,
+                                      max_step=int(resume_step) if resume_step and resume_step.isdigit() else None)
         return self.found
 
     def report_resumed(self, step: int) -> None:
