@@ -71,6 +71,7 @@ class FrameworkCheckpoints:
         self.ckpt: Checkpointer | None = None
         self.model: dict | None = None
         self.found: Restored | None = None  # what last_checkpoint() returned
+        self.found_root: Path | None = None  # the local folder it is in
         self.reported = False
         self.stop_reason: str | None = None
         self._told_copy = False
@@ -111,11 +112,25 @@ class FrameworkCheckpoints:
                                f"run trains a {self.model['model']} (parameters {self.model['signature']}). Resume "
                                f"with the same model, or point the checkpoint folder elsewhere to start fresh")
 
-    def last_checkpoint(self, fallback_dir) -> str | None:
-        """A local path to the newest committed checkpoint that verifies; None when there is none."""
-        restored = self.start(fallback_dir).restore_folder(self.check)
-        self.found = restored
-        return str(self.ckpt.local.folder(restored.step)) if restored is not None else None
+    def last_checkpoint(self, fallback_dir) -> Path | None:
+        """The local folder of the newest committed checkpoint that verifies; None when there is none.
+
+        With the framework set up (the Checkpointer built) every rank looks together; before that (no
+        process group yet) each process looks on its own (``find``) and the model is checked at setup."""
+        if self.ckpt is None:
+            found = self.find(fallback_dir)
+            return LocalTier(self.folder(fallback_dir)).folder(found.step) if found is not None else None
+        self.found = self.ckpt.restore_folder(self.check)
+        self.found_root = self.ckpt.local.root
+        return self.ckpt.local.folder(self.found.step) if self.found is not None else None
+
+    def check_found(self) -> None:
+        """Check what ``last_checkpoint`` returned against the model, now known, before the framework loads it."""
+        if self.found is None or self.model is None or self.found_root is None:
+            return
+        tier = LocalTier(self.found_root)
+        folder = tier.folder(self.found.step)
+        self.check(folder, tier.read_manifest(folder), str(folder))
 
     def find(self, fallback_dir) -> Restored | None:
         """``last_checkpoint`` before the framework has set up (no Checkpointer yet, and no process group):
@@ -130,6 +145,7 @@ class FrameworkCheckpoints:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.found = restore_into(local, durable, Solo(), True, {}, {}, None, apply_folder=self.check,
                                       max_step=int(resume_step) if resume_step and resume_step.isdigit() else None)
+        self.found_root = local.root
         return self.found
 
     def report_resumed(self, step: int) -> None:

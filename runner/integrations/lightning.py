@@ -25,7 +25,6 @@ from lightning.pytorch import Callback
 
 from runner.checkpoint import ResumableSampler, rng
 from runner.checkpoint.folder_format import incoming_folder
-from runner.checkpoint.local import LocalTier
 
 from ._framework import FrameworkCheckpoints, live, log, require_version
 
@@ -109,11 +108,7 @@ class RunnerCallback(Callback):
             return
         self._trainer = trainer
         self.checkpoints.start(FALLBACK_DIR, pl_module)  # the process group exists by now
-        found = self.checkpoints.found
-        if found is not None:  # last_checkpoint() ran before the model was known: check it now, before loading
-            folder = LocalTier(self.checkpoints.folder(FALLBACK_DIR)).folder(found.step)
-            manifest = LocalTier(folder.parent).read_manifest(folder)
-            self.checkpoints.check(folder, manifest, str(folder / FILE_NAME))
+        self.checkpoints.check_found()  # last_checkpoint() ran before the model was known: check it before loading
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.checkpoints.ckpt.reclaim_signals()  # Lightning's SIGTERM handler would stop without a checkpoint
@@ -183,5 +178,5 @@ def last_checkpoint() -> str | None:
     None on a fresh start. Refuses (RestoreError) a checkpoint of another framework, and (when ``fit`` sets
     up) of another model."""
     checkpoints = live(FRAMEWORK) or FrameworkCheckpoints(FRAMEWORK, lightning.__version__)
-    found = checkpoints.find(FALLBACK_DIR)
-    return str(LocalTier(checkpoints.folder(FALLBACK_DIR)).folder(found.step) / FILE_NAME) if found else None
+    folder = checkpoints.last_checkpoint(FALLBACK_DIR)
+    return str(folder / FILE_NAME) if folder is not None else None

@@ -67,6 +67,7 @@ class RunnerCallback(TrainerCallback):
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self.checkpoints.start(args.output_dir, model)
+        self.checkpoints.check_found()  # when last_checkpoint() ran before the Trainer was built
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.checkpoints.start(args.output_dir, model)  # when added after the Trainer was built
@@ -130,4 +131,5 @@ def last_checkpoint() -> str | None:
     Fetched from the durable tier when this node lacks it; never newer than the step the runner handed over;
     None on a fresh start. Refuses (RestoreError) a checkpoint of another framework or another model."""
     checkpoints = live(FRAMEWORK) or FrameworkCheckpoints(FRAMEWORK, transformers.__version__)
-    return checkpoints.last_checkpoint("checkpoints")  # the folder of a callback the Trainer has set up wins
+    folder = checkpoints.last_checkpoint("checkpoints")  # a callback the Trainer has set up knows its folder
+    return str(folder) if folder is not None else None

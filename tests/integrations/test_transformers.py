@@ -87,12 +87,12 @@ def test_sigterm_mid_run_commits_that_step_on_both_tiers_and_a_new_node_resumes_
     assert example.weights_sha256(resumed.model) == uninterrupted_sha
 
 
-def _tiny_trainer(output_dir: Path, model, **callback_options):
+def _tiny_trainer(output_dir: Path, model, callback=None, **callback_options):
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(output_dir=str(output_dir), max_steps=6, per_device_train_batch_size=8, seed=0,
                              save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, logging_steps=100)
-    callback = RunnerCallback(exit_on_stop=False, **callback_options)
+    callback = callback or RunnerCallback(exit_on_stop=False, **callback_options)
     return Trainer(model=model, args=args, train_dataset=example.RandomTokens(), callbacks=[callback]), callback
 
 
@@ -206,3 +206,13 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path):
     weights.write_bytes(bytes(data))
     _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt")
     assert last_checkpoint() == str(tmp_path / "ckpt" / "step-00000003")
+
+
+def test_last_checkpoint_asked_before_the_trainer_exists_is_checked_against_its_model(tmp_path):
+    trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
+    trainer.train()
+    callback = RunnerCallback(local_dir=tmp_path / "ckpt", exit_on_stop=False)
+    assert last_checkpoint() == str(tmp_path / "ckpt" / "step-00000006")  # no Trainer yet: nothing built
+    assert callback.checkpoints.ckpt is None
+    with pytest.raises(RestoreError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+        _tiny_trainer(tmp_path / "out2", _llama(), callback=callback)
