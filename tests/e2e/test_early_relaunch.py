@@ -30,7 +30,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 ckpt = Checkpointer(model=model, optimizer=optimizer, interval="1h")
 step = ckpt.restore()
 print(f"resumed from step {step}" if step else "starting fresh", flush=True)
-while step < 120:
+while step < 120 or os.environ["RUNNER_ATTEMPT"] == "1":  # the first attempt trains until its notice
     optimizer.zero_grad()
     model(torch.ones(8, 4)).sum().backward()
     optimizer.step()
