@@ -100,6 +100,17 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def leave_process_group() -> None:
+    """Destroy every process group before a process that trains under torch.distributed exits on its own.
+
+    Exiting with a gloo group alive can abort the process at interpreter shutdown ("terminate called without an
+    active exception": gloo's worker threads outlive the interpreter), which turns a clean stop into a crash."""
+    if distributed():
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
 def join(local_root: Path) -> Ranks | None:
     """The Ranks of this process when torch.distributed is initialised (collective), else None."""
     if not distributed():

@@ -19,6 +19,7 @@ from runner.checkpoint import Checkpointer
 from runner.checkpoint.agreement import Decision
 from runner.checkpoint.errors import RestoreError
 from runner.checkpoint.folder_format import take_in
+from runner.checkpoint.group import leave_process_group
 from runner.checkpoint.log import get_logger
 from runner.checkpoint.manifest import FOLDER
 from runner.checkpoint.durable import DurableTier
@@ -181,6 +182,12 @@ class FrameworkCheckpoints:
     def say_stopping(self, step: int) -> None:
         why = {"drill": "the resume drill", "cancel": "a cancellation"}.get(self.stop_reason, "a preemption")
         log.info(f"stopping at step {step} for {why}; the checkpoint is committed")
+
+    def exit_after_stop(self, step: int) -> None:
+        """The emergency checkpoint is committed and the framework has wound down: leave, to be resumed."""
+        self.say_stopping(step)
+        leave_process_group()
+        raise SystemExit(0)
 
     def take_in(self, step: int, source: Path, move: bool) -> Path | None:
         """Move (or link) the framework's folder ``source`` into ``incoming(step)``; returns that folder."""

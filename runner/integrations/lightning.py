@@ -143,8 +143,7 @@ class RunnerCallback(Callback):
         self.checkpoints.report_resumed(trainer.global_step)
         self.checkpoints.close()
         if self.should_stop and self.exit_on_stop:
-            self.checkpoints.say_stopping(trainer.global_step)
-            raise SystemExit(0)
+            self.checkpoints.exit_after_stop(trainer.global_step)
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         if not isinstance(exception, SystemExit):

@@ -111,8 +111,7 @@ class RunnerCallback(TrainerCallback):
             self._hook = None
         self.checkpoints.close()
         if self.should_stop and self.exit_on_stop:
-            self.checkpoints.say_stopping(state.global_step)
-            raise SystemExit(0)
+            self.checkpoints.exit_after_stop(state.global_step)
 
     # ------------------------------------------------------------------ helpers
 
