@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -10,33 +11,36 @@ import click
 
 from ..client import ClientError
 from ..home import ConfigError
-from ..spec import SpecError
-from .agent import agent
-from .dashboard import dashboard
-from .jobs import cancel, list_jobs, logs, preempt, restarts, status, submit, validate
-from .server import server
-from .simulate import simulate
+from ..spec.errors import SpecError
+
+# Each command's module is imported only when that command runs: `runner agent` on a node and every quick
+# `runner status` start without the job-file schema, the tables and the simulator they do not use.
+COMMANDS = {
+    "submit": "jobs:submit", "validate": "jobs:validate", "jobs": "jobs:list_jobs", "status": "jobs:status",
+    "logs": "jobs:logs", "restarts": "jobs:restarts", "cancel": "jobs:cancel", "preempt": "jobs:preempt",
+    "offers": "offers:offers", "server": "server:server", "agent": "agent:agent", "simulate": "simulate:simulate",
+    "dashboard": "dashboard:dashboard",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.version_option(package_name="runner")
 def cli(debug: bool):
     """Fault-tolerant GPU training on spot instances."""
     if debug:
         os.environ["RUNNER_DEBUG"] = "1"
-
-
-for command in (submit, validate, list_jobs, status, logs, restarts, cancel, preempt, server, agent, simulate,
-                dashboard):
-    cli.add_command(command)
-
-try:
-    from .offers import offers
-
-    cli.add_command(offers)
-except ImportError:  # pragma: no cover - the catalog ships with the package
-    pass
 
 
 def main(argv: list[str] | None = None) -> int:
