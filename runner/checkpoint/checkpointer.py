@@ -233,7 +233,9 @@ class Checkpointer:
         timeout = None if self._stop_deadline is None else max(0.0, self._stop_deadline - time.monotonic())
         self.wait(timeout)
         self._closed = True
-        self._persister.stop()
+        # An emergency's deadline bounds the wait for our threads too (an upload to a stalled store may hang).
+        left = None if self._stop_deadline is None else max(0.0, self._stop_deadline - time.monotonic())
+        self._persister.stop(10.0 if left is None else min(10.0, left))
         self._signals.uninstall()
         self.telemetry.close()
         self._send({"op": "closed", "step": self._last_job.step if self._last_job else None, "error": _error})

@@ -143,12 +143,13 @@ class Persister:
         self._queue.put(job)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Let the writer and the uploader finish what they hold and end; wait for them (``timeout`` each), so
+        """Let the writer and the uploader finish what they hold and end; wait for them (``timeout`` in all), so
         that no thread of ours is inside a collective when the process goes on to leave its process group."""
         self._queue.put(None)
+        deadline = time.monotonic() + timeout
         for thread in (self._writer, self._uploader):
             if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ the writer
 
