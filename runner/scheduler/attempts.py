@@ -86,14 +86,13 @@ def hand_over(store: Store, node: dict, step: int | None, now: float | None = No
                        drain_until=now + DRAIN_LIMIT_SECONDS)
 
 
-def close_drained(store: Store, node: dict, exit_code: int | None, now: float | None = None) -> bool:
+def close_drained(store: Store, node: dict, exit_code: int | None) -> bool:
     """A draining node reported its process's exit: record the exit code and release the node."""
-    now = now or time.time()
     with store.db.transaction() as tx:
         row = store.node(node["id"], tx)
         if row is None or row["state"] != NODE_DRAINING:
             return False
-        store.close_drained_attempt(tx, node["job_id"], node["attempt"], exit_code, now)
+        store.close_drained_attempt(tx, node["job_id"], node["attempt"], exit_code)
         store.update_node(tx, node["id"], state=NODE_TERMINATING)
     return True
 

@@ -228,16 +228,10 @@ class Store:
         terminate_at = min(node["terminate_at"] or until, until)
         self.update_node(tx, node_id, state=NODE_DRAINING, terminate_at=terminate_at)
 
-    def close_drained_attempt(self, tx: Tx, job_id: str, attempt: int, exit_code: int | None, now: float) -> None:
-        """A handed-over attempt's process has exited: its exit code, and its end moved to when its node stopped
-        (billing runs until then)."""
-        row = tx.one("SELECT ended_at, exit_code FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt))
-        if row is None:
-            return
-        ended_at = max(row["ended_at"] or now, now)
-        code = row["exit_code"] if row["exit_code"] is not None else exit_code
-        tx.execute("UPDATE attempts SET ended_at = ?, exit_code = ? WHERE job_id = ? AND attempt = ?",
-                   (ended_at, code, job_id, attempt))
+    def close_drained_attempt(self, tx: Tx, job_id: str, attempt: int, exit_code: int | None) -> None:
+        """A handed-over attempt's process has exited: its exit code (the attempt ended at the handover)."""
+        tx.execute("UPDATE attempts SET exit_code = COALESCE(exit_code, ?) WHERE job_id = ? AND attempt = ?",
+                   (exit_code, job_id, attempt))
 
     def release_job_nodes(self, tx: Tx, job_id: str, attempt: int | None = None) -> list[str]:
         """Mark a job's launching or running nodes (of one attempt, or all) for termination; return their ids."""
