@@ -12,6 +12,8 @@ import signal
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "transformers"))
 
 import train  # noqa: E402
@@ -47,3 +49,5 @@ if __name__ == "__main__":
     print(f"resuming from {resume}" if resume else "starting fresh", flush=True)
     trainer.train(resume_from_checkpoint=resume)
     print(f"final weights sha256 {train.weights_sha256(trainer.model)}", flush=True)
+    if torch.distributed.is_initialized():  # exiting with gloo's groups alive can abort at shutdown
+        torch.distributed.destroy_process_group()

@@ -51,6 +51,9 @@ def main() -> None:
     print(f"resuming from {resume}" if resume else "starting fresh", flush=True)
     trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
     print(f"final weights sha256 {train.weights_sha256(model)}", flush=True)
+    # A torchrun script ends by destroying its process groups: exiting with gloo's alive can abort the
+    # process at interpreter shutdown ("terminate called without an active exception").
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
