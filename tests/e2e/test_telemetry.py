@@ -12,11 +12,10 @@ import math
 import platform
 import re
 import subprocess
-import time
 
 import torch
 
-from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
+from e2e_fixtures import home, wait_for_line  # noqa: F401 - a less compressed clock for these tests
 from conftest import write_job
 
 STEPS = 120
@@ -25,7 +24,6 @@ PAUSE_AT = 40  # the first attempt waits here for its preemption: a known step, 
 TRAIN = f"""
 import os
 import sys
-import time
 
 import torch
 from runner.checkpoint import Checkpointer
@@ -68,22 +66,13 @@ def _committed_repo(folder, name: str, args: str) -> str:
     return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def _wait_for_line(runner, job_id: str, pattern: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if re.search(pattern, runner("logs", job_id).stdout, re.M):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the job never printed {pattern!r}: {runner('logs', job_id).stdout[-2000:]}")
-
-
 def test_steps_nan_steps_peak_memory_cost_per_1000_steps_and_the_manifest(tmp_path, runner, controller):
     """Preempted once: each attempt's steps and NaN steps, steps/s > 0, $/1000 steps, the manifest; no loss: null."""
     head = _committed_repo(tmp_path / "with-loss", "with-loss", "")
     _committed_repo(tmp_path / "no-loss", "no-loss", "--no-loss")
     job_id = runner.json("submit", str(tmp_path / "with-loss" / "job.yaml"))["id"]
     quiet_id = runner.json("submit", str(tmp_path / "no-loss" / "job.yaml"))["id"]
-    _wait_for_line(runner, job_id, r"^waiting for the preemption$")
+    wait_for_line(runner, job_id, r"^waiting for the preemption$")
     assert runner("preempt", job_id).returncode == 0
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=180, what="the end")
