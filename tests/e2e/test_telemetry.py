@@ -24,6 +24,7 @@ PAUSE_AT = 40  # the first attempt waits here for its preemption: a known step, 
 TRAIN = f"""
 import os
 import sys
+import time
 
 import torch
 from runner.checkpoint import Checkpointer
