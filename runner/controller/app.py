@@ -40,7 +40,7 @@ class ControllerState:
         return self.workdir_archives
 
 
-def create_app(state: ControllerState) -> FastAPI:
+def create_app(state: ControllerState):
     from ..web import routes as web
     from . import agent_api, api, heartbeat_api, metrics
 
@@ -58,8 +58,6 @@ def create_app(state: ControllerState) -> FastAPI:
     app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     app.state.controller = state
-    # The heartbeat first: every node sends one a second, and routes are matched in order.
-    app.add_route("/v1/agent/heartbeat", heartbeat_api.heartbeat, methods=["POST"])
     app.include_router(api.router)
     app.include_router(agent_api.router)
     app.include_router(metrics.router)
@@ -80,4 +78,5 @@ def create_app(state: ControllerState) -> FastAPI:
         where = ".".join(str(p) for p in first.get("loc", ()))
         return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=422)
 
-    return app
+    # Every node sends a heartbeat a second: it is answered in front of the framework (heartbeat_api.py).
+    return heartbeat_api.HeartbeatFrontDoor(app, state)

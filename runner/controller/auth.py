@@ -50,7 +50,11 @@ class Principal:
 
 
 def _bearer(request: Request) -> str:
-    header = request.headers.get("authorization", "")
+    return bearer_token(request.headers.get("authorization", ""))
+
+
+def bearer_token(header: str) -> str:
+    """The token of an ``Authorization: Bearer TOKEN`` header, or the 401 that asks for one."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer TOKEN'",
@@ -74,10 +78,10 @@ def principal(request: Request) -> Principal:
     return Principal("node", node)
 
 
-def heartbeat_caller(request: Request) -> dict:
-    """The calling node's ``Store.heartbeat_view``, read fresh, refused with the 401 and 403 of ``require_node``."""
-    token = _bearer(request)
-    state = request.app.state.controller
+def heartbeat_caller(authorization: str, state) -> dict:
+    """The calling node's ``Store.heartbeat_view`` for an Authorization header, read fresh, refused with the 401
+    and 403 of ``require_node``."""
+    token = bearer_token(authorization)
     if _is_admin(token, state):
         raise HTTPException(403, NODE_ONLY)
     view = state.store.heartbeat_view(hash_token(token))

@@ -112,3 +112,29 @@ def test_an_empty_beat_means_running_without_progress(world, api):
     assert beat(api, headers, {}).json() == {"action": "continue"}
     api.controller.heartbeats.flush()
     assert world.node(job_id)["progress"] == {"phase": "running"}
+
+
+def test_the_heartbeat_takes_only_a_post_and_a_small_body(world, api):
+    """The heartbeat is served in front of the framework: a GET is still 405 naming POST, and a body far larger
+    than any beat is refused (413) before it is parsed, and not kept."""
+    job_id, headers = running_job(world)
+    got = api.get("/v1/agent/heartbeat", headers=headers)
+    assert got.status_code == 405 and got.headers["allow"] == "POST"
+    huge = {"phase": "running", "progress": {"note": "x" * 100_000}}
+    refused = beat(api, headers, huge)
+    assert refused.status_code == 413 and "at most" in refused.json()["detail"]
+    api.controller.heartbeats.flush()
+    assert world.node(job_id)["progress"] is None
+
+
+def test_a_database_error_during_a_beat_is_a_500_and_the_next_beat_is_answered(world, api, monkeypatch):
+    job_id, headers = running_job(world)
+
+    def broken(token_hash):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(world.store, "heartbeat_view", broken)
+    reply = beat(api, headers)
+    assert reply.status_code == 500 and reply.json() == {"detail": "Internal Server Error"}
+    monkeypatch.undo()
+    assert beat(api, headers).json() == {"action": "continue"}
