@@ -45,6 +45,7 @@ class PostgresServer:
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
             self._as = ["runuser", "-u", "postgres", "--"]
         self._counter = 0
+        self._template: str | None = None
 
     def _run(self, *args: str) -> None:
         subprocess.run([*self._as, *args], check=True, capture_output=True, text=True, timeout=120)
@@ -57,11 +58,26 @@ class PostgresServer:
         self._run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", USER, "--pwfile", str(pwfile),
                   "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync")
         pwfile.unlink()
-        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
-        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
-                  str(self.root / "server.log"), "-w", "-t", "60", "start")
+        # Each pytest-xdist worker starts its own server (own folder, own socket dir): a port another worker took
+        # between free_port() and the server's bind fails the start, so it tries again on a new one.
+        for attempt in range(3):
+            options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                       "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
+            try:
+                self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
+                          str(self.root / "server.log"), "-w", "-t", "60", "start")
+                return self
+            except subprocess.CalledProcessError:
+                if attempt == 2 or "could not bind" not in self.log():
+                    raise
+                self.port = free_port()
         return self
+
+    def log(self) -> str:
+        try:
+            return (self.root / "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         try:
@@ -72,12 +88,31 @@ class PostgresServer:
     def url(self, database: str = "postgres", password: str = PASSWORD, port: int | None = None) -> str:
         return f"postgresql://{USER}:{password}@127.0.0.1:{port or self.port}/{database}"
 
-    def new_database(self) -> str:
-        """A fresh, empty database; its URL."""
+    def new_database(self, migrated: bool = False) -> str:
+        """A fresh database; its URL. Empty, or ``migrated`` to this runner's schema: a copy of a template
+        database migrated once per session (copying is cheaper than applying every migration each time)."""
         import psycopg
 
         self._counter += 1
         name = f"t{os.getpid()}_{self._counter}"
+        template = f' TEMPLATE "{self._migrated_template()}"' if migrated else ""
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"{template}')
         return self.url(name)
+
+    def drop_database(self, url: str) -> None:
+        """Drop a database made by :meth:`new_database`, ending the sessions still connected to it."""
+        import psycopg
+
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _migrated_template(self) -> str:
+        if self._template is None:
+            from runner.state import open_database
+
+            url = self.new_database()
+            open_database(url).close()  # no session may stay on a template that is being copied
+            self._template = url.rsplit("/", 1)[1]
+        return self._template

@@ -23,8 +23,8 @@ def book(store):
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = Store(open_database(f"sqlite:///{tmp_path / 'runner.db'}"))
+def store(db_url):
+    store = Store(open_database(db_url))
     with store.db.transaction() as tx:
         store.insert_job(tx, "j1", "job", {"recovery": {}}, "PENDING", time.time())
         for n in range(3):

@@ -9,9 +9,9 @@ import requests
 from conftest import controller_with_a_sleeping_job
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, module_controller_db):
     """One controller for the module, with one running job and the headers of its node's token."""
-    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("hostile")) as server:
+    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("hostile"), module_controller_db) as server:
         yield server
 
 

@@ -34,8 +34,6 @@ TRAIN = """
 import time
 from runner.checkpoint import Checkpointer
 
-ON_BOTH_DATABASES = True  # the `controller` fixture runs on SQLite and on Postgres (tests/conftest.py)
-
 ckpt = Checkpointer(extra={"x": 0}, interval="1h")
 step = ckpt.restore()
 while step < 300:
@@ -113,12 +111,12 @@ def test_a_succeeded_job_is_counted_by_state_and_its_attempt_by_cloud_zone_and_r
 
 # --- a preemption through AWS's protocol, scraped once ----------------------------------------------------
 @pytest.fixture(scope="module")
-def preempted(tmp_path_factory):
+def preempted(tmp_path_factory, module_controller_db):
     """A checkpointing job preempted once through the AWS protocol and resumed to success; its scrape and restart log."""
     home = tmp_path_factory.mktemp("metrics") / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    ctl = Controller(home).start()
+    ctl = Controller(home, db_url=module_controller_db).start()
     runner = Runner(home)
     runner.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
     try:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from conftest import write_job
 
+SQLITE_ONLY = "modes of the database file and its WAL in the data dir (on Postgres the data lives in the server)"
+
 JOB = """
 name: secretive
 run: echo "the job ran"

@@ -12,9 +12,9 @@ from conftest import controller_with_a_sleeping_job
 from runner import wire
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, module_controller_db):
     """One controller with one running job that never trains: the tests post its agent's reports themselves."""
-    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("telemetry")) as server:
+    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("telemetry"), module_controller_db) as server:
         yield server
 
 

@@ -1,4 +1,5 @@
-"""A scheduler on a real SQLite file and the in-memory provider: tests submit jobs and drive ``tick()``.
+"""A scheduler on a real database (the `db_url` fixture: SQLite or Postgres) and the in-memory provider: tests
+submit jobs and drive ``tick()``.
 
 Nodes never boot: ``register`` does what the register endpoint does for a node's agent, and the
 provider's scripting (``refuse``, ``preempt``, ``lose``, ``hold_launches``) plays the cloud.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from runner.providers.memory import MemoryProvider
 from runner.scheduler.reconciler import Reconciler, SchedulerContext
@@ -62,8 +62,8 @@ class World:
         return [e["message"] for e in self.store.events(job_id) if e["kind"] == kind]
 
 
-def make_world(tmp_path: Path, provider: MemoryProvider | None = None, **settings) -> World:
-    store = Store(open_database(f"sqlite:///{tmp_path / 'runner.db'}"))
+def make_world(db_url: str, provider: MemoryProvider | None = None, **settings) -> World:
+    store = Store(open_database(db_url))
     provider = provider or MemoryProvider()
     ctx = SchedulerContext(store=store, providers={provider.name: provider}, controller_url="http://controller",
                            node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}",

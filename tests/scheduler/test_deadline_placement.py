@@ -24,8 +24,8 @@ ADMIN = "admin-token"
 
 
 @pytest.fixture
-def world(tmp_path):
-    return make_world(tmp_path, MemoryProvider(memory_offers(("zone-a", "zone-b"))))
+def world(db_url):
+    return make_world(db_url, MemoryProvider(memory_offers(("zone-a", "zone-b"))))
 
 
 def first_hour_then_preempted(world, job_id: str) -> None:
@@ -79,10 +79,10 @@ def test_a_job_without_a_deadline_is_placed_as_before(world, tmp_path):
 
 
 @pytest.mark.parametrize("deadline, placed", [("48h", None), ("9h20m", "on-demand")])
-def test_without_spot_capacity_it_waits_while_the_deadline_allows_else_goes_on_demand(tmp_path, deadline, placed):
+def test_without_spot_capacity_it_waits_while_the_deadline_allows_else_goes_on_demand(db_url, deadline, placed):
     """Both zones' spot backed off for an hour after capacity errors: with slack the job waits for spot and
     says so; with 9 h of work and 9 h 20 min left it launches on-demand now."""
-    world = make_world(tmp_path, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
+    world = make_world(db_url, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
                        backoff=BackoffBook(base=3600, cap=3600))
     job_id = submit(world, deadline)
     world.tick()

@@ -14,8 +14,8 @@ NOTICE = {"source": "aws", "kind": "termination", "action": "terminate", "receiv
 
 
 @pytest.fixture
-def world(tmp_path):
-    return make_world(tmp_path)
+def world(db_url):
+    return make_world(db_url)
 
 
 def _running_on_notice(world, step: int = 57, notice: dict | None = NOTICE) -> tuple[str, dict]:

@@ -20,8 +20,8 @@ BEAT = {"phase": "running", "progress": {"checkpoint_step": 100}}
 
 
 @pytest.fixture
-def world(tmp_path):
-    world = make_world(tmp_path)
+def world(db_url):
+    world = make_world(db_url)
     world.ctx.token_hasher = hash_token  # node tokens the agent API accepts
     return world
 

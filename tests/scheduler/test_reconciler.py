@@ -20,8 +20,8 @@ from scheduler_world import make_world
 
 
 @pytest.fixture
-def world(tmp_path):
-    return make_world(tmp_path)
+def world(db_url):
+    return make_world(db_url)
 
 
 def test_a_pending_job_launches_one_node_on_the_cheapest_spot_offer(world):
@@ -167,9 +167,9 @@ class CrashAfterLaunch(MemoryProvider):
         raise SystemExit("controller killed mid-launch")
 
 
-def test_a_launch_cut_short_by_a_controller_crash_is_finished_without_a_second_node(tmp_path):
+def test_a_launch_cut_short_by_a_controller_crash_is_finished_without_a_second_node(db_url):
     """The node row written before the launch lets the restarted controller finish it idempotently."""
-    crashing = make_world(tmp_path, CrashAfterLaunch())
+    crashing = make_world(db_url, CrashAfterLaunch())
     job_id = crashing.submit()
     with pytest.raises(SystemExit):
         crashing.tick()

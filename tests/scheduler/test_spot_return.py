@@ -40,8 +40,8 @@ class Clock:
 
 
 @pytest.fixture
-def world(tmp_path):
-    world = make_world(tmp_path, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
+def world(db_url):
+    world = make_world(db_url, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
                        backoff=BackoffBook(base=3600, cap=3600), clock=Clock())
     world.ctx.token_hasher = hash_token  # node tokens the agent API accepts
     return world

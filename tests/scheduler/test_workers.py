@@ -46,8 +46,8 @@ def tick_returns(world) -> bool:
 
 
 @pytest.fixture
-def world(tmp_path):
-    world = make_world(tmp_path, launches=LaunchRequests.threaded(4))
+def world(db_url):
+    world = make_world(db_url, launches=LaunchRequests.threaded(4))
     yield world
     world.provider.release_launches()  # no launch thread left waiting
     world.ctx.launches.shutdown()
@@ -102,9 +102,9 @@ class Clock:
 
 
 @pytest.fixture
-def clocked(tmp_path):
+def clocked(db_url):
     clock = Clock()
-    return make_world(tmp_path, clock=clock), clock
+    return make_world(db_url, clock=clock), clock
 
 
 def test_the_cancel_grace_leaves_the_node_to_the_agent_then_takes_it(clocked):

@@ -15,12 +15,12 @@ from runner.state.secrets import shared_secret
 from runner.state.workdirs import DatabaseWorkdirs
 
 
-def test_every_migration_applies_and_reopening_applies_none(db_url):
+def test_every_migration_applies_and_reopening_applies_none(empty_db_url):
     """A new database gets every migration; a second open (a restart, another controller) applies nothing."""
-    db = open_database(db_url)
+    db = open_database(empty_db_url)
     assert schema_version(db) == max(version for version, _ in MIGRATIONS)
     assert apply_migrations(db) == []
-    assert open_database(db_url).query("SELECT COUNT(*) AS n FROM schema_migrations")[0]["n"] == len(MIGRATIONS)
+    assert open_database(empty_db_url).query("SELECT COUNT(*) AS n FROM schema_migrations")[0]["n"] == len(MIGRATIONS)
 
 
 def test_epoch_seconds_keep_their_fraction(db_url):

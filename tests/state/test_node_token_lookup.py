@@ -12,9 +12,9 @@ OFFER = {"cloud": "memory", "region": "mem", "zone": "mem-a", "instance_type": "
          "on_demand_price": 0.05}
 
 
-def test_a_token_finds_its_node_with_its_current_state(tmp_path):
+def test_a_token_finds_its_node_with_its_current_state(db_url):
     """Looked up twice around a state change, the second answer has the new state; an unknown hash finds nothing."""
-    store = Store(open_database(f"sqlite:///{tmp_path / 'runner.db'}"))
+    store = Store(open_database(db_url))
     with store.db.transaction() as tx:
         store.insert_job(tx, "j1", "job", {"recovery": {}}, "PENDING", time.time())
         store.insert_node(tx, "n1", "j1", 1, "memory", "hash-1", OFFER, True, time.time())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from runner.state import open_database
 
+SQLITE_ONLY = "WAL mode is a SQLite pragma"
+
 
 def test_wal_mode_is_on(tmp_path):
     """The database runs in WAL mode so readers never block the reconciler's writes."""

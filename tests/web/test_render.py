@@ -28,8 +28,8 @@ class Tags(HTMLParser):
 
 
 @pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(open_database(f"sqlite:///{tmp_path / 'runner.db'}"))
+def store(db_url) -> Store:
+    return Store(open_database(db_url))
 
 
 def _job(store: Store, zone: str = "local-a", message: str | None = None) -> dict:

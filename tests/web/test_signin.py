@@ -37,9 +37,9 @@ def _signed_in(runner) -> tuple[requests.Session, str]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, module_controller_db):
     """One controller for the module, with one running job: (controller, runner, job id, home)."""
-    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("web")) as server:
+    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("web"), module_controller_db) as server:
         yield server.controller, server.runner, server.job_id, server.home
 
 
@@ -175,9 +175,9 @@ def test_signing_out_ends_the_session_and_another_site_cannot_sign_you_out(runne
     assert requests.get(base + "/ui/jobs", cookies={sessions.COOKIE: secret}, timeout=10).status_code == 401
 
 
-def test_links_and_sessions_expire_and_only_their_hash_is_stored(tmp_path):
+def test_links_and_sessions_expire_and_only_their_hash_is_stored(db_url):
     """Links expire after minutes and sessions after hours; the database holds only their hashes."""
-    store = Store(open_database(f"sqlite:///{tmp_path / 'runner.db'}"))
+    store = Store(open_database(db_url))
     now = time.time()
     with store.db.transaction() as tx:
         web_sessions.add(tx, hash_token("link-code"), web_sessions.LINK, now, now + sessions.LINK_SECONDS)
