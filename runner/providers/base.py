@@ -89,3 +89,12 @@ class Provider(ABC):
     @abstractmethod
     def terminate(self, node_id: str, provider_ref: str | None) -> None:
         """Release the node; no error if it is already gone."""
+
+    # A provider whose describes cost nothing (a local check) or that has a batch API is asked about all its
+    # due nodes in one call (``describe_many``); a cloud is asked node by node, so one hung describe holds
+    # up no other node's.
+    describes_in_batch: bool = False
+
+    def describe_many(self, nodes: list[tuple[str, str | None]]) -> dict[str, NodeStatus]:
+        """``describe`` of each (node id, provider ref), by node id."""
+        return {node_id: self.describe(node_id, ref) for node_id, ref in nodes}

@@ -5,10 +5,15 @@ benchmark runs on it (its nodes are played by the benchmark). What it can be tol
 
 - ``refuse(zone, times, error)``: the next launches in a zone fail (a stockout, a quota, bad credentials);
 - ``hold_launches()`` / ``release_launches()``: launches wait until released (a cloud operation that
-  takes minutes), so a test can see what a slow launch holds up;
+  takes minutes), so a test can see what a slow launch holds up; ``hold_describes(*node_ids)`` and
+  ``hold_terminates()`` likewise for describes (of some nodes, or all) and terminates, until
+  ``release_describes()`` / ``release_terminates()``;
+- ``fail_terminates(times, error)``: the next terminates raise (an API error; terminate is retried);
 - ``preempt(node_id)`` / ``lose(node_id)``: a node is reclaimed after a notice, or vanishes without one.
 
-``launch`` is idempotent per node id, ``terminate`` is idempotent, every call is recorded.
+``launch`` is idempotent per node id, ``terminate`` is idempotent, every launch and terminate is recorded.
+Describes are answered in one call per tick (``describes_in_batch``, as a cloud's batch API would), unless
+the provider is made with ``describes_in_batch=False``: then node by node, as a cloud's per-node API.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ class MemoryProvider(Provider):
 
     def __init__(self, offers: list[Offer] | None = None, *, name: str = "memory", zone_capacity: int = 64,
                  checkpoint_url: str | None = "memory://checkpoints",
-                 on_launch: Callable[[LaunchRequest], None] | None = None):
+                 on_launch: Callable[[LaunchRequest], None] | None = None, describes_in_batch: bool = True):
         self.name = name
         self._offers = list(offers) if offers is not None else memory_offers()
         self.zone_capacity = zone_capacity
@@ -60,8 +65,14 @@ class MemoryProvider(Provider):
         self.terminate_calls: list[str] = []
         self._refusals: Counter = Counter()
         self._refusal_errors: dict[str | None, ProviderError] = {}
+        self.describes_in_batch = describes_in_batch
         self._gate = threading.Event()
         self._gate.set()
+        self._describe_gate, self._held_describes = threading.Event(), None  # None: all held while the gate is shut
+        self._describe_gate.set()
+        self._terminate_gate = threading.Event()
+        self._terminate_gate.set()
+        self._terminate_failures: list[ProviderError] = []
         self._lock = threading.Lock()
 
     # --- scripting --------------------------------------------------------
@@ -76,6 +87,25 @@ class MemoryProvider(Provider):
 
     def release_launches(self) -> None:
         self._gate.set()
+
+    def hold_describes(self, *node_ids: str) -> None:
+        """Describes of ``node_ids`` (of every node: none named) block until :meth:`release_describes` (a hung API)."""
+        self._held_describes = set(node_ids) or None
+        self._describe_gate.clear()
+
+    def release_describes(self) -> None:
+        self._describe_gate.set()
+
+    def hold_terminates(self) -> None:
+        """Terminates block from now on until :meth:`release_terminates` (a cloud that takes minutes to answer)."""
+        self._terminate_gate.clear()
+
+    def release_terminates(self) -> None:
+        self._terminate_gate.set()
+
+    def fail_terminates(self, times: int = 1, error: ProviderError | None = None) -> None:
+        """The next ``times`` terminates raise ``error`` (default: a retryable API error) and release nothing."""
+        self._terminate_failures += [error or ProviderError("terminate failed (scripted)")] * times
 
     def preempt(self, node_id: str) -> None:
         """The cloud reclaims the node after a notice: ``describe`` says it is gone, ``preempted``."""
@@ -121,6 +151,8 @@ class MemoryProvider(Provider):
         return node.ref
 
     def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
+        if self._held_describes is None or node_id in self._held_describes:
+            self._describe_gate.wait()
         node = self.nodes.get(node_id)
         if node is None:
             return NodeStatus(alive=False, reason=LOST)
@@ -128,6 +160,11 @@ class MemoryProvider(Provider):
 
     def terminate(self, node_id: str, provider_ref: str | None) -> None:
         self.terminate_calls.append(node_id)
+        self._terminate_gate.wait()
+        with self._lock:
+            failure = self._terminate_failures.pop(0) if self._terminate_failures else None
+        if failure is not None:
+            raise failure
         node = self.nodes.get(node_id)
         if node is not None and node.state == ALIVE:
             node.state = TERMINATED

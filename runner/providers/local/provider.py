@@ -39,6 +39,7 @@ class LocalProvider(Provider):
 
     name = "local"
     describe_interval = 0.0  # a local check is free
+    describes_in_batch = True  # so all of a tick's are one call
 
     def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0,
                  no_capacity: list[str] | None = None, zone_capacity: int = DEFAULT_ZONE_CAPACITY):
