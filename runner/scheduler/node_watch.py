@@ -1,0 +1,117 @@
+"""Watching running nodes through their provider's API: a node the cloud says is gone ends its attempt.
+
+Describes are asked for here and answered later (:mod:`.cloud_calls`), so a describe that hangs on a
+throttled API holds up no other node and no other worker. Each tick:
+
+- :func:`request_describes` asks about every running or draining node that is due (``describe_interval``
+  of its provider since the last describe; a node whose describe is still out is skipped). A node past its
+  ``terminate_at`` (a drained node's deadline, the simulated spot market's reclaim) is terminated first.
+  A provider whose describes are local or batched (``describes_in_batch``) gets one call for all its nodes.
+- :func:`apply_describes` applies what has come back: load the node, decide with :func:`gone_reason`,
+  apply. An answer about a node that has moved on since it was asked (released, or on another attempt) is
+  ignored, and a provider error is never a lost node: the node is described again later.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import structlog
+
+from ..providers.base import NodeStatus, Provider
+from ..providers.errors import ProviderError
+from ..state.store import NODE_DRAINING, NODE_RUNNING, NODE_TERMINATING
+from .attempts import end_attempt
+from .cloud_calls import Answer
+from .gang_workers import gang_node_gone
+
+log = structlog.get_logger(__name__)
+
+WATCHED = (NODE_RUNNING, NODE_DRAINING)  # a draining node's attempt has ended already; its node is still ours
+
+
+def describe_wakes(answer: Answer) -> bool:
+    """Only a node found gone (or a bug) is work for the next tick; 'alive' and an API hiccup are not."""
+    if answer.error is not None:
+        return not isinstance(answer.error, ProviderError)
+    return not answer.value.alive
+
+
+def request_describes(ctx) -> None:
+    """Ask each provider about its nodes that are due a describe, without waiting for the answers."""
+    now, clock = time.time(), time.monotonic()
+    out = ctx.describes.keys_in_flight()
+    batches: dict[str, dict[str, tuple[int, str | None]]] = {}
+    for node in ctx.store.watched_nodes(WATCHED):
+        if node.id in out:
+            continue
+        provider = ctx.providers[node.provider]
+        reclaim = node.terminate_at is not None and node.terminate_at <= now
+        if not reclaim and clock - ctx.described_at.get(node.id, 0.0) < provider.describe_interval:
+            continue
+        ctx.described_at[node.id] = clock
+        if reclaim:
+            ctx.describes.request(node.id, partial(_reclaim, provider, node.id, node.provider_ref), asked=node.attempt)
+        elif provider.describes_in_batch:
+            batches.setdefault(node.provider, {})[node.id] = (node.attempt, node.provider_ref)
+        else:
+            ctx.describes.request(node.id, partial(provider.describe, node.id, node.provider_ref), asked=node.attempt)
+    for name, nodes in batches.items():
+        refs = {node_id: ref for node_id, (_, ref) in nodes.items()}
+        ctx.describes.request_batch({node_id: attempt for node_id, (attempt, _) in nodes.items()},
+                                    partial(_describe_many, ctx.providers[name], refs))
+
+
+def _reclaim(provider: Provider, node_id: str, provider_ref: str | None) -> NodeStatus:
+    provider.terminate(node_id, provider_ref)  # its deadline has passed (or the simulated market reclaims it)
+    return provider.describe(node_id, provider_ref)
+
+
+def _describe_many(provider: Provider, refs: dict[str, str | None], node_ids: list[str]) -> dict[str, NodeStatus]:
+    return provider.describe_many([(node_id, refs[node_id]) for node_id in node_ids])
+
+
+def gone_reason(status: NodeStatus, asked_attempt: int, node) -> str | None:
+    """The end reason a describe answer calls for ("preempted" or "lost"), or None: the node is alive, or the
+    answer is stale (the node has been released since, or holds another attempt than when it was asked)."""
+    if node is None or node.state not in WATCHED or node.attempt != asked_attempt:
+        return None
+    if status.alive:
+        return None
+    return "preempted" if status.reason == "preempted" else "lost"
+
+
+def apply_describes(ctx) -> None:
+    """Every describe answer that has come back, each applied on its own (an unexpected error is raised last)."""
+    unexpected = None
+    for answer in ctx.describes.answers():
+        if answer.error is not None:
+            if not isinstance(answer.error, ProviderError):
+                unexpected = unexpected or answer.error  # a bug: the node is described again next time
+            else:
+                log.warning("describe failed; will retry", node=answer.key, error=str(answer.error))
+            continue
+        if not answer.value.alive:
+            _node_gone(ctx, answer.key, answer.value, answer.asked)
+    if unexpected is not None:
+        raise unexpected
+
+
+def _node_gone(ctx, node_id: str, status: NodeStatus, asked_attempt: int) -> None:
+    store = ctx.store
+    node = store.node(node_id)
+    reason = gone_reason(status, asked_attempt, node)
+    if reason is None:
+        log.info("stale describe answer ignored", node=node_id, asked_attempt=asked_attempt,
+                 state=node.state if node else None)
+        return
+    ctx.described_at.pop(node_id, None)
+    if store.job(node.job_id).num_nodes > 1:
+        gang_node_gone(ctx, node, reason, f"node {node.id} (rank {node.rank}) is gone ({status.reason})")
+    else:
+        end_attempt(store, node.job_id, node.attempt, reason, message=f"node {node.id} is gone ({status.reason})")
+    with store.db.transaction() as tx:  # ending the attempt released it; a draining node is released here
+        if store.node(node_id, tx).state in WATCHED:
+            store.update_node(tx, node_id, state=NODE_TERMINATING)
+    ctx.nudge.set()
