@@ -58,57 +58,58 @@ REPORT_MANIFEST = "manifest"
 REGISTER_WAITING = "waiting"
 
 
-def attempt_cost(attempt: dict, now: float | None = None) -> float:
+# The restart log and job summaries as JSON, from the controller's rows (runner/state/rows.py: Attempt, Job; not
+# imported here, since the agent imports this module and never the controller's state).
+def attempt_cost(attempt: Attempt, now: float | None = None) -> float:
     """Per-second billing from launch to end (or to now for the running attempt), summed over every node."""
-    end = attempt["ended_at"] or now or time.time()
-    nodes = attempt.get("nodes") or []
-    per_hour = sum(n["price_per_hour"] for n in nodes) if nodes else attempt["price_per_hour"]
-    return round(per_hour * max(0.0, end - attempt["started_at"]) / 3600.0, 6)
+    end = attempt.ended_at or now or time.time()
+    per_hour = sum(n.price_per_hour for n in attempt.nodes) if attempt.nodes else attempt.price_per_hour
+    return round(per_hour * max(0.0, end - attempt.started_at) / 3600.0, 6)
 
 
-def node_rows(attempt: dict) -> list[dict]:
+def node_rows(attempt: Attempt) -> list[dict]:
     """The restart-log ``nodes`` of a multi-node attempt: one object per node rank."""
-    return [{"rank": n["rank"], "node": n["node_id"], "zone": n["zone"], "instance_type": n["instance_type"],
-             "price_per_hour": n["price_per_hour"], "spot": n["spot"], "end_reason": n["end_reason"]}
-            for n in attempt.get("nodes") or []]
+    return [{"rank": n.rank, "node": n.node_id, "zone": n.zone, "instance_type": n.instance_type,
+             "price_per_hour": n.price_per_hour, "spot": n.spot, "end_reason": n.end_reason}
+            for n in attempt.nodes]
 
 
-def restart_row(attempt: dict, now: float | None = None) -> dict:
+def restart_row(attempt: Attempt, now: float | None = None) -> dict:
     """One row of the restart log."""
     row = {
-        "attempt": attempt["attempt"],
-        "node": attempt["node_id"],
-        "cloud": attempt["cloud"],
-        "region": attempt["region"],
-        "zone": attempt["zone"],
-        "instance_type": attempt["instance_type"],
-        "spot": attempt["spot"],
-        "price_per_hour": attempt["price_per_hour"],
-        "started_at": iso(attempt["started_at"]),
-        "ended_at": iso(attempt["ended_at"]),
-        "end_reason": attempt["end_reason"],
-        "notice": attempt["notice"],
-        "checkpoint_step": attempt["checkpoint_step"],
-        "resumed_from_step": attempt["resumed_from_step"],
-        "lost_seconds": attempt["lost_seconds"],
+        "attempt": attempt.attempt,
+        "node": attempt.node_id,
+        "cloud": attempt.cloud,
+        "region": attempt.region,
+        "zone": attempt.zone,
+        "instance_type": attempt.instance_type,
+        "spot": attempt.spot,
+        "price_per_hour": attempt.price_per_hour,
+        "started_at": iso(attempt.started_at),
+        "ended_at": iso(attempt.ended_at),
+        "end_reason": attempt.end_reason,
+        "notice": attempt.notice,
+        "checkpoint_step": attempt.checkpoint_step,
+        "resumed_from_step": attempt.resumed_from_step,
+        "lost_seconds": attempt.lost_seconds,
         "cost_usd": attempt_cost(attempt, now),
-        "exit_code": attempt["exit_code"],
-        "message": attempt["message"],
-        "steps": attempt.get("steps"),
-        "peak_memory_gb": attempt.get("peak_memory_gb"),
-        "nan_steps": attempt.get("nan_steps"),
+        "exit_code": attempt.exit_code,
+        "message": attempt.message,
+        "steps": attempt.steps,
+        "peak_memory_gb": attempt.peak_memory_gb,
+        "nan_steps": attempt.nan_steps,
     }
-    if attempt.get("drill") is not None:
-        row["drill"] = attempt["drill"]
-    if (attempt.get("num_nodes") or 1) > 1:
-        row["num_nodes"] = attempt["num_nodes"]
+    if attempt.drill is not None:
+        row["drill"] = attempt.drill
+    if attempt.num_nodes > 1:
+        row["num_nodes"] = attempt.num_nodes
         row["nodes"] = node_rows(attempt)
     return row
 
 
-def latest_rate(attempts: list[dict]) -> float | None:
+def latest_rate(attempts: list[Attempt]) -> float | None:
     """The job's newest reported steps/s: its current attempt's, else the last attempt's that reported one."""
-    return next((a["steps_per_second"] for a in reversed(attempts) if a.get("steps_per_second") is not None), None)
+    return next((a.steps_per_second for a in reversed(attempts) if a.steps_per_second is not None), None)
 
 
 def cost_per_1000_steps(cost_usd: float, steps_kept: int) -> float | None:
@@ -116,28 +117,28 @@ def cost_per_1000_steps(cost_usd: float, steps_kept: int) -> float | None:
     return round(cost_usd / steps_kept * 1000, 6) if steps_kept else None
 
 
-def job_summary(job: dict, attempts: list[dict], now: float | None = None) -> dict:
+def job_summary(job: Job, attempts: list[Attempt], now: float | None = None) -> dict:
     """A job as ``runner jobs --json`` and ``runner status --json`` show it."""
     now = now or time.time()
-    current = attempts[-1] if attempts and attempts[-1]["end_reason"] == "running" else None
+    current = attempts[-1] if attempts and attempts[-1].end_reason == "running" else None
     cost = round(sum(attempt_cost(a, now) for a in attempts), 6)
     return {
-        "id": job["id"],
-        "name": job["name"],
-        "state": job["state"],
+        "id": job.id,
+        "name": job.name,
+        "state": job.state,
         "attempts": len(attempts),
-        "preemptions": job["preemptions"],
-        "failures": job["failures"],
-        "step": job["step"],
+        "preemptions": job.preemptions,
+        "failures": job.failures,
+        "step": job.step,
         "cost_usd": cost,
         "steps_per_second": latest_rate(attempts),
-        "cost_per_1000_steps": cost_per_1000_steps(cost, job["step"]),
-        "created_at": iso(job["created_at"]),
-        "updated_at": iso(job["updated_at"]),
-        "ended_at": iso(job["ended_at"]),
-        "age_seconds": round(now - job["created_at"], 1),
-        "message": job["message"],
-        "checkpoint": job["checkpoint"],
+        "cost_per_1000_steps": cost_per_1000_steps(cost, job.step),
+        "created_at": iso(job.created_at),
+        "updated_at": iso(job.updated_at),
+        "ended_at": iso(job.ended_at),
+        "age_seconds": round(now - job.created_at, 1),
+        "message": job.message,
+        "checkpoint": job.checkpoint,
         "current_attempt": restart_row(current, now) if current else None,
-        "cancel_requested": bool(job["cancel_requested"]),
+        "cancel_requested": bool(job.cancel_requested),
     }

@@ -111,15 +111,21 @@ def kill_nodes(home: Path) -> None:
 BOTH_DATABASES = ("sqlite", "postgres")
 TESTS = Path(__file__).resolve().parent
 # The folders whose tests of the store and the controller run on both databases by default. A module there that
-# must stay on SQLite says why in ``SQLITE_ONLY = "..."``; a module elsewhere opts in with ``ON_BOTH_DATABASES = True``
-# (tests/cli and tests/e2e start real node processes, so they stay on SQLite unless they are about the store).
+# must stay on SQLite says why in ``SQLITE_ONLY = "..."`` (a test: ``@pytest.mark.sqlite_only("why")``); a module
+# elsewhere opts in with ``ON_BOTH_DATABASES = True`` (tests/cli and tests/e2e start real node processes, so they stay
+# on SQLite unless they are about the store).
 ON_BOTH_DATABASES_IN = ("controller", "scheduler", "state", "web", "costpolicy")
 # Set by .ci/run: there a missing Postgres fails the Postgres half instead of skipping it.
 REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
 
 
-def on_both_databases(module) -> bool:
-    if getattr(module, "SQLITE_ONLY", None):
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sqlite_only(why): this test stays on SQLite where its module runs on both")
+
+
+def on_both_databases(metafunc) -> bool:
+    module = metafunc.module
+    if getattr(module, "SQLITE_ONLY", None) or metafunc.definition.get_closest_marker("sqlite_only"):
         return False
     if getattr(module, "ON_BOTH_DATABASES", False):
         return True
@@ -129,7 +135,7 @@ def on_both_databases(module) -> bool:
 def pytest_generate_tests(metafunc):
     """A test that reaches the `backend` fixture (through `db_url`, `controller`, `controller_db`, ...) runs once
     on each database where its module runs on both; parametrized per module, so module fixtures follow it."""
-    if "backend" in metafunc.fixturenames and on_both_databases(metafunc.module):
+    if "backend" in metafunc.fixturenames and on_both_databases(metafunc):
         metafunc.parametrize("backend", BOTH_DATABASES, indirect=True, scope="module")
 
 

@@ -16,6 +16,7 @@ from ..scheduler.spot_return import finish_move
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
+from ..state.rows import Attempt, Job, Node
 from ..scheduler.transitions import transition
 from ..wire import EXIT_REASONS, HANDOVER, MOVED, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
 from . import gang_agent, metrics, reports, telemetry
@@ -28,12 +29,12 @@ def _state(request: Request):
     return request.app.state.controller
 
 
-def _current(state, who: Principal) -> tuple[dict, dict | None]:
+def _current(state, who: Principal) -> tuple[Job, Attempt | None]:
     """The node's job and its attempt if that attempt is still the job's running one."""
     node = who.node
-    job = state.store.job(node["job_id"])
-    attempt = state.store.current_attempt(node["job_id"])
-    if attempt is None or attempt["attempt"] != node["attempt"]:
+    job = state.store.job(node.job_id)
+    attempt = state.store.current_attempt(node.job_id)
+    if attempt is None or attempt.attempt != node.attempt:
         return job, None
     return job, attempt
 
@@ -49,25 +50,25 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     A gang node gets ``{"status": "waiting"}`` until every node of its attempt has registered."""
     state = _state(request)
     address = body.address if body else None
-    if gang_agent.is_gang(state.store.job(who.node["job_id"])):
+    if state.store.job(who.node.job_id).num_nodes > 1:
         attempt, wait = gang_agent.register(state, who.node, address or "127.0.0.1")
-        return wait or _assignment(state, who.node["job_id"], attempt, who.node, address)
+        return wait or _assignment(state, who.node.job_id, attempt, who.node, address)
     job, attempt = _current(state, who)
     if attempt is None:
         raise HTTPException(409, "this node's attempt has ended; shut down")
     now = time.time()
     with state.store.db.transaction() as tx:
-        state.store.update_node(tx, who.node["id"], registered_at=now, last_heartbeat=now)
-        state.store.mark_attempt_running(tx, job["id"], attempt["attempt"], now)
-        if state.store.job(job["id"], tx)["state"] == PROVISIONING:
-            transition(tx, job["id"], RUNNING, now=now, message=f"attempt {attempt['attempt']} running")
-    return _assignment(state, job["id"], attempt["attempt"], who.node, address)
+        state.store.update_node(tx, who.node.id, registered_at=now, last_heartbeat=now)
+        state.store.mark_attempt_running(tx, job.id, attempt.attempt, now)
+        if state.store.job(job.id, tx).state == PROVISIONING:
+            transition(tx, job.id, RUNNING, now=now, message=f"attempt {attempt.attempt} running")
+    return _assignment(state, job.id, attempt.attempt, who.node, address)
 
 
-def _assignment(state, job_id: str, attempt: int, node: dict, address: str | None = None) -> dict:
+def _assignment(state, job_id: str, attempt: int, node: Node, address: str | None = None) -> dict:
     """What an attempt runs, where it checkpoints, what it resumes from, whether it drills, its gang."""
     job = state.store.job(job_id)
-    spec = job["spec"]
+    spec = job.spec
     drill_seconds = RecoverySpec.model_validate(spec["recovery"]).resume_drill_seconds()
     gang = gang_agent.gang_fields(state, job, attempt, node, address)
     if gang["node_rank"] != 0:
@@ -76,9 +77,9 @@ def _assignment(state, job_id: str, attempt: int, node: dict, address: str | Non
     if gang["num_nodes"] > 1 and (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
         extra["drill_expected_step"] = expected
     return {**extra, "gang": gang,
-        "job_id": job["id"],
+        "job_id": job.id,
         "attempt": attempt,
-        "name": job["name"],
+        "name": job.name,
         "setup": spec["setup"],
         "run": spec["run"],
         "env": spec["env"],
@@ -88,7 +89,7 @@ def _assignment(state, job_id: str, attempt: int, node: dict, address: str | Non
             "durable_url": spec["checkpoint"]["durable_url"] or _default_durable_url(state, job_id, attempt),
             "interval": spec["checkpoint"]["interval"],
             "keep": spec["checkpoint"]["keep"],
-            "resume": job["checkpoint"],
+            "resume": job.checkpoint,
         },
         "resume_drill_seconds": drill_seconds if drill_due(state.store.attempts(job_id)) else None,
     }
@@ -96,15 +97,15 @@ def _assignment(state, job_id: str, attempt: int, node: dict, address: str | Non
 
 def _default_durable_url(state, job_id: str, attempt: int) -> str | None:
     """The attempt's provider default (submit refused jobs that could land where there is none)."""
-    row = next((a for a in state.store.attempts(job_id) if a["attempt"] == attempt), None)
-    provider = state.scheduler.providers.get(row["cloud"]) if row else None
+    row = next((a for a in state.store.attempts(job_id) if a.attempt == attempt), None)
+    provider = state.scheduler.providers.get(row.cloud) if row else None
     return provider.default_checkpoint_url(job_id) if provider else None
 
 
 @router.get("/workdir")
 def workdir(request: Request, who: Principal = Depends(require_node)):
     state = _state(request)
-    digest = state.store.job(who.node["job_id"])["spec"].get("workdir_digest")
+    digest = state.store.job(who.node.job_id).spec.get("workdir_digest")
     if not digest or not state.workdirs.has(digest):
         raise HTTPException(404, "this job has no workdir")
     return StreamingResponse(state.workdirs.stream(digest), media_type="application/gzip")
@@ -120,13 +121,13 @@ def logs(body: LogChunk, request: Request, who: Principal = Depends(require_node
     """Append output of this node's attempt; reply with the offset to send next."""
     state = _state(request)
     data = reports.base64_bytes(body.data_b64, "data_b64")
-    size = state.logs.append(who.node["job_id"], who.node["attempt"], body.offset, data, node=who.node["rank"])
+    size = state.logs.append(who.node.job_id, who.node.attempt, body.offset, data, node=who.node.rank)
     return {"offset": size}
 
 
 @router.get("/logs/offset")
 def log_offset(request: Request, who: Principal = Depends(require_node)):
-    return {"offset": _state(request).logs.size(who.node["job_id"], who.node["attempt"], node=who.node["rank"])}
+    return {"offset": _state(request).logs.size(who.node.job_id, who.node.attempt, node=who.node.rank)}
 
 
 class AgentEvent(BaseModel):
@@ -137,7 +138,7 @@ class AgentEvent(BaseModel):
 @router.post("/events")
 def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(require_node)):
     state = _state(request)
-    job_id, attempt = who.node["job_id"], who.node["attempt"]
+    job_id, attempt = who.node.job_id, who.node.attempt
     if body.kind == HANDOVER:
         reports.step(body.data.get("step"), "data.step")
         new_state = hand_over(state.store, who.node, body.data["step"])
@@ -154,8 +155,8 @@ def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(req
             metrics.record_notice(tx, job_id, attempt, body.data)
         if body.kind == "notice":
             notice = metrics.without_timing(body.data)
-            if gang_agent.is_gang(state.store.job(job_id, tx)):
-                notice = {**notice, "node_rank": who.node["rank"]}
+            if state.store.job(job_id, tx).num_nodes > 1:
+                notice = {**notice, "node_rank": who.node.rank}
             state.store.set_attempt_notice(tx, job_id, attempt, notice)
             state.store.add_event(tx, job_id, "notice", f"{body.data.get('source')} {body.data.get('action')} "
                                   f"notice, deadline {body.data.get('deadline')}", attempt=attempt)
@@ -199,7 +200,7 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
     state = _state(request)
     if body.reason not in EXIT_REASONS:
         raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(EXIT_REASONS)}")
-    if gang_agent.is_gang(state.store.job(who.node["job_id"])):
+    if state.store.job(who.node.job_id).num_nodes > 1:
         if body.reason == MOVED:
             raise HTTPException(422, f"reason: {MOVED!r} is for a single-node job only (a gang is never moved)")
         return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
@@ -210,7 +211,7 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
     if body.reason == MOVED:
         new_state = finish_move(state.store, who.node, body.exit_code, body.message)
     else:
-        new_state = end_attempt(state.store, who.node["job_id"], who.node["attempt"], body.reason,
+        new_state = end_attempt(state.store, who.node.job_id, who.node.attempt, body.reason,
                                 exit_code=body.exit_code, message=body.message)
     if new_state is None:
         close_drained(state.store, who.node, body.exit_code)  # a handed-over attempt's process has exited
@@ -218,10 +219,10 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
     return {"state": new_state}
 
 
-def _drill_exit(state, node: dict, body: ExitReport) -> dict:
+def _drill_exit(state, node: Node, body: ExitReport) -> dict:
     drill = body.drill or {}
     if drill.get("passed") is False:  # no checkpoint was taken: the drill attempt ends and the job fails
-        new_state = end_attempt(state.store, node["job_id"], node["attempt"], "drill", exit_code=body.exit_code,
+        new_state = end_attempt(state.store, node.job_id, node.attempt, "drill", exit_code=body.exit_code,
                                 drill=drill, message=f"resume drill failed: {drill.get('message')}",
                                 force_state=FAILED)
         state.scheduler.nudge.set()
@@ -231,7 +232,7 @@ def _drill_exit(state, node: dict, body: ExitReport) -> dict:
                                   exit_code=body.exit_code)
     if attempt is None:
         return {"state": None}
-    next_assignment = {**_assignment(state, node["job_id"], attempt, node), "drill_expected_step": drill["checkpoint_step"]}
+    next_assignment = {**_assignment(state, node.job_id, attempt, node), "drill_expected_step": drill["checkpoint_step"]}
     return {"state": RUNNING, "next": next_assignment}
 
 
@@ -248,7 +249,7 @@ class DrillResult(BaseModel):
 def drill_result(body: DrillResult, request: Request, who: Principal = Depends(require_node)):
     """The drill's verdict, from the attempt that resumed (or, when skipped, from the running one)."""
     state = _state(request)
-    if gang_agent.is_gang(state.store.job(who.node["job_id"])):
+    if state.store.job(who.node.job_id).num_nodes > 1:
         new_state = gang_agent.record_drill(state, who.node, body.model_dump(exclude_none=True))
     else:
         new_state = record_drill_result(state.store, who.node, body.model_dump(exclude={"ranks"}))

@@ -14,6 +14,7 @@ from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import TERMINAL
 from ..spec import SpecError, validate_job
 from ..state import telemetry
+from ..state.rows import Job
 from ..state.store import NODE_RUNNING
 from .auth import Principal, require_admin, require_job_access
 from .reports import MAX_INT
@@ -26,7 +27,7 @@ def _state(request: Request):
     return request.app.state.controller
 
 
-def _job_or_404(state, job_id: str) -> dict:
+def _job_or_404(state, job_id: str) -> Job:
     job = state.store.job(job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id!r}; `runner jobs` lists the jobs")
@@ -116,7 +117,7 @@ def missing_durable_url(state, spec) -> str | None:
 @router.get("/jobs")
 def list_jobs(request: Request, who: Principal = Depends(require_admin)):
     store = _state(request).store
-    return [wire.job_summary(job, store.attempts(job["id"])) for job in store.jobs()]
+    return [wire.job_summary(job, store.attempts(job.id)) for job in store.jobs()]
 
 
 @router.get("/jobs/{job_id}")
@@ -124,23 +125,23 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     state = _state(request)
     job = _job_or_404(state, job_id)
     summary = wire.job_summary(job, state.store.attempts(job_id))
-    summary["spec"] = {k: v for k, v in job["spec"].items() if k != "env"}  # env may hold secrets
-    summary["spec"]["env"] = sorted(job["spec"].get("env", {}))
+    summary["spec"] = {k: v for k, v in job.spec.items() if k != "env"}  # env may hold secrets
+    summary["spec"]["env"] = sorted(job.spec.get("env", {}))
     failure = state.store.last_event(job_id, "checkpoint_failed")
     placed = state.store.last_event(job_id, PLACEMENT_EVENT)  # the cost policy's last choice, for a deadline job
-    summary["cost_policy"] = placed["message"] if placed else None
+    summary["cost_policy"] = placed.message if placed else None
     summary["manifest"] = telemetry.latest_manifest(state.store.db, job_id)
-    summary["last_checkpoint_failure"] = ({"time": wire.iso(failure["time"]), "attempt": failure["attempt"],
-                                           "message": failure["message"]} if failure else None)
+    summary["last_checkpoint_failure"] = ({"time": wire.iso(failure.time), "attempt": failure.attempt,
+                                           "message": failure.message} if failure else None)
     nodes = state.store.nodes(job_id=job_id)
-    summary["node"] = ({"id": nodes[-1]["id"], "state": nodes[-1]["state"], "zone": nodes[-1]["offer"]["zone"],
-                        "last_heartbeat": wire.iso(nodes[-1]["last_heartbeat"]), "progress": nodes[-1]["progress"]}
+    summary["node"] = ({"id": nodes[-1].id, "state": nodes[-1].state, "zone": nodes[-1].offer["zone"],
+                        "last_heartbeat": wire.iso(nodes[-1].last_heartbeat), "progress": nodes[-1].progress}
                        if nodes else None)
-    if job["spec"]["resources"].get("num_nodes", 1) > 1:  # a gang: every live node, in rank order
-        summary["num_nodes"] = job["spec"]["resources"]["num_nodes"]
-        summary["nodes"] = [{"rank": n["rank"], "id": n["id"], "state": n["state"], "zone": n["offer"]["zone"],
-                             "last_heartbeat": wire.iso(n["last_heartbeat"]), "progress": n["progress"]}
-                            for n in sorted(nodes, key=lambda n: (n["rank"], n["created_at"]))]
+    if job.num_nodes > 1:  # a gang: every live node, in rank order
+        summary["num_nodes"] = job.num_nodes
+        summary["nodes"] = [{"rank": n.rank, "id": n.id, "state": n.state, "zone": n.offer["zone"],
+                             "last_heartbeat": wire.iso(n.last_heartbeat), "progress": n.progress}
+                            for n in sorted(nodes, key=lambda n: (n.rank, n.created_at))]
     return summary
 
 
@@ -152,16 +153,16 @@ def restarts(job_id: str, request: Request, who: Principal = Depends(require_job
     notable: dict[int, list[dict]] = {}
     placed: dict[int, str] = {}
     for event in state.store.events(job_id):
-        if event["kind"] == "launch-failed":
-            failures.setdefault(event["attempt"], []).append(event["message"])
-        elif event["kind"] in ATTEMPT_EVENT_KINDS:
-            notable.setdefault(event["attempt"], []).append(
-                {"kind": event["kind"], "time": wire.iso(event["time"]), "message": event["message"]})
-        elif event["kind"] == PLACEMENT_EVENT:
-            placed[event["attempt"]] = event["message"]
-    return [{**_placement_first(wire.restart_row(a), placed.get(a["attempt"])),
-             "launch_failures": failures.get(a["attempt"], []),
-             "events": notable.get(a["attempt"], [])} for a in state.store.attempts(job_id)]
+        if event.kind == "launch-failed":
+            failures.setdefault(event.attempt, []).append(event.message)
+        elif event.kind in ATTEMPT_EVENT_KINDS:
+            notable.setdefault(event.attempt, []).append(
+                {"kind": event.kind, "time": wire.iso(event.time), "message": event.message})
+        elif event.kind == PLACEMENT_EVENT:
+            placed[event.attempt] = event.message
+    return [{**_placement_first(wire.restart_row(a), placed.get(a.attempt)),
+             "launch_failures": failures.get(a.attempt, []),
+             "events": notable.get(a.attempt, [])} for a in state.store.attempts(job_id)]
 
 
 def _placement_first(row: dict, reason: str | None) -> dict:
@@ -180,7 +181,7 @@ def events(job_id: str, request: Request, after: int = Query(0, ge=0, le=MAX_INT
            who: Principal = Depends(require_job_access)):
     state = _state(request)
     _job_or_404(state, job_id)
-    return [{**e, "time": wire.iso(e["time"])} for e in state.store.events(job_id, after)]
+    return [{**e.to_json(), "time": wire.iso(e.time)} for e in state.store.events(job_id, after)]
 
 
 @router.get("/jobs/{job_id}/logs")
@@ -191,13 +192,13 @@ def logs(job_id: str, request: Request, attempt: int = Query(ge=1, le=MAX_INT),
     attempt has ended and all of it was read."""
     state = _state(request)
     job = _job_or_404(state, job_id)
-    attempts = {a["attempt"]: a for a in state.store.attempts(job_id)}
+    attempts = {a.attempt: a for a in state.store.attempts(job_id)}
     if attempt not in attempts:
         raise HTTPException(404, f"job {job_id} has no attempt {attempt} (it has {len(attempts)})")
-    if not 0 <= node < max(1, attempts[attempt].get("num_nodes") or 1):
+    if not 0 <= node < attempts[attempt].num_nodes:
         raise HTTPException(404, f"attempt {attempt} of job {job_id} has no node of rank {node}")
     data = state.logs.read(job_id, attempt, offset, node=node)
-    ended = attempts[attempt]["end_reason"] != "running" or job["state"] in TERMINAL
+    ended = attempts[attempt].end_reason != "running" or job.state in TERMINAL
     size = state.logs.size(job_id, attempt, node)
     return {"attempt": attempt, "offset": offset + len(data), "data": data.decode("utf-8", "replace"),
             "complete": ended and offset + len(data) >= size}
@@ -210,11 +211,11 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(require_admin
         job = state.store.job(job_id, tx)
         if job is None:
             raise HTTPException(404, f"no job {job_id!r}; `runner jobs` lists the jobs")
-        if job["state"] in TERMINAL:
-            return {"id": job_id, "state": job["state"], "changed": False}
+        if job.state in TERMINAL:
+            return {"id": job_id, "state": job.state, "changed": False}
         state.store.request_cancel(tx, job_id, time.time())
     state.scheduler.nudge.set()
-    return {"id": job_id, "state": job["state"], "changed": True}
+    return {"id": job_id, "state": job.state, "changed": True}
 
 
 class PreemptRequest(BaseModel):
@@ -229,23 +230,23 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
     job = _job_or_404(state, job_id)
     if body.notice not in ("aws", "gcp", "azure"):
         raise HTTPException(422, f"notice: {body.notice!r} is not one of aws, gcp, azure")
-    num_nodes = job["spec"]["resources"].get("num_nodes", 1)
+    num_nodes = job.num_nodes
     if not 0 <= body.node < num_nodes:
         ranks = "0" if num_nodes == 1 else f"0 to {num_nodes - 1}"
         raise HTTPException(422, f"node: job {job_id} has no node of rank {body.node}; its node ranks are {ranks}")
-    nodes = [n for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n["rank"] == body.node]
+    nodes = [n for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n.rank == body.node]
     if not nodes:
         raise HTTPException(409, f"job {job_id} has no running node of rank {body.node} to preempt")
     node = nodes[-1]
-    provider = state.scheduler.providers[node["provider"]]
+    provider = state.scheduler.providers[node.provider]
     if not hasattr(provider, "inject_notice"):
-        raise HTTPException(409, f"the {node['provider']} provider cannot inject notices; only local can")
-    grace = provider.inject_notice(node["id"], body.notice)
+        raise HTTPException(409, f"the {node.provider} provider cannot inject notices; only local can")
+    grace = provider.inject_notice(node.id, body.notice)
     with state.store.db.transaction() as tx:
-        state.store.update_node(tx, node["id"], terminate_at=time.time() + grace)
-        state.store.add_event(tx, job_id, "chaos", f"{body.notice} notice sent to {node['id']} (rank {node['rank']}); "
-                              f"node reclaimed in {grace:.1f}s", attempt=node["attempt"])
-    return {"node": node["id"], "rank": node["rank"], "notice": body.notice, "grace_seconds": grace}
+        state.store.update_node(tx, node.id, terminate_at=time.time() + grace)
+        state.store.add_event(tx, job_id, "chaos", f"{body.notice} notice sent to {node.id} (rank {node.rank}); "
+                              f"node reclaimed in {grace:.1f}s", attempt=node.attempt)
+    return {"node": node.id, "rank": node.rank, "notice": body.notice, "grace_seconds": grace}
 
 
 @router.get("/offers")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fastapi import HTTPException, Request
 
+from ..state.rows import Node
 from ..state.store import NODE_TERMINATED
 
 
@@ -42,11 +43,11 @@ def write_secret(path: Path, value: str) -> None:
 @dataclass(frozen=True)
 class Principal:
     kind: str  # "admin" or "node"
-    node: dict | None = None
+    node: Node | None = None
 
     @property
     def job_id(self) -> str | None:
-        return self.node["job_id"] if self.node else None
+        return self.node.job_id if self.node else None
 
 
 def _bearer(request: Request) -> str:
@@ -73,7 +74,7 @@ def principal(request: Request) -> Principal:
     if _is_admin(token, state):
         return Principal("admin")
     node = state.store.node_by_token_hash(hash_token(token))
-    if node is None or node["state"] == NODE_TERMINATED:
+    if node is None or node.state == NODE_TERMINATED:
         raise HTTPException(401, "invalid token")
     return Principal("node", node)
 

@@ -22,11 +22,13 @@ from ..scheduler.states import PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from ..scheduler.transitions import AttemptEnd, transition
 from ..spec import Resources
 from ..state.gangs import GangStore
+from ..state.rows import Attempt, AttemptNode, Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..wire import REGISTER_WAITING, STOP_FOR_PEER
 
 
 def is_gang(job: dict) -> bool:
+    """Whether ``{"spec": ...}`` (the heartbeat's, from its view's spec text) is a gang's; a Job says ``num_nodes``."""
     return job["spec"]["resources"].get("num_nodes", 1) > 1
 
 
@@ -34,70 +36,70 @@ def waiting(message: str) -> dict:
     return {"status": REGISTER_WAITING, "message": message, "retry_seconds": 0.5}
 
 
-def register(state, node: dict, address: str) -> tuple[int, dict | None]:
+def register(state, node: Node, address: str) -> tuple[int, dict | None]:
     """Join the node's attempt; return (attempt, None) once the gang is complete, else (0, a waiting reply)."""
     store, gangs = state.store, GangStore(state.store)
-    job = store.job(node["job_id"])
-    if job["state"] in TERMINAL or node["state"] != NODE_RUNNING:
+    job = store.job(node.job_id)
+    if job.state in TERMINAL or node.state != NODE_RUNNING:
         raise HTTPException(409, "this node's job has ended or the node was released; shut down")
-    current = store.current_attempt(job["id"])
-    mine = gangs.latest_for_node(node["id"])
-    if current is None or mine is None or mine["attempt"] != current["attempt"] or mine["exit_reason"]:
+    current = store.current_attempt(job.id)
+    mine = gangs.latest_for_node(node.id)
+    if current is None or mine is None or mine.attempt != current.attempt or mine.exit_reason:
         return 0, waiting("this node is kept for the gang's next attempt, which is not planned yet")
     now = time.time()
     with store.db.transaction() as tx:
-        gangs.register(tx, job["id"], current["attempt"], mine["rank"], address, now)
-        store.update_node(tx, node["id"], registered_at=now, last_heartbeat=now, attempt=current["attempt"])
-        ranks = gangs.nodes_of(job["id"], current["attempt"], tx)
-        missing = [r["rank"] for r in ranks if r["registered_at"] is None]
+        gangs.register(tx, job.id, current.attempt, mine.rank, address, now)
+        store.update_node(tx, node.id, registered_at=now, last_heartbeat=now, attempt=current.attempt)
+        ranks = gangs.nodes_of(job.id, current.attempt, tx)
+        missing = [r.rank for r in ranks if r.registered_at is None]
         if missing:
             return 0, waiting(f"waiting for the gang's ranks {missing} to register")
-        store.mark_attempt_running(tx, job["id"], current["attempt"], now)
-        if store.job(job["id"], tx)["state"] == PROVISIONING:
-            transition(tx, job["id"], RUNNING, now=now,
-                       message=f"attempt {current['attempt']} running: {len(ranks)} nodes in {current['zone']}")
-    return current["attempt"], None
+        store.mark_attempt_running(tx, job.id, current.attempt, now)
+        if store.job(job.id, tx).state == PROVISIONING:
+            transition(tx, job.id, RUNNING, now=now,
+                       message=f"attempt {current.attempt} running: {len(ranks)} nodes in {current.zone}")
+    return current.attempt, None
 
 
-def gang_fields(state, job: dict, attempt: int, node: dict, address: str | None) -> dict:
+def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) -> dict:
     """What the job's environment says about the gang (CONTRACT §7); a single node is a gang of one."""
     store, gangs = state.store, GangStore(state.store)
-    resources = Resources.model_validate(job["spec"]["resources"])
-    row = next(a for a in store.attempts(job["id"]) if a["attempt"] == attempt)
-    port = row["master_port"]
+    resources = Resources.model_validate(job.spec["resources"])
+    row = next(a for a in store.attempts(job.id) if a.attempt == attempt)
+    port = row.master_port
     if port is None:  # a single-node attempt: its port is chosen when its node first registers
-        provider = state.scheduler.providers.get(row["cloud"])
+        provider = state.scheduler.providers.get(row.cloud)
         with store.db.transaction() as tx:
-            gangs.set_master_port(tx, job["id"], attempt, provider.rendezvous_port() if provider else 29500)
-        port = next(a for a in store.attempts(job["id"]) if a["attempt"] == attempt)["master_port"]
-    if row["num_nodes"] > 1:
-        ranks = gangs.nodes_of(job["id"], attempt)
-        ips = [r["address"] for r in ranks]
-        rank = next(r["rank"] for r in ranks if r["node_id"] == node["id"])
+            gangs.set_master_port(tx, job.id, attempt, provider.rendezvous_port() if provider else 29500)
+        port = next(a for a in store.attempts(job.id) if a.attempt == attempt).master_port
+    if row.num_nodes > 1:
+        ranks = gangs.nodes_of(job.id, attempt)
+        ips = [r.address for r in ranks]
+        rank = next(r.rank for r in ranks if r.node_id == node.id)
     else:
         ips, rank = [address or "127.0.0.1"], 0
-    return {"num_nodes": row["num_nodes"], "node_rank": rank, "node_ips": ips, "master_addr": ips[0],
+    return {"num_nodes": row.num_nodes, "node_rank": rank, "node_ips": ips, "master_addr": ips[0],
             "master_port": port, "gpus_per_node": gpus_per_node(resources.accelerator())}
 
 
 def drill_expected_step(state, job_id: str, attempt: int) -> int | None:
     """The step a gang's attempt must restore when it follows the drill attempt (None otherwise)."""
-    before = [a for a in state.store.attempts(job_id) if a["attempt"] == attempt - 1]
-    if before and before[0]["end_reason"] == "drill" and (before[0]["drill"] or {}).get("passed") is None:
-        return before[0]["drill"].get("checkpoint_step")
+    before = [a for a in state.store.attempts(job_id) if a.attempt == attempt - 1]
+    if before and before[0].end_reason == "drill" and (before[0].drill or {}).get("passed") is None:
+        return before[0].drill.get("checkpoint_step")
     return None
 
 
-def exit_report(state, node: dict, reason: str, exit_code: int | None, message: str | None,
+def exit_report(state, node: Node, reason: str, exit_code: int | None, message: str | None,
                 drill: dict | None) -> dict:
     """Record a gang node's exit; end the attempt when the reports decide it; say whether the node stays."""
     store, gangs = state.store, GangStore(state.store)
-    job_id, attempt = node["job_id"], node["attempt"]
+    job_id, attempt = node.job_id, node.attempt
     with store.db.transaction() as tx:
-        gangs.record_exit(tx, job_id, attempt, node["rank"], reason, exit_code)
+        gangs.record_exit(tx, job_id, attempt, node.rank, reason, exit_code)
     current = store.current_attempt(job_id)
     new_state = None
-    if current is not None and current["attempt"] == attempt:
+    if current is not None and current.attempt == attempt:
         if reason == "drill" and (drill or {}).get("passed") is not False:
             new_state = _restart_after_drill(state, current, drill or {}, exit_code)
         else:
@@ -105,15 +107,15 @@ def exit_report(state, node: dict, reason: str, exit_code: int | None, message: 
     if reason == "preempted":
         new_state = _release_preempted(state, node) or new_state
     state.scheduler.nudge.set()
-    return {"state": new_state, "action": "stay" if _kept(state, node["id"]) else "shutdown"}
+    return {"state": new_state, "action": "stay" if _kept(state, node.id) else "shutdown"}
 
 
-def _settle(state, current: dict, drill: dict | None, message: str | None) -> str | None:
+def _settle(state, current: Attempt, drill: dict | None, message: str | None) -> str | None:
     """End the attempt if its nodes' reports decide it; a failure is first checked against lost nodes."""
     store, gangs = state.store, GangStore(state.store)
-    job_id, attempt = current["job_id"], current["attempt"]
+    job_id, attempt = current.job_id, current.attempt
     ranks = gangs.nodes_of(job_id, attempt)
-    outcome = gang_outcome({r["rank"]: r["exit_reason"] for r in ranks}, current["num_nodes"])
+    outcome = gang_outcome({r.rank: r.exit_reason for r in ranks}, current.num_nodes)
     if outcome is None:
         return None
     if outcome.reason == "failed":
@@ -122,7 +124,7 @@ def _settle(state, current: dict, drill: dict | None, message: str | None) -> st
             rank, why = gone
             return end_attempt(store, job_id, attempt, "preempted" if why == "preempted" else "lost", ranks=(rank,),
                                message=f"node of rank {rank} is gone ({why}); its peers stopped")
-    codes = {r["rank"]: r["exit_code"] for r in ranks}
+    codes = {r.rank: r.exit_code for r in ranks}
     blamed = ", ".join(f"rank {r} (exit code {codes[r]})" for r in outcome.ranks)
     text = message if outcome.reason != "failed" else (
         f"the job failed on the node of {blamed}" if blamed else message)
@@ -134,58 +136,59 @@ def _settle(state, current: dict, drill: dict | None, message: str | None) -> st
                        force_state=force)
 
 
-def _release_preempted(state, node: dict) -> str | None:
+def _release_preempted(state, node: Node) -> str | None:
     """A node that had its own notice goes, even when another node's preemption ended its attempt first
     and it was kept: it is released, and an attempt planned with it ends (its rank is replaced)."""
     store, gangs = state.store, GangStore(state.store)
     new_state = None
-    planned = gangs.latest_for_node(node["id"])
-    current = store.current_attempt(node["job_id"])
-    if planned and current and planned["attempt"] == current["attempt"] != node["attempt"]:
-        new_state = end_attempt(store, node["job_id"], current["attempt"], "preempted", ranks=(planned["rank"],),
-                                message=f"node {node['id']} (rank {planned['rank']}) had a notice of its own")
+    planned = gangs.latest_for_node(node.id)
+    current = store.current_attempt(node.job_id)
+    if planned and current and planned.attempt == current.attempt != node.attempt:
+        new_state = end_attempt(store, node.job_id, current.attempt, "preempted", ranks=(planned.rank,),
+                                message=f"node {node.id} (rank {planned.rank}) had a notice of its own")
     with store.db.transaction() as tx:
-        if store.node(node["id"], tx)["state"] == NODE_RUNNING:
-            store.update_node(tx, node["id"], state=NODE_TERMINATING)
-        gangs.mark_released(tx, node["id"], "preempted")
+        if store.node(node.id, tx).state == NODE_RUNNING:
+            store.update_node(tx, node.id, state=NODE_TERMINATING)
+        gangs.mark_released(tx, node.id, "preempted")
     return new_state
 
 
-def _gone_node(state, ranks: list[dict]) -> tuple[int, str] | None:
+def _gone_node(state, ranks: list[AttemptNode]) -> tuple[int, str] | None:
     for rank in ranks:
-        node = state.store.node(rank["node_id"])
-        provider = state.scheduler.providers.get(node["provider"]) if node else None
+        node = state.store.node(rank.node_id)
+        provider = state.scheduler.providers.get(node.provider) if node else None
         if provider is None:
             continue
         try:
-            status = provider.describe(node["id"], node["provider_ref"])
+            status = provider.describe(node.id, node.provider_ref)
         except ProviderError:
             continue
         if not status.alive:
-            return rank["rank"], status.reason or "not-found"
+            return rank.rank, status.reason or "not-found"
     return None
 
 
 def heartbeat_action(state, node: dict) -> str:
     """``stop`` for a kept node whose attempt has ended while its job has not reported an exit (the job did
-    not learn of the peer's stop through its process group), else ``continue``."""
-    attempt = next((a for a in state.store.attempts(node["job_id"]) if a["attempt"] == node["attempt"]), None)
-    if attempt is None or attempt["end_reason"] == "running":
+    not learn of the peer's stop through its process group), else ``continue``. ``node``: the node's
+    ``Store.heartbeat_view``."""
+    attempt = next((a for a in state.store.attempts(node["job_id"]) if a.attempt == node["attempt"]), None)
+    if attempt is None or attempt.end_reason == "running":
         return "continue"
-    mine = next((r for r in attempt.get("nodes") or [] if r["node_id"] == node["id"]), None)
-    return STOP_FOR_PEER if mine is not None and mine["exit_reason"] is None else "continue"
+    mine = next((r for r in attempt.nodes if r.node_id == node["id"]), None)
+    return STOP_FOR_PEER if mine is not None and mine.exit_reason is None else "continue"
 
 
 def _kept(state, node_id: str) -> bool:
     node = state.store.node(node_id)
-    job = state.store.job(node["job_id"])
-    return node["state"] == NODE_RUNNING and job["state"] not in TERMINAL
+    job = state.store.job(node.job_id)
+    return node.state == NODE_RUNNING and job.state not in TERMINAL
 
 
-def _restart_after_drill(state, current: dict, drill: dict, exit_code: int | None) -> str | None:
+def _restart_after_drill(state, current: Attempt, drill: dict, exit_code: int | None) -> str | None:
     """End the drill attempt (every node kept) and open the next one on the same nodes, with a fresh port."""
     store, gangs = state.store, GangStore(state.store)
-    job_id, attempt = current["job_id"], current["attempt"]
+    job_id, attempt = current.job_id, current.attempt
     now = time.time()
     with store.db.transaction() as tx:
         step = int(drill["checkpoint_step"])
@@ -195,31 +198,31 @@ def _restart_after_drill(state, current: dict, drill: dict, exit_code: int | Non
                    attempt_end=AttemptEnd(attempt=attempt, reason="drill", checkpoint_step=step, lost_seconds=0.0,
                                           drill=result, exit_code=exit_code))
         ranks = gangs.nodes_of(job_id, attempt, tx)
-        gangs.set_end_reasons(tx, job_id, attempt, {r["rank"]: "kept" for r in ranks})
-        resumed = (store.job(job_id, tx)["checkpoint"] or {}).get("step", 0)
-        provider = state.scheduler.providers[current["cloud"]]
-        rank0 = store.node(ranks[0]["node_id"], tx)
-        nxt = store.insert_attempt(tx, job_id, rank0["id"], rank0["offer"], rank0["spot"], resumed, now,
-                                   num_nodes=current["num_nodes"],
-                                   master_port=provider.rendezvous_port(current["master_port"]))
+        gangs.set_end_reasons(tx, job_id, attempt, {r.rank: "kept" for r in ranks})
+        resumed = (store.job(job_id, tx).checkpoint or {}).get("step", 0)
+        provider = state.scheduler.providers[current.cloud]
+        rank0 = store.node(ranks[0].node_id, tx)
+        nxt = store.insert_attempt(tx, job_id, rank0.id, rank0.offer, rank0.spot, resumed, now,
+                                   num_nodes=current.num_nodes,
+                                   master_port=provider.rendezvous_port(current.master_port))
         for rank in ranks:
-            node = store.node(rank["node_id"], tx)
-            gangs.add(tx, job_id, nxt, rank["rank"], node["id"], node["offer"], node["spot"])
+            node = store.node(rank.node_id, tx)
+            gangs.add(tx, job_id, nxt, rank.rank, node.id, node.offer, node.spot)
         transition(tx, job_id, PROVISIONING, now=now, message=f"resume drill: attempt {nxt} on the same nodes")
     return PROVISIONING
 
 
-def record_drill(state, node: dict, result: dict) -> str | None:
+def record_drill(state, node: Node, result: dict) -> str | None:
     """Merge one node's drill verdict into the drill attempt's (every node checks its own ranks); a failure
     on any node fails the job."""
     store, gangs = state.store, GangStore(state.store)
-    job_id = node["job_id"]
+    job_id = node.job_id
     attempts = store.attempts(job_id)
-    drilled = [a for a in attempts if a["end_reason"] == "drill"]
-    target = drilled[-1] if drilled else next((a for a in attempts if a["attempt"] == node["attempt"]), None)
+    drilled = [a for a in attempts if a.end_reason == "drill"]
+    target = drilled[-1] if drilled else next((a for a in attempts if a.attempt == node.attempt), None)
     if target is None:
         return None
-    old = target["drill"] or {}
+    old = target.drill or {}
     ranks = {**(old.get("ranks") or {}), **(result.get("ranks") or {})}
     if old.get("passed") is False:
         merged = {**old, "ranks": ranks}
@@ -227,9 +230,9 @@ def record_drill(state, node: dict, result: dict) -> str | None:
         merged = {**old, **result, "ranks": ranks}
     merged["nodes_reported"] = old.get("nodes_reported", 0) + 1
     with store.db.transaction() as tx:
-        gangs.set_drill(tx, job_id, target["attempt"], merged, result.get("message") if result.get("passed") is False
+        gangs.set_drill(tx, job_id, target.attempt, merged, result.get("message") if result.get("passed") is False
                         else None)
     if result.get("passed") is False:
-        return end_attempt(store, job_id, node["attempt"], "failed", ranks=(node["rank"],), force_state="FAILED",
-                           message=f"resume drill failed on the node of rank {node['rank']}: {result.get('message')}")
+        return end_attempt(store, job_id, node.attempt, "failed", ranks=(node.rank,), force_state="FAILED",
+                           message=f"resume drill failed on the node of rank {node.rank}: {result.get('message')}")
     return None

@@ -1,11 +1,12 @@
 """What the scheduler measures of a job for the cost policy: its speed, its restarts, the zones' preemptions.
 
-Pure functions of a job's rows (as runner/state/store.py returns them) and a clock.
+Pure functions of a job's rows (runner/state/rows.py) and a clock.
 """
 
 from __future__ import annotations
 
 from ..spec.deadline import deadline_at
+from ..state.rows import Attempt, Job
 
 DEFAULT_RESTART_SECONDS = 300.0  # a launch and restore before any was measured
 RATE_HISTORY_SECONDS = 7 * 86400.0  # the zone history the observed preemption rates are taken over
@@ -18,36 +19,36 @@ def has_deadline(spec: dict) -> bool:
         and bool(recovery.get("total_steps"))
 
 
-def job_deadline(job: dict) -> float:
+def job_deadline(job: Job) -> float:
     """The job's deadline in unix seconds (a duration counts from its submission)."""
-    return deadline_at(job["spec"]["recovery"]["deadline"], job["created_at"])
+    return deadline_at(job.spec["recovery"]["deadline"], job.created_at)
 
 
-def steps_per_second(job: dict, attempts: list[dict]) -> float | None:
+def steps_per_second(job: Job, attempts: list[Attempt]) -> float | None:
     """Committed steps per second of work over the job's attempts, or None before a first checkpoint."""
     steps, seconds = 0.0, 0.0
-    checkpoint = job.get("checkpoint") or {}
+    checkpoint = job.checkpoint or {}
     for attempt in attempts:
-        start = attempt.get("running_at")
+        start = attempt.running_at
         if not start:
             continue
-        if attempt["end_reason"] == "running":
-            if checkpoint.get("attempt") != attempt["attempt"] or not checkpoint.get("time"):
+        if attempt.end_reason == "running":
+            if checkpoint.get("attempt") != attempt.attempt or not checkpoint.get("time"):
                 continue
             end, reached = checkpoint["time"], checkpoint.get("step", 0)
         else:
-            end, reached = attempt.get("ended_at"), attempt.get("checkpoint_step")
+            end, reached = attempt.ended_at, attempt.checkpoint_step
         if not end or reached is None or end <= start:
             continue
-        steps += max(0, reached - attempt.get("resumed_from_step", 0))
+        steps += max(0, reached - attempt.resumed_from_step)
         seconds += end - start
     return steps / seconds if steps > 0 and seconds > 0 else None
 
 
-def restart_seconds(attempts: list[dict]) -> float:
+def restart_seconds(attempts: list[Attempt]) -> float:
     """The job's mean launch-to-running time, or DEFAULT_RESTART_SECONDS before one was measured."""
-    spans = [a["running_at"] - a["started_at"] for a in attempts
-             if a.get("running_at") and a["running_at"] > a["started_at"]]
+    spans = [a.running_at - a.started_at for a in attempts
+             if a.running_at and a.running_at > a.started_at]
     return sum(spans) / len(spans) if spans else DEFAULT_RESTART_SECONDS
 
 

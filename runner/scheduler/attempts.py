@@ -8,6 +8,7 @@ from typing import Iterable
 
 from ..state import Store
 from ..state.gangs import GangStore
+from ..state.rows import Attempt, Node
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
 from ..wire import NODE_KEPT
 from .gang import node_end_reasons
@@ -30,18 +31,18 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
     with store.db.transaction() as tx:
         job = store.job(job_id, tx)
         current = store.current_attempt(job_id, tx)
-        if job is None or current is None or current["attempt"] != attempt:
+        if job is None or current is None or current.attempt != attempt:
             return None
-        notice = notice or current["notice"]
+        notice = notice or current.notice
         if reason in ("failed", "lost") and notice:
             reason = "preempted"  # the node was on notice: whatever happened next is the preemption
-        checkpoint = job["checkpoint"] or {}
+        checkpoint = job.checkpoint or {}
         own_checkpoint = checkpoint.get("attempt") == attempt
         commit_at = checkpoint.get("time") if own_checkpoint else None
-        working_since = store.restored_at(tx, job_id, attempt) or current["running_at"]
-        recovery = job["spec"]["recovery"]
+        working_since = store.restored_at(tx, job_id, attempt) or current.running_at
+        recovery = job.spec["recovery"]
         state, why = next_state(
-            reason, preemptions=job["preemptions"], failures=job["failures"],
+            reason, preemptions=job.preemptions, failures=job.failures,
             max_preemptions=recovery["max_preemptions"], max_failures=recovery["max_failures"],
         )
         if force_state is not None:
@@ -53,12 +54,12 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             drill=drill, message=message or why,
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)
-        if current["num_nodes"] > 1:
+        if current.num_nodes > 1:
             if notice and notice.get("node_rank") is not None and reason == "preempted":
                 ranks = (notice["node_rank"],)  # the node on notice ended it, whoever reported first
             _end_gang(store, tx, current, reason, ranks, job_goes_on=state not in TERMINAL)
         elif drain_until is not None:
-            store.drain_node(tx, current["node_id"], drain_until)
+            store.drain_node(tx, current.node_id, drain_until)
         else:
             release_nodes(store, tx, job_id, attempt)
         return state
@@ -69,45 +70,45 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
 DRAIN_LIMIT_SECONDS = 120.0
 
 
-def hand_over(store: Store, node: dict, step: int | None, now: float | None = None) -> str | None:
+def hand_over(store: Store, node: Node, step: int | None, now: float | None = None) -> str | None:
     """The emergency checkpoint after a notice is durable (agents/handover.py): end the attempt as preempted
     now, so the next one launches while this node's process exits; the node drains instead of being released.
 
     Only for a single-node attempt on notice whose handed-over step is the job's checkpoint; returns the
     job's new state, or None when the handover does not apply (the exit report then ends the attempt)."""
     now = now or time.time()
-    job = store.job(node["job_id"])
-    current = store.current_attempt(node["job_id"])
-    if (job is None or current is None or current["attempt"] != node["attempt"] or current["num_nodes"] > 1
-            or not current["notice"] or (job["checkpoint"] or {}).get("step") != step):
+    job = store.job(node.job_id)
+    current = store.current_attempt(node.job_id)
+    if (job is None or current is None or current.attempt != node.attempt or current.num_nodes > 1
+            or not current.notice or (job.checkpoint or {}).get("step") != step):
         return None
     message = f"preempted: emergency checkpoint at step {step}, durable; the next attempt starts while this node drains"
-    return end_attempt(store, node["job_id"], node["attempt"], "preempted", now=now, message=message,
+    return end_attempt(store, node.job_id, node.attempt, "preempted", now=now, message=message,
                        drain_until=now + DRAIN_LIMIT_SECONDS)
 
 
-def close_drained(store: Store, node: dict, exit_code: int | None) -> bool:
+def close_drained(store: Store, node: Node, exit_code: int | None) -> bool:
     """A draining node reported its process's exit: record the exit code and release the node."""
     with store.db.transaction() as tx:
-        row = store.node(node["id"], tx)
-        if row is None or row["state"] != NODE_DRAINING:
+        row = store.node(node.id, tx)
+        if row is None or row.state != NODE_DRAINING:
             return False
-        store.close_drained_attempt(tx, node["job_id"], node["attempt"], exit_code)
-        store.update_node(tx, node["id"], state=NODE_TERMINATING)
+        store.close_drained_attempt(tx, node.job_id, node.attempt, exit_code)
+        store.update_node(tx, node.id, state=NODE_TERMINATING)
     return True
 
 
-def _end_gang(store: Store, tx, attempt: dict, reason: str, ranks: Iterable[int], job_goes_on: bool) -> None:
+def _end_gang(store: Store, tx, attempt: Attempt, reason: str, ranks: Iterable[int], job_goes_on: bool) -> None:
     """Each node's end in the restart log; the nodes not kept are released."""
-    reasons = node_end_reasons(attempt["num_nodes"], reason, ranks, job_goes_on)
+    reasons = node_end_reasons(attempt.num_nodes, reason, ranks, job_goes_on)
     gangs = GangStore(store)
-    gangs.set_end_reasons(tx, attempt["job_id"], attempt["attempt"], reasons)
-    for node in gangs.nodes_of(attempt["job_id"], attempt["attempt"], tx):
-        row = store.node(node["node_id"], tx)
-        if reasons.get(node["rank"]) != NODE_KEPT and row and row["state"] in (NODE_LAUNCHING, NODE_RUNNING):
-            store.update_node(tx, node["node_id"], state=NODE_TERMINATING)
+    gangs.set_end_reasons(tx, attempt.job_id, attempt.attempt, reasons)
+    for node in gangs.nodes_of(attempt.job_id, attempt.attempt, tx):
+        row = store.node(node.node_id, tx)
+        if reasons.get(node.rank) != NODE_KEPT and row and row.state in (NODE_LAUNCHING, NODE_RUNNING):
+            store.update_node(tx, node.node_id, state=NODE_TERMINATING)
     if not job_goes_on:
-        release_nodes(store, tx, attempt["job_id"])
+        release_nodes(store, tx, attempt.job_id)
 
 
 def release_nodes(store: Store, tx, job_id: str, attempt: int | None = None) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from ..providers.offers import Offer
+from ..state.rows import AttemptNode
 from ..wire import NODE_KEPT, NODE_RELEASED, STOPPED_BY_PEER
 from .policy import Candidate
 
@@ -127,11 +128,11 @@ def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], j
     return reasons
 
 
-def unregistered_ranks(ranks: Iterable[Mapping], started_at: float, now: float, timeout: float) -> list[int]:
+def unregistered_ranks(ranks: Iterable[AttemptNode], started_at: float, now: float, timeout: float) -> list[int]:
     """Ranks of an attempt not registered ``timeout`` seconds after it started ([] while the wait lasts)."""
     if now - started_at < timeout:
         return []
-    return [r["rank"] for r in ranks if r["registered_at"] is None]
+    return [r.rank for r in ranks if r.registered_at is None]
 
 
 def gpus_per_node(accelerators: tuple[str, int] | None) -> int:

@@ -20,6 +20,7 @@ from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
 from ..state.gangs import GangStore
+from ..state.rows import Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..wire import NODE_RELEASED
 from . import placement
@@ -31,82 +32,82 @@ from .transitions import transition
 log = structlog.get_logger(__name__)
 
 
-def plan_gang_attempt(ctx, job: dict) -> list[str]:
+def plan_gang_attempt(ctx, job: Job) -> list[str]:
     """Write the next attempt of a waiting gang job; return the ids of the nodes to launch (maybe none)."""
     store, gangs = ctx.store, GangStore(ctx.store)
-    live = store.nodes(job_id=job["id"])
-    if any(node["state"] != NODE_RUNNING for node in live):
+    live = store.nodes(job_id=job.id)
+    if any(node.state != NODE_RUNNING for node in live):
         return []  # a launch in flight, or a release to finish first (its zone slot frees when it is gone)
-    resources = Resources.model_validate(job["spec"]["resources"])
+    resources = Resources.model_validate(job.spec["resources"])
     num_nodes = resources.num_nodes
-    kept = [KeptNode(n["rank"], n["id"], Offer(**n["offer"]), n["spot"]) for n in live]
-    attempts = store.attempts(job["id"])
+    kept = [KeptNode(n.rank, n.id, Offer(**n.offer), n.spot) for n in live]
+    attempts = store.attempts(job.id)
     offers = [o for p in ctx.providers.values() for o in p.offers()]
     ranked = placement.candidates(offers, resources, avoid_zones=placement.recent_preempted_zones(attempts),
-                                  backoff=ctx.backoff, now=time.time(), waiting_since=job["updated_at"],
+                                  backoff=ctx.backoff, now=time.time(), waiting_since=job.updated_at,
                                   on_demand_backoff=ctx.on_demand_backoff, on_demand_after=ctx.auto_on_demand_after)
     counts = gangs.live_nodes_per_zone()
     plan = plan_gang(num_nodes, kept, ranked, lambda o: ctx.providers[o.cloud].free_slots(
         o.zone, counts.get((o.cloud, o.zone), 0)))
     if plan is None:
         with store.db.transaction() as tx:
-            tx_job = store.job(job["id"], tx)
-            if tx_job["state"] in (PENDING, RECOVERING):
-                store.set_job_message(tx, job["id"], f"waiting for a zone with room for {num_nodes} nodes together "
+            tx_job = store.job(job.id, tx)
+            if tx_job.state in (PENDING, RECOVERING):
+                store.set_job_message(tx, job.id, f"waiting for a zone with room for {num_nodes} nodes together "
                                       "(resources.num_nodes); none has it now")
         return []
     new_ids = {rank: f"n-{secrets.token_hex(6)}" for rank in plan.launch}
     now = time.time()
     with store.db.transaction() as tx:
-        fresh = store.job(job["id"], tx)
-        still = {n["id"] for n in store.nodes(job_id=job["id"])}
-        if fresh["state"] != job["state"] or still != {n["id"] for n in live}:
+        fresh = store.job(job.id, tx)
+        still = {n.id for n in store.nodes(job_id=job.id)}
+        if fresh.state != job.state or still != {n.id for n in live}:
             return []
-        resumed = (fresh["checkpoint"] or {}).get("step", 0)
+        resumed = (fresh.checkpoint or {}).get("step", 0)
         rank0 = plan.keep.get(0)
         offer0 = rank0.offer if rank0 else plan.candidate.offer
         spot0 = rank0.spot if rank0 else plan.candidate.spot
-        previous = attempts[-1]["master_port"] if attempts else None
+        previous = attempts[-1].master_port if attempts else None
         port = ctx.providers[offer0.cloud].rendezvous_port(previous)
-        attempt = store.insert_attempt(tx, job["id"], rank0.node_id if rank0 else new_ids[0], offer0.to_json(),
+        attempt = store.insert_attempt(tx, job.id, rank0.node_id if rank0 else new_ids[0], offer0.to_json(),
                                        spot0, resumed, now, num_nodes=num_nodes, master_port=port)
         for node_id in plan.release:
             store.update_node(tx, node_id, state=NODE_TERMINATING)
             gangs.mark_released(tx, node_id, NODE_RELEASED)
         for rank, node in plan.keep.items():
-            gangs.add(tx, job["id"], attempt, rank, node.node_id, node.offer.to_json(), node.spot)
+            gangs.add(tx, job.id, attempt, rank, node.node_id, node.offer.to_json(), node.spot)
         for rank, node_id in new_ids.items():
             offer = plan.candidate.offer
-            store.insert_node(tx, node_id, job["id"], attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
+            store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
                               offer.to_json(), plan.candidate.spot, now, rank=rank)
-            gangs.add(tx, job["id"], attempt, rank, node_id, offer.to_json(), plan.candidate.spot)
+            gangs.add(tx, job.id, attempt, rank, node_id, offer.to_json(), plan.candidate.spot)
         what = (f"ranks {sorted(plan.keep)} kept, " if plan.keep else "") + (
             f"ranks {list(plan.launch)} launched" if plan.launch else "no node launched")
         moved = f"; the gang moves: {len(plan.release)} kept node(s) released" if plan.release else ""
-        store.add_event(tx, job["id"], "gang", f"attempt {attempt} in {plan.zone}: {what}{moved}", attempt=attempt, now=now)
+        store.add_event(tx, job.id, "gang", f"attempt {attempt} in {plan.zone}: {what}{moved}", attempt=attempt, now=now)
         if not plan.launch:
-            transition(tx, job["id"], PROVISIONING, now=now,
+            transition(tx, job.id, PROVISIONING, now=now,
                        message=f"attempt {attempt} on the same {num_nodes} nodes in {plan.zone}")
-    log.info("gang attempt planned", job=job["id"], attempt=attempt, zone=plan.zone, kept=sorted(plan.keep),
+    log.info("gang attempt planned", job=job.id, attempt=attempt, zone=plan.zone, kept=sorted(plan.keep),
              launched=list(plan.launch), released=list(plan.release))
     return [new_ids[rank] for rank in plan.launch]
 
 
-def abandon_gang_launch(ctx, tx, node: dict, exc: ProviderError) -> None:
+def abandon_gang_launch(ctx, tx, node: Node, exc: ProviderError) -> None:
     """Inside the failed launch's transaction: take the whole attempt back and release what it launched."""
     store, gangs = ctx.store, GangStore(ctx.store)
-    job_id, attempt = node["job_id"], node["attempt"]
-    launched = [n for n in store.nodes(job_id=job_id) if n["attempt"] == attempt and n["id"] != node["id"]]
+    job_id, attempt = node.job_id, node.attempt
+    launched = [n for n in store.nodes(job_id=job_id) if n.attempt == attempt and n.id != node.id]
     for other in launched:
-        store.update_node(tx, other["id"], state=NODE_TERMINATING)
+        store.update_node(tx, other.id, state=NODE_TERMINATING)
     gangs.forget_attempt(tx, job_id, attempt)
     job = store.job(job_id, tx)
-    why = (f"the gang of {job['spec']['resources'].get('num_nodes')} nodes could not be completed in "
-           f"{node['offer']['zone']} ({exc}); released the {len(launched)} other node(s) launched for it and "
+    why = (f"the gang of {job.num_nodes} nodes could not be completed in "
+           f"{node.offer['zone']} ({exc}); released the {len(launched)} other node(s) launched for it and "
            "will try again (other zones next, this one after a backoff)")
-    if job["state"] == PROVISIONING:
+    if job.state == PROVISIONING:
         transition(tx, job_id, RECOVERING, now=time.time(), message=why)
-    elif job["state"] in (PENDING, RECOVERING):
+    elif job.state in (PENDING, RECOVERING):
         store.set_job_message(tx, job_id, why)
 
 
@@ -115,23 +116,23 @@ def watch_gang_formation(ctx) -> None:
     store, gangs = ctx.store, GangStore(ctx.store)
     now = time.time()
     for current in store.unformed_gang_attempts((PROVISIONING, RUNNING)):
-        ranks = gangs.nodes_of(current["job_id"], current["attempt"])
-        missing = unregistered_ranks(ranks, current["started_at"], now, ctx.gang_timeout)
+        ranks = gangs.nodes_of(current.job_id, current.attempt)
+        missing = unregistered_ranks(ranks, current.started_at, now, ctx.gang_timeout)
         if not missing:
             continue
-        names = ", ".join(f"node {r['node_id']} (rank {r['rank']})" for r in ranks if r["rank"] in missing)
-        end_attempt(store, current["job_id"], current["attempt"], "lost", ranks=missing,
+        names = ", ".join(f"node {r.node_id} (rank {r.rank})" for r in ranks if r.rank in missing)
+        end_attempt(store, current.job_id, current.attempt, "lost", ranks=missing,
                     message=f"the gang never formed: {names} did not register within {ctx.gang_timeout:.0f}s; "
                             "replacing it")
         ctx.nudge.set()
 
 
-def gang_node_gone(ctx, node: dict, reason: str, why: str) -> None:
+def gang_node_gone(ctx, node: Node, reason: str, why: str) -> None:
     """A gang's node vanished: end the attempt it holds a rank in, or, between attempts, give it up."""
     store, gangs = ctx.store, GangStore(ctx.store)
-    latest = gangs.latest_for_node(node["id"])
-    attempt = latest["attempt"] if latest else node["attempt"]
-    ended = end_attempt(store, node["job_id"], attempt, reason, ranks=(node["rank"],), message=why)
+    latest = gangs.latest_for_node(node.id)
+    attempt = latest.attempt if latest else node.attempt
+    ended = end_attempt(store, node.job_id, attempt, reason, ranks=(node.rank,), message=why)
     if ended is None:
         with store.db.transaction() as tx:
-            gangs.mark_released(tx, node["id"], reason)
+            gangs.mark_released(tx, node.id, reason)

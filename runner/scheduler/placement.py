@@ -7,6 +7,7 @@ import time
 from ..costpolicy import Market, decide, observe
 from ..providers.offers import Offer
 from ..spec import Resources
+from ..state.rows import Attempt, Job
 from .policy import BackoffBook, Candidate, rank_offers
 
 RECENT_PREEMPTION_SECONDS = 3600.0  # a zone that preempted the job this recently is tried last
@@ -15,12 +16,12 @@ PLACEMENT_EVENT = "placement"  # an attempt's event: why the cost policy chose i
 DEADLINE_MARGIN = 0.05  # a deadline job keeps this share of its work left spare: its measured speed varies
 
 
-def recent_preempted_zones(attempts: list[dict], now: float | None = None) -> set[str]:
+def recent_preempted_zones(attempts: list[Attempt], now: float | None = None) -> set[str]:
     """Zones whose node this job lost to a preemption (or without a trace) within the last hour."""
     now = now or time.time()
     return {
-        a["zone"] for a in attempts
-        if a["end_reason"] in ("preempted", "lost") and a["ended_at"] and now - a["ended_at"] < RECENT_PREEMPTION_SECONDS
+        a.zone for a in attempts
+        if a.end_reason in ("preempted", "lost") and a.ended_at and now - a.ended_at < RECENT_PREEMPTION_SECONDS
     }
 
 
@@ -46,7 +47,7 @@ def candidates(offers: list[Offer], resources: Resources, *, avoid_zones: set[st
                        on_demand_fallback=fallback, on_demand_backoff=on_demand_backoff)
 
 
-def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: dict, attempts: list[dict],
+def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: Job, attempts: list[Attempt],
                         zone_history: dict[str, tuple[int, float]], avoid_zones: set[str], backoff: BackoffBook,
                         now: float, on_demand_backoff: BackoffBook | None = None) -> tuple[tuple[Offer, bool] | None, str | None]:
     """spot_policy auto with recovery.deadline: the cost policy's (offer, spot), or None to wait, and why
@@ -58,7 +59,7 @@ def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: dict,
                          on_demand_fallback=True, on_demand_backoff=on_demand_backoff)
     if not ranked:
         return None, None  # every fitting offer is backed off, as for any job
-    total, step = job["spec"]["recovery"]["total_steps"], job["step"]
+    total, step = job.spec["recovery"]["total_steps"], job.step
     speed = observe.steps_per_second(job, attempts)
     if speed is None:
         first = ranked[0]

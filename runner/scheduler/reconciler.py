@@ -20,6 +20,7 @@ from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
 from ..state import Store
+from ..state.rows import Node
 from ..state.store import NODES_HOLDING_A_JOB, NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
 from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
@@ -110,44 +111,44 @@ def launch_pending_jobs(ctx: SchedulerContext) -> None:
     """PENDING and RECOVERING jobs with no live node get a node row and an attempt, then a launch."""
     store = ctx.store
     for job in store.jobs((PENDING, RECOVERING)):
-        if not job["cancel_requested"] and job["spec"]["resources"].get("num_nodes", 1) > 1:
+        if not job.cancel_requested and job.num_nodes > 1:
             for node_id in plan_gang_attempt(ctx, job):
                 node = store.node(node_id)
-                if node["state"] == NODE_LAUNCHING:  # not released by a failed launch of its gang
+                if node.state == NODE_LAUNCHING:  # not released by a failed launch of its gang
                     _launch(ctx, node)
             continue
-        if job["cancel_requested"] or store.nodes(NODES_HOLDING_A_JOB, job_id=job["id"]):
+        if job.cancel_requested or store.nodes(NODES_HOLDING_A_JOB, job_id=job.id):
             continue
-        resources = Resources.model_validate(job["spec"]["resources"])
-        avoid = placement.recent_preempted_zones(store.attempts(job["id"]))
+        resources = Resources.model_validate(job.spec["resources"])
+        avoid = placement.recent_preempted_zones(store.attempts(job.id))
         offers = [o for p in ctx.providers.values() for o in p.offers()]
         choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
-                                  waiting_since=job["updated_at"], on_demand_after=ctx.auto_on_demand_after,
+                                  waiting_since=job.updated_at, on_demand_after=ctx.auto_on_demand_after,
                                   on_demand_backoff=ctx.on_demand_backoff)
         reason = None
-        if observe.has_deadline(job["spec"]):  # spot or on-demand from progress and deadline (runner/costpolicy)
+        if observe.has_deadline(job.spec):  # spot or on-demand from progress and deadline (runner/costpolicy)
             now = time.time()
             choice, reason = placement.choose_for_deadline(
-                offers, resources, job=job, attempts=store.attempts(job["id"]), avoid_zones=avoid,
+                offers, resources, job=job, attempts=store.attempts(job.id), avoid_zones=avoid,
                 zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
                 backoff=ctx.backoff, on_demand_backoff=ctx.on_demand_backoff, now=now)
         if choice is None:
-            if reason and reason != job["message"]:
+            if reason and reason != job.message:
                 with store.db.transaction() as tx:
-                    store.set_job_message(tx, job["id"], reason)
+                    store.set_job_message(tx, job.id, reason)
             continue  # every fitting offer is backed off (or the deadline policy waits for spot); try again later
         offer, spot = choice
         node_id = f"n-{secrets.token_hex(6)}"
         token = ctx.node_token(node_id)
         with store.db.transaction() as tx:
-            fresh = store.job(job["id"], tx)
-            if fresh["state"] != job["state"] or store.has_unterminated_node(tx, job["id"]):
+            fresh = store.job(job.id, tx)
+            if fresh.state != job.state or store.has_unterminated_node(tx, job.id):
                 continue
-            resumed = (fresh["checkpoint"] or {}).get("step", 0)
-            attempt = store.insert_attempt(tx, job["id"], node_id, offer.to_json(), spot, resumed, time.time())
+            resumed = (fresh.checkpoint or {}).get("step", 0)
+            attempt = store.insert_attempt(tx, job.id, node_id, offer.to_json(), spot, resumed, time.time())
             if reason:
-                store.add_event(tx, job["id"], placement.PLACEMENT_EVENT, reason, attempt=attempt)
-            store.insert_node(tx, node_id, job["id"], attempt, offer.cloud, ctx.token_hasher(token),
+                store.add_event(tx, job.id, placement.PLACEMENT_EVENT, reason, attempt=attempt)
+            store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(token),
                               offer.to_json(), spot, time.time())
         _launch(ctx, store.node(node_id))
 
@@ -156,18 +157,18 @@ def finish_launches(ctx: SchedulerContext) -> None:
     """Nodes in ``launching`` with no launch out (their controller died mid-launch) are asked for again:
     a provider's launch is idempotent per node id."""
     for node in ctx.store.nodes((NODE_LAUNCHING,)):
-        if not ctx.launches.in_flight(node["id"]):
+        if not ctx.launches.in_flight(node.id):
             _launch(ctx, node)
 
 
-def _launch(ctx: SchedulerContext, node: dict) -> None:
+def _launch(ctx: SchedulerContext, node: Node) -> None:
     """Ask the node's provider for it and return; :func:`collect_launches` applies the answer."""
-    provider = ctx.providers[node["provider"]]
-    gang_size = ctx.store.job(node["job_id"])["spec"]["resources"].get("num_nodes", 1)
-    request = LaunchRequest(node["id"], node["job_id"], node["attempt"], Offer(**node["offer"]), node["spot"],
-                            NodeBootstrap(ctx.controller_url, node["id"], ctx.node_token(node["id"])),
+    provider = ctx.providers[node.provider]
+    gang_size = ctx.store.job(node.job_id).num_nodes
+    request = LaunchRequest(node.id, node.job_id, node.attempt, Offer(**node.offer), node.spot,
+                            NodeBootstrap(ctx.controller_url, node.id, ctx.node_token(node.id)),
                             gang_size=gang_size)
-    ctx.launches.request(node["id"], lambda: provider.launch(request))
+    ctx.launches.request(node.id, lambda: provider.launch(request))
 
 
 def collect_launches(ctx: SchedulerContext) -> None:
@@ -184,41 +185,41 @@ def collect_launches(ctx: SchedulerContext) -> None:
         raise unexpected
 
 
-def _apply_launch(ctx: SchedulerContext, node: dict, answer: LaunchAnswer) -> None:
+def _apply_launch(ctx: SchedulerContext, node: Node, answer: LaunchAnswer) -> None:
     store = ctx.store
-    offer = Offer(**node["offer"])
+    offer = Offer(**node.offer)
     key = (offer.cloud, offer.zone, offer.instance_type)
-    backoff = ctx.backoff if node["spot"] else ctx.on_demand_backoff
+    backoff = ctx.backoff if node.spot else ctx.on_demand_backoff
     if answer.error is not None:
         exc = answer.error
         backoff.record_failure(key, time.time())
         with store.db.transaction() as tx:
-            store.update_node(tx, node["id"], state=NODE_TERMINATED, terminated_at=time.time())
-            store.delete_running_attempt(tx, node["job_id"], node["attempt"])
-            store.add_event(tx, node["job_id"], "launch-failed",
-                            f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node["attempt"])
-            waiting = store.job(node["job_id"], tx)["state"] in (PENDING, RECOVERING)
+            store.update_node(tx, node.id, state=NODE_TERMINATED, terminated_at=time.time())
+            store.delete_running_attempt(tx, node.job_id, node.attempt)
+            store.add_event(tx, node.job_id, "launch-failed",
+                            f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node.attempt)
+            waiting = store.job(node.job_id, tx).state in (PENDING, RECOVERING)
             if not exc.retryable:  # credentials or permissions: retrying cannot help; the user must act
                 if waiting:
-                    transition(tx, node["job_id"], FAILED, now=time.time(), message=f"launch failed: {exc}")
+                    transition(tx, node.job_id, FAILED, now=time.time(), message=f"launch failed: {exc}")
             elif waiting:  # no state change (updated_at stays: it is when the wait began); `status` shows why
-                store.set_job_message(tx, node["job_id"],
+                store.set_job_message(tx, node.job_id,
                                       "waiting to launch (other offers next, this one again after a backoff); "
                                       f"last failure: {offer.cloud} {offer.zone} {offer.instance_type}: {exc}")
-            if store.job(node["job_id"], tx)["spec"]["resources"].get("num_nodes", 1) > 1:
+            if store.job(node.job_id, tx).num_nodes > 1:
                 abandon_gang_launch(ctx, tx, node, exc)  # all or none: the rest of its gang goes too
-        log.warning("launch failed", node=node["id"], zone=offer.zone, error=str(exc))
+        log.warning("launch failed", node=node.id, zone=offer.zone, error=str(exc))
         return
     backoff.record_success(key, time.time())
     with store.db.transaction() as tx:
-        if store.node(node["id"], tx)["state"] != NODE_LAUNCHING:  # released while its launch was out: let it go
-            store.update_node(tx, node["id"], state=NODE_TERMINATING, provider_ref=answer.ref)
+        if store.node(node.id, tx).state != NODE_LAUNCHING:  # released while its launch was out: let it go
+            store.update_node(tx, node.id, state=NODE_TERMINATING, provider_ref=answer.ref)
             return
-        store.update_node(tx, node["id"], state=NODE_RUNNING, provider_ref=answer.ref)
-        job = store.job(node["job_id"], tx)
-        if job["state"] in (PENDING, RECOVERING):
-            transition(tx, job["id"], PROVISIONING, now=time.time(),
-                       message=f"attempt {node['attempt']} on {offer.instance_type} in {offer.zone}")
+        store.update_node(tx, node.id, state=NODE_RUNNING, provider_ref=answer.ref)
+        job = store.job(node.job_id, tx)
+        if job.state in (PENDING, RECOVERING):
+            transition(tx, job.id, PROVISIONING, now=time.time(),
+                       message=f"attempt {node.attempt} on {offer.instance_type} in {offer.zone}")
 
 
 def watch_running_nodes(ctx: SchedulerContext) -> None:
@@ -242,8 +243,9 @@ def watch_running_nodes(ctx: SchedulerContext) -> None:
             continue
         ctx.described_at.pop(node["id"], None)
         reason = "preempted" if status.reason == "preempted" else "lost"
-        if store.job(node["job_id"])["spec"]["resources"].get("num_nodes", 1) > 1:
-            gang_node_gone(ctx, node, reason, f"node {node['id']} (rank {node['rank']}) is gone ({status.reason})")
+        if store.job(node["job_id"]).num_nodes > 1:
+            gang_node_gone(ctx, store.node(node["id"]), reason,
+                           f"node {node['id']} (rank {node['rank']}) is gone ({status.reason})")
         else:
             end_attempt(store, node["job_id"], node["attempt"], reason,
                         message=f"node {node['id']} is gone ({status.reason})")
@@ -271,32 +273,32 @@ def apply_cancellations(ctx: SchedulerContext) -> None:
     """Cancelled jobs: load each, decide with :func:`cancel_step`, apply in one transaction."""
     store = ctx.store
     for job in store.cancelled_jobs(ACTIVE_STATES):
-        current = store.current_attempt(job["id"])
-        agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job["id"]) if n["registered_at"]]
+        current = store.current_attempt(job.id)
+        agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job.id) if n.registered_at]
         now = ctx.clock()
-        step = cancel_step(job["cancel_requested"], now, current is not None, bool(agents))
+        step = cancel_step(job.cancel_requested, now, current is not None, bool(agents))
         if step == END_ATTEMPT:
-            end_attempt(store, job["id"], current["attempt"], "cancelled", now=now,
+            end_attempt(store, job.id, current.attempt, "cancelled", now=now,
                         message=f"cancelled by the user; the job had not stopped {CANCEL_GRACE_SECONDS:.0f}s later"
                         if agents else None)
         elif step == CANCEL_JOB:
             with store.db.transaction() as tx:
-                if store.job(job["id"], tx)["state"] not in TERMINAL:
-                    transition(tx, job["id"], CANCELLED, now=now, message="cancelled by the user")
-                    store.release_job_nodes(tx, job["id"])
+                if store.job(job.id, tx).state not in TERMINAL:
+                    transition(tx, job.id, CANCELLED, now=now, message="cancelled by the user")
+                    store.release_job_nodes(tx, job.id)
 
 
 def release_nodes(ctx: SchedulerContext) -> None:
     """Nodes marked for release are terminated through their provider, then recorded as terminated."""
     store = ctx.store
     for node in store.nodes((NODE_TERMINATING,)):
-        if ctx.launches.in_flight(node["id"]):
+        if ctx.launches.in_flight(node.id):
             continue  # its launch is still out: the answer names the node to terminate
         try:
-            ctx.providers[node["provider"]].terminate(node["id"], node["provider_ref"])
+            ctx.providers[node.provider].terminate(node.id, node.provider_ref)
         except ProviderError as exc:
-            log.warning("terminate failed; will retry", node=node["id"], error=str(exc))
+            log.warning("terminate failed; will retry", node=node.id, error=str(exc))
             continue
         with store.db.transaction() as tx:
-            store.update_node(tx, node["id"], state=NODE_TERMINATED, terminated_at=time.time())
-        log.info("node released", node=node["id"], job=node["job_id"])
+            store.update_node(tx, node.id, state=NODE_TERMINATED, terminated_at=time.time())
+        log.info("node released", node=node.id, job=node.job_id)

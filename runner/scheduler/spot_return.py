@@ -17,6 +17,7 @@ import structlog
 from ..costpolicy import Decision, observe, return_to_spot
 from ..spec import Resources
 from ..state import Store
+from ..state.rows import Attempt, Event, Job, Node
 from ..state.spot_history import zone_preemptions
 from ..state.spot_moves import on_demand_attempts
 from ..wire import MOVED
@@ -42,15 +43,15 @@ def move_to_spot(ctx) -> None:
     store = ctx.store
     now = ctx.clock()
     rows = on_demand_attempts(store.db, RUNNING, MOVE_EVENT)
-    for gone in set(ctx.spot_checked_at) - {row["job_id"] for row in rows}:
+    for gone in set(ctx.spot_checked_at) - {row.job_id for row in rows}:
         del ctx.spot_checked_at[gone]  # off on-demand, ended or cancelled: weighed afresh if it comes back
     for row in rows:
-        job_id, attempt = row["job_id"], row["attempt"]
-        if row["move_requested_at"] is not None:
-            if now - row["move_requested_at"] >= MOVE_GRACE_SECONDS:
+        job_id, attempt = row.job_id, row.attempt
+        if row.move_requested_at is not None:
+            if now - row.move_requested_at >= MOVE_GRACE_SECONDS:
                 requested = move_request(store, job_id, attempt)
                 end_attempt(store, job_id, attempt, MOVED, now=now,
-                            message=f"{requested['message']}; the job had not stopped {MOVE_GRACE_SECONDS:.0f}s "
+                            message=f"{requested.message}; the job had not stopped {MOVE_GRACE_SECONDS:.0f}s "
                                     "after the request, so its node was released")
                 ctx.nudge.set()
             continue
@@ -58,10 +59,10 @@ def move_to_spot(ctx) -> None:
             continue
         ctx.spot_checked_at[job_id] = now
         job = store.job(job_id)
-        if not observe.has_deadline(job["spec"]) or job["spec"]["resources"].get("num_nodes", 1) > 1:
+        if not observe.has_deadline(job.spec) or job.num_nodes > 1:
             continue  # only the deadline policy moves a job; a gang's placement does not consult it yet
         current = store.current_attempt(job_id)
-        if current is None or current["attempt"] != attempt:
+        if current is None or current.attempt != attempt:
             continue
         decision = weigh_move(ctx, job, current, now)
         if decision.market is None:
@@ -70,47 +71,47 @@ def move_to_spot(ctx) -> None:
         with store.db.transaction() as tx:
             fresh = store.job(job_id, tx)
             still = store.current_attempt(job_id, tx)
-            if fresh["state"] != RUNNING or fresh["cancel_requested"] or still is None or still["attempt"] != attempt:
+            if fresh.state != RUNNING or fresh.cancel_requested or still is None or still.attempt != attempt:
                 continue
             store.add_event(tx, job_id, MOVE_EVENT, decision.reason, attempt=attempt, now=now)
         log.info("moving to spot", job=job_id, attempt=attempt, why=decision.reason)
 
 
-def weigh_move(ctx, job: dict, current: dict, now: float) -> Decision:
+def weigh_move(ctx, job: Job, current: Attempt, now: float) -> Decision:
     """The cost policy's answer for a job running on on-demand: a spot market to move to now, or None."""
     store = ctx.store
-    attempts = store.attempts(job["id"])
+    attempts = store.attempts(job.id)
     speed = observe.steps_per_second(job, attempts)
     if speed is None:
         return Decision(None, "staying on on-demand: no speed measured yet")
     offers = [o for p in ctx.providers.values() for o in p.offers()]
     markets = placement.spot_markets_now(
-        offers, Resources.model_validate(job["spec"]["resources"]),
+        offers, Resources.model_validate(job.spec["resources"]),
         zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
         avoid_zones=placement.recent_preempted_zones(attempts, now), backoff=ctx.backoff, now=now)
-    work_left = max(0, job["spec"]["recovery"]["total_steps"] - job["step"]) / speed
-    moves = [a["ended_at"] for a in attempts if a["end_reason"] == MOVED and a["ended_at"]]
+    work_left = max(0, job.spec["recovery"]["total_steps"] - job.step) / speed
+    moves = [a.ended_at for a in attempts if a.end_reason == MOVED and a.ended_at]
     return return_to_spot(now=now, deadline=observe.job_deadline(job), work_left=work_left,
                           restart=observe.restart_seconds(attempts), markets=markets,
-                          on_demand_price=current["price_per_hour"], stop=MOVE_GRACE_SECONDS,
+                          on_demand_price=current.price_per_hour, stop=MOVE_GRACE_SECONDS,
                           margin=placement.DEADLINE_MARGIN * work_left, last_move=max(moves, default=None))
 
 
-def move_requested(store: Store, job: dict, attempt: dict | None) -> bool:
+def move_requested(store: Store, job: Job, attempt: Attempt | None) -> bool:
     """Whether the heartbeat of this attempt's node answers MOVE_TO_SPOT (cheap checks before the query)."""
-    return (attempt is not None and not attempt["spot"] and observe.has_deadline(job["spec"])
-            and move_request(store, job["id"], attempt["attempt"]) is not None)
+    return (attempt is not None and not attempt.spot and observe.has_deadline(job.spec)
+            and move_request(store, job.id, attempt.attempt) is not None)
 
 
-def move_request(store: Store, job_id: str, attempt: int) -> dict | None:
+def move_request(store: Store, job_id: str, attempt: int) -> Event | None:
     """The move asked of this attempt (its MOVE_EVENT), or None."""
     event = store.last_event(job_id, MOVE_EVENT)
-    return event if event is not None and event["attempt"] == attempt else None
+    return event if event is not None and event.attempt == attempt else None
 
 
-def finish_move(store: Store, node: dict, exit_code: int | None, message: str | None = None) -> str | None:
+def finish_move(store: Store, node: Node, exit_code: int | None, message: str | None = None) -> str | None:
     """The agent stopped the job for a move: end the attempt as moved, saying why; return the job's new state."""
-    requested = move_request(store, node["job_id"], node["attempt"])
-    why = requested["message"] if requested else "moved: the agent stopped the job for a move to spot"
-    return end_attempt(store, node["job_id"], node["attempt"], MOVED, exit_code=exit_code,
+    requested = move_request(store, node.job_id, node.attempt)
+    why = requested.message if requested else "moved: the agent stopped the job for a move to spot"
+    return end_attempt(store, node.job_id, node.attempt, MOVED, exit_code=exit_code,
                        message="; ".join(part for part in (why, message) if part))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 
 from .db import Tx
-from .store import ATTEMPT_NODE_COLUMNS, LIVE_NODE_STATES, Store, decode
+from .rows import AttemptNode
+from .store import LIVE_NODE_STATES, Store
 
 
 class GangStore:
@@ -37,17 +38,17 @@ class GangStore:
                    (port, job_id, attempt))
 
     # --- reads --------------------------------------------------------------------------------
-    def nodes_of(self, job_id: str, attempt: int, tx: Tx | None = None) -> list[dict]:
+    def nodes_of(self, job_id: str, attempt: int, tx: Tx | None = None) -> list[AttemptNode]:
         """The attempt's rank assignments, in rank order."""
         sql = "SELECT * FROM attempt_nodes WHERE job_id = ? AND attempt = ? ORDER BY rank"
         rows = tx.all(sql, (job_id, attempt)) if tx else self.db.query(sql, (job_id, attempt))
-        return [_decode(r) for r in rows]
+        return [AttemptNode.from_row(r) for r in rows]
 
-    def latest_for_node(self, node_id: str, tx: Tx | None = None) -> dict | None:
+    def latest_for_node(self, node_id: str, tx: Tx | None = None) -> AttemptNode | None:
         """The newest attempt a node was given a rank in."""
         sql = "SELECT * FROM attempt_nodes WHERE node_id = ? ORDER BY attempt DESC LIMIT 1"
         row = tx.one(sql, (node_id,)) if tx else next(iter(self.db.query(sql, (node_id,))), None)
-        return _decode(row) if row else None
+        return AttemptNode.from_row(row) if row else None
 
     def live_nodes_per_zone(self, tx: Tx | None = None) -> dict[tuple[str, str], int]:
         """How many live nodes (of every job) each (cloud, zone) holds now."""
@@ -82,7 +83,3 @@ class GangStore:
         tx.execute("""UPDATE attempt_nodes SET end_reason = ? WHERE node_id = ? AND end_reason = 'kept'
                       AND attempt = (SELECT MAX(attempt) FROM attempt_nodes WHERE node_id = ? AND end_reason != 'running')""",
                    (reason, node_id, node_id))
-
-
-def _decode(row: dict) -> dict:
-    return decode(row, ATTEMPT_NODE_COLUMNS)

@@ -5,12 +5,21 @@ decoding every running job twice a second held the controller's GIL."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .db import Database
 
 
-def on_demand_attempts(db: Database, job_state: str, move_event: str) -> list[dict]:
-    """The running, registered on-demand attempts of jobs in ``job_state`` with no cancel asked for, each as
-    ``{"job_id", "attempt", "move_requested_at"}`` (when a ``move_event`` asked it to stop, else None)."""
+@dataclass(frozen=True, slots=True)
+class OnDemandAttempt:
+    job_id: str
+    attempt: int
+    move_requested_at: float | None  # when a move to spot was asked of this attempt, else None
+
+
+def on_demand_attempts(db: Database, job_state: str, move_event: str) -> list[OnDemandAttempt]:
+    """The running, registered on-demand attempts of jobs in ``job_state`` with no cancel asked for (with
+    when a ``move_event`` asked each to stop)."""
     rows = db.query(
         """SELECT j.id AS job_id, a.attempt AS attempt,
                   (SELECT MAX(e.time) FROM events e
@@ -21,6 +30,6 @@ def on_demand_attempts(db: Database, job_state: str, move_event: str) -> list[di
            ORDER BY j.created_at""",
         (move_event, job_state),
     )
-    return [{"job_id": row["job_id"], "attempt": int(row["attempt"]),
-             "move_requested_at": None if row["move_requested_at"] is None else float(row["move_requested_at"])}
+    return [OnDemandAttempt(row["job_id"], int(row["attempt"]),
+                            None if row["move_requested_at"] is None else float(row["move_requested_at"]))
             for row in rows]

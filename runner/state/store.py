@@ -1,8 +1,8 @@
 """Reads and writes of jobs, attempts, nodes and events: the SQL lives here and nowhere else.
 
-Rows come back as dicts whose every column has a declared type (:data:`JOB_COLUMNS` and the others): a
-REAL column is a float, a flag a bool, a JSON column decoded, whichever database returned it, so no
-field changes type by accident (``cancel_requested`` is a timestamp or None, never a bool).
+Rows come back as the frozen dataclasses of runner/state/rows.py (:class:`Job`, :class:`Attempt`,
+:class:`Node`, :class:`Event`), typed whichever database returned them. The heartbeat's two lean reads
+(:meth:`Store.heartbeat_view`, :meth:`Store.watched_nodes`) return dicts of only the columns they need.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from .db import Database, Tx
 from .job_changes import add_event
+from .rows import Attempt, AttemptNode, Event, Job, Node
 
 NODE_LAUNCHING = "launching"      # row written, provider launch may or may not have happened
 NODE_RUNNING = "running"          # provider confirmed the launch
@@ -24,7 +25,7 @@ NODES_HOLDING_A_JOB = (NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING)
 
 
 class Store:
-    """Typed access to the controller's tables; rows come back as dicts with JSON fields decoded."""
+    """Typed access to the controller's tables."""
 
     def __init__(self, db: Database):
         self.db = db
@@ -40,25 +41,25 @@ class Store:
             (job_id, now, "state", state, "submitted"),
         )
 
-    def job(self, job_id: str, tx: Tx | None = None) -> dict | None:
+    def job(self, job_id: str, tx: Tx | None = None) -> Job | None:
         sql, params = "SELECT * FROM jobs WHERE id = ?", (job_id,)
         row = tx.one(sql, params) if tx else next(iter(self.db.query(sql, params)), None)
-        return _decode_job(row) if row else None
+        return Job.from_row(row) if row else None
 
-    def jobs(self, states: tuple[str, ...] | None = None) -> list[dict]:
+    def jobs(self, states: tuple[str, ...] | None = None) -> list[Job]:
         if states:
             marks = ",".join("?" * len(states))
             rows = self.db.query(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at", states)
         else:
             rows = self.db.query("SELECT * FROM jobs ORDER BY created_at")
-        return [_decode_job(r) for r in rows]
+        return [Job.from_row(r) for r in rows]
 
-    def cancelled_jobs(self, states: tuple[str, ...]) -> list[dict]:
+    def cancelled_jobs(self, states: tuple[str, ...]) -> list[Job]:
         """Jobs in ``states`` whose cancel the user has asked for (the others are not read at all)."""
         marks = ",".join("?" * len(states))
         rows = self.db.query(f"SELECT * FROM jobs WHERE cancel_requested > 0 AND state IN ({marks}) "
                              "ORDER BY created_at", states)
-        return [_decode_job(r) for r in rows]
+        return [Job.from_row(r) for r in rows]
 
     def set_job_message(self, tx: Tx, job_id: str, message: str) -> None:
         """Say why a job waits, without a state change (``updated_at`` stays: it is when the wait began)."""
@@ -101,30 +102,28 @@ class Store:
         )
         return attempt
 
-    def attempts(self, job_id: str, tx: Tx | None = None) -> list[dict]:
+    def attempts(self, job_id: str, tx: Tx | None = None) -> list[Attempt]:
         """The job's attempts in order; a gang's carry ``nodes``, its rank assignments in rank order."""
         sql, params = "SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
-        rows = [_decode_attempt(r) for r in (tx.all(sql, params) if tx else self.db.query(sql, params))]
-        if any(r["num_nodes"] > 1 for r in rows):
+        rows = tx.all(sql, params) if tx else self.db.query(sql, params)
+        ranks: dict[int, list[AttemptNode]] = {}
+        if any(row["num_nodes"] > 1 for row in rows):
             sql = "SELECT * FROM attempt_nodes WHERE job_id = ? ORDER BY attempt, rank"
-            ranks: dict[int, list[dict]] = {}
             for node in (tx.all(sql, params) if tx else self.db.query(sql, params)):
-                ranks.setdefault(node["attempt"], []).append(decode(node, ATTEMPT_NODE_COLUMNS))
-            for row in rows:
-                row["nodes"] = ranks.get(row["attempt"], [])
-        return rows
+                ranks.setdefault(node["attempt"], []).append(AttemptNode.from_row(node))
+        return [Attempt.from_row(row, tuple(ranks.get(row["attempt"], ()))) for row in rows]
 
-    def current_attempt(self, job_id: str, tx: Tx | None = None) -> dict | None:
+    def current_attempt(self, job_id: str, tx: Tx | None = None) -> Attempt | None:
         rows = self.attempts(job_id, tx)
-        return rows[-1] if rows and rows[-1]["end_reason"] == "running" else None
+        return rows[-1] if rows and rows[-1].end_reason == "running" else None
 
-    def unformed_gang_attempts(self, job_states: tuple[str, ...]) -> list[dict]:
+    def unformed_gang_attempts(self, job_states: tuple[str, ...]) -> list[Attempt]:
         """The running attempts of multi-node jobs in ``job_states`` whose nodes have not all registered yet."""
         marks = ",".join("?" * len(job_states))
         rows = self.db.query(
             "SELECT a.* FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.num_nodes > 1 AND a.running_at IS NULL "
             f"AND a.end_reason = 'running' AND j.state IN ({marks}) ORDER BY a.started_at", job_states)
-        return [_decode_attempt(r) for r in rows]
+        return [Attempt.from_row(r) for r in rows]
 
     def mark_attempt_running(self, tx: Tx, job_id: str, attempt: int, now: float) -> None:
         tx.execute("UPDATE attempts SET running_at = COALESCE(running_at, ?) WHERE job_id = ? AND attempt = ?",
@@ -168,15 +167,15 @@ class Store:
             (node_id, job_id, attempt, provider, NODE_LAUNCHING, token_hash, json.dumps(offer), int(spot), now, rank),
         )
 
-    def node(self, node_id: str, tx: Tx | None = None) -> dict | None:
+    def node(self, node_id: str, tx: Tx | None = None) -> Node | None:
         sql, params = "SELECT * FROM nodes WHERE id = ?", (node_id,)
         row = tx.one(sql, params) if tx else next(iter(self.db.query(sql, params)), None)
-        return _decode_node(row) if row else None
+        return Node.from_row(row) if row else None
 
-    def node_by_token_hash(self, token_hash: str) -> dict | None:
+    def node_by_token_hash(self, token_hash: str) -> Node | None:
         """The node a token belongs to, read fresh each time (by the index of migration 9)."""
         rows = self.db.query("SELECT * FROM nodes WHERE token_hash = ?", (token_hash,))
-        return _decode_node(rows[0]) if rows else None
+        return Node.from_row(rows[0]) if rows else None
 
     def heartbeat_view(self, token_hash: str) -> dict | None:
         """What a heartbeat is answered from, in one read: the token's node (id, job_id, attempt, rank, state),
@@ -198,14 +197,14 @@ class Store:
                 "cancel_requested": _timestamp_or_none(row["cancel_requested"]), "spec": row["spec"],
                 "attempt_spot": FLAG(row["attempt_spot"]), "attempt_current": bool(row["attempt_current"])}
 
-    def nodes(self, states: tuple[str, ...] = LIVE_NODE_STATES, job_id: str | None = None) -> list[dict]:
+    def nodes(self, states: tuple[str, ...] = LIVE_NODE_STATES, job_id: str | None = None) -> list[Node]:
         marks = ",".join("?" * len(states))
         sql = f"SELECT * FROM nodes WHERE state IN ({marks})"
         params: tuple = states
         if job_id:
             sql += " AND job_id = ?"
             params = (*states, job_id)
-        return [_decode_node(r) for r in self.db.query(sql + " ORDER BY created_at", params)]
+        return [Node.from_row(r) for r in self.db.query(sql + " ORDER BY created_at", params)]
 
     def watched_nodes(self, states: tuple[str, ...]) -> list[dict]:
         """Nodes in ``states`` with only what watching them needs (no offer, no progress to decode):
@@ -223,9 +222,9 @@ class Store:
     def drain_node(self, tx: Tx, node_id: str, until: float) -> None:
         """The node's attempt was handed over: it runs on until its exit report, and is reclaimed by ``until``."""
         node = self.node(node_id, tx)
-        if node is None or node["state"] != NODE_RUNNING:
+        if node is None or node.state != NODE_RUNNING:
             return
-        terminate_at = min(node["terminate_at"] or until, until)
+        terminate_at = min(node.terminate_at or until, until)
         self.update_node(tx, node_id, state=NODE_DRAINING, terminate_at=terminate_at)
 
     def close_drained_attempt(self, tx: Tx, job_id: str, attempt: int, exit_code: int | None) -> None:
@@ -256,16 +255,17 @@ class Store:
                   now: float | None = None) -> None:
         add_event(tx, job_id, kind, message, attempt=attempt, now=now)
 
-    def last_event(self, job_id: str, kind: str) -> dict | None:
+    def last_event(self, job_id: str, kind: str) -> Event | None:
         rows = self.db.query("SELECT * FROM events WHERE job_id = ? AND kind = ? ORDER BY id DESC LIMIT 1",
                              (job_id, kind))
-        return decode(rows[0], EVENT_COLUMNS) if rows else None
+        return Event.from_row(rows[0]) if rows else None
 
-    def events(self, job_id: str, after_id: int = 0) -> list[dict]:
+    def events(self, job_id: str, after_id: int = 0) -> list[Event]:
         rows = self.db.query("SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id", (job_id, after_id))
-        return [decode(row, EVENT_COLUMNS) for row in rows]
+        return [Event.from_row(row) for row in rows]
 
 
+# --- the heartbeat's lean reads (heartbeat_view, watched_nodes): dicts of a few node columns, typed here ---------
 def _opt(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else kind(value)
 
@@ -281,48 +281,13 @@ def _timestamp_or_none(value):
 
 TEXT, INT, REAL, FLAG = _opt(str), _opt(int), _opt(float), _opt(bool)
 
-# Every column of the decoded tables with its Python type (NULL stays None).
-JOB_COLUMNS: dict[str, Callable[[Any], Any]] = {
-    "id": TEXT, "name": TEXT, "spec": _json_field, "state": TEXT, "created_at": REAL, "updated_at": REAL,
-    "ended_at": REAL, "preemptions": INT, "failures": INT, "step": INT, "checkpoint": _json_field,
-    "cancel_requested": _timestamp_or_none, "message": TEXT,
-}
-ATTEMPT_COLUMNS: dict[str, Callable[[Any], Any]] = {
-    "job_id": TEXT, "attempt": INT, "node_id": TEXT, "cloud": TEXT, "region": TEXT, "zone": TEXT,
-    "instance_type": TEXT, "spot": FLAG, "price_per_hour": REAL, "started_at": REAL, "running_at": REAL,
-    "ended_at": REAL, "end_reason": TEXT, "notice": _json_field, "checkpoint_step": INT, "resumed_from_step": INT,
-    "lost_seconds": REAL, "exit_code": INT, "drill": _json_field, "message": TEXT, "num_nodes": INT,
-    "master_port": INT,
-}
-ATTEMPT_NODE_COLUMNS: dict[str, Callable[[Any], Any]] = {
-    "job_id": TEXT, "attempt": INT, "rank": INT, "node_id": TEXT, "zone": TEXT, "instance_type": TEXT,
-    "spot": FLAG, "price_per_hour": REAL, "address": TEXT, "registered_at": REAL, "exit_reason": TEXT,
-    "exit_code": INT, "end_reason": TEXT,
-}
 NODE_COLUMNS: dict[str, Callable[[Any], Any]] = {
     "id": TEXT, "job_id": TEXT, "attempt": INT, "provider": TEXT, "state": TEXT, "token_hash": TEXT,
     "offer": _json_field, "spot": FLAG, "provider_ref": TEXT, "created_at": REAL, "registered_at": REAL,
     "last_heartbeat": REAL, "progress": _json_field, "terminate_at": REAL, "terminated_at": REAL, "rank": INT,
 }
-EVENT_COLUMNS: dict[str, Callable[[Any], Any]] = {
-    "id": INT, "job_id": TEXT, "attempt": INT, "time": REAL, "kind": TEXT, "from_state": TEXT, "to_state": TEXT,
-    "message": TEXT,
-}
 
 
 def decode(row: dict, columns: dict[str, Callable[[Any], Any]]) -> dict:
-    """A row with each column converted to its declared type; a column added by a later migration and not
-    declared yet passes through unchanged."""
+    """A row with each column converted to its declared type; a column not declared passes through unchanged."""
     return {key: columns[key](value) if key in columns else value for key, value in row.items()}
-
-
-def _decode_job(row: dict) -> dict:
-    return decode(row, JOB_COLUMNS)
-
-
-def _decode_attempt(row: dict) -> dict:
-    return decode(row, ATTEMPT_COLUMNS)
-
-
-def _decode_node(row: dict) -> dict:
-    return decode(row, NODE_COLUMNS)

@@ -8,6 +8,7 @@ from datetime import datetime
 from .. import wire
 from ..scheduler.states import TERMINAL
 from ..state import web_sessions
+from ..state.rows import Attempt
 from . import timeline
 
 NOTICE_KINDS = ("notice", "rebalance", "maintenance")  # events marked on their attempt's bar
@@ -18,7 +19,7 @@ def job_page(store, status: dict, now: float | None = None) -> dict:
     now = now or time.time()
     job_id = status["id"]
     attempts = store.attempts(job_id)
-    rows = [{**wire.restart_row(a, now), "started": a["started_at"], "ended": a["ended_at"]} for a in attempts]
+    rows = [{**wire.restart_row(a, now), "started": a.started_at, "ended": a.ended_at} for a in attempts]
     return {
         "job": status,
         "terminal": status["state"] in TERMINAL,
@@ -62,20 +63,20 @@ def drill_verdict(row: dict) -> dict:
     return {"attempt": row["attempt"], "outcome": outcome, "detail": detail}
 
 
-def _notices(store, job_id: str, attempts: list[dict]) -> dict[int, list[dict]]:
+def _notices(store, job_id: str, attempts: list[Attempt]) -> dict[int, list[dict]]:
     """Per attempt, the notices it received (a gang's at the rank that received it)."""
-    ranks = {a["attempt"]: (a["notice"] or {}).get("node_rank") for a in attempts}
+    ranks = {a.attempt: (a.notice or {}).get("node_rank") for a in attempts}
     notices: dict[int, list[dict]] = {}
     for event in store.events(job_id):
-        if event["kind"] in NOTICE_KINDS and event["attempt"] is not None:
-            notices.setdefault(event["attempt"], []).append(
-                {"time": event["time"], "title": event["message"], "node_rank": ranks.get(event["attempt"])})
+        if event.kind in NOTICE_KINDS and event.attempt is not None:
+            notices.setdefault(event.attempt, []).append(
+                {"time": event.time, "title": event.message, "node_rank": ranks.get(event.attempt)})
     for attempt in attempts:  # a notice recorded on the attempt whose event was not kept
-        notice = attempt["notice"] or {}
-        if attempt["attempt"] not in notices and notice.get("received_at"):
+        notice = attempt.notice or {}
+        if attempt.attempt not in notices and notice.get("received_at"):
             received = _unix(notice["received_at"])
             if received is not None:
-                notices[attempt["attempt"]] = [{"time": received, "node_rank": notice.get("node_rank"),
+                notices[attempt.attempt] = [{"time": received, "node_rank": notice.get("node_rank"),
                                                 "title": f"{notice.get('source')} {notice.get('action')} notice"}]
     return notices
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import requests
 import yaml
 from fastapi.routing import APIRoute
 
-from conftest import write_job
+from conftest import Controller, write_job
 from runner.controller import agent_api, api
 
 SLEEPER = """
@@ -39,6 +38,16 @@ def _call(controller, method, path, token=None, job_id="none"):
                             json={}, params={"attempt": 1}, timeout=10)
 
 
+@pytest.fixture(scope="module")
+def doors(tmp_path_factory, module_controller_db):
+    """One controller for the tests that only knock: nothing they send is accepted, so they can share it."""
+    home = tmp_path_factory.mktemp("auth") / "home"
+    home.mkdir()
+    controller = Controller(home, db_url=module_controller_db).start()
+    yield controller
+    controller.stop()
+
+
 @pytest.fixture
 def two_jobs(tmp_path, runner, controller, home):
     """Two running jobs and the token of each one's node."""
@@ -54,10 +63,10 @@ def two_jobs(tmp_path, runner, controller, home):
 
 
 @pytest.mark.parametrize("method,path", ADMIN_ROUTES + AGENT_ROUTES)
-def test_no_token_and_wrong_token_are_refused(controller, method, path):
+def test_no_token_and_wrong_token_are_refused(doors, method, path):
     """Without a token, or with a wrong one, every endpoint answers 401."""
-    assert _call(controller, method, path).status_code == 401
-    assert _call(controller, method, path, token="wrong").status_code == 401
+    assert _call(doors, method, path).status_code == 401
+    assert _call(doors, method, path, token="wrong").status_code == 401
 
 
 def test_node_token_cannot_use_admin_endpoints_or_reach_another_job(controller, two_jobs):
@@ -68,10 +77,10 @@ def test_node_token_cannot_use_admin_endpoints_or_reach_another_job(controller, 
     assert _call(controller, "GET", "/v1/jobs/JOB", token_a, job_a).status_code == 200
 
 
-def test_admin_token_cannot_act_as_a_node(controller):
+def test_admin_token_cannot_act_as_a_node(doors):
     """Agent endpoints need a node's own token, not the admin token."""
     for method, path in AGENT_ROUTES:
-        assert _call(controller, method, path, controller.token).status_code == 403, path
+        assert _call(doors, method, path, doors.token).status_code == 403, path
 
 
 def test_status_never_shows_env_values(tmp_path, runner, controller):

@@ -7,6 +7,9 @@ import time
 
 from conftest import Controller, write_job
 
+SQLITE_ONLY = ("one controller SIGKILLed at random moments with real nodes; on Postgres the leader is SIGKILLed "
+               "mid-launch, mid-transition and mid-recovery in test_failover.py")
+
 JOB = """
 name: steady-{n}
 run: sleep 1.5; echo "done $RUNNER_JOB_ID attempt $RUNNER_ATTEMPT"

@@ -40,7 +40,7 @@ def world(db_url):
 
 def register_all(store: Store, ranks=(0, 1)) -> None:
     gangs = GangStore(store)
-    attempt = store.current_attempt("gang-1")["attempt"]
+    attempt = store.current_attempt("gang-1").attempt
     with store.db.transaction() as tx:
         for rank in ranks:
             gangs.register(tx, "gang-1", attempt, rank, "10.0.0.%d" % rank, time.time())
@@ -51,10 +51,10 @@ def test_a_gang_is_launched_whole_in_the_cheapest_zone_as_one_attempt(world):
     store, market, reconciler = world()
     reconciler.tick()
     (attempt,) = store.attempts("gang-1")
-    assert [n["rank"] for n in attempt["nodes"]] == [0, 1] and attempt["num_nodes"] == 2
-    assert {n["zone"] for n in attempt["nodes"]} == {"zone-a"} and attempt["master_port"] == 29500
-    assert market.alive() == [n["node_id"] for n in attempt["nodes"]]
-    assert store.job("gang-1")["state"] == "PROVISIONING"
+    assert [n.rank for n in attempt.nodes] == [0, 1] and attempt.num_nodes == 2
+    assert {n.zone for n in attempt.nodes} == {"zone-a"} and attempt.master_port == 29500
+    assert market.alive() == [n.node_id for n in attempt.nodes]
+    assert store.job("gang-1").state == "PROVISIONING"
 
 
 def test_a_gang_that_cannot_be_completed_is_taken_back_and_its_launched_node_released(world):
@@ -64,12 +64,12 @@ def test_a_gang_that_cannot_be_completed_is_taken_back_and_its_launched_node_rel
     reconciler.tick()
     assert store.attempts("gang-1") == []
     first = market.launch_calls[0]
-    assert store.node(first)["state"] == "terminating"
-    assert "could not be completed in zone-a" in store.job("gang-1")["message"]
+    assert store.node(first).state == "terminating"
+    assert "could not be completed in zone-a" in store.job("gang-1").message
     reconciler.tick()  # releases it, then tries again away from the refused zone (backed off)
     assert first in market.terminate_calls
     (attempt,) = store.attempts("gang-1")
-    assert {n["zone"] for n in attempt["nodes"]} == {"zone-b"} and store.job("gang-1")["state"] == "PROVISIONING"
+    assert {n.zone for n in attempt.nodes} == {"zone-b"} and store.job("gang-1").state == "PROVISIONING"
 
 
 def test_a_rendezvous_that_never_forms_ends_the_attempt_naming_the_node_and_replaces_only_it(world):
@@ -77,13 +77,13 @@ def test_a_rendezvous_that_never_forms_ends_the_attempt_naming_the_node_and_repl
     store, market, reconciler = world(gang_timeout=0.0)
     reconciler.tick()
     first = store.attempts("gang-1")[0]
-    node0, node1 = (n["node_id"] for n in first["nodes"])
+    node0, node1 = (n.node_id for n in first.nodes)
     register_all(store, ranks=(0,))
     reconciler.tick()  # the wait is over: the attempt ends, rank 1's node is released, the next attempt planned
     ended, second = store.attempts("gang-1")
-    assert ended["end_reason"] == "lost" and node1 in ended["message"] and "rank 1" in ended["message"]
-    assert [n["end_reason"] for n in ended["nodes"]] == ["kept", "lost"]
-    assert second["attempt"] == 2 and second["nodes"][0]["node_id"] == node0
-    assert second["nodes"][1]["node_id"] not in (node0, node1) and second["nodes"][1]["zone"] == "zone-a"
-    assert second["master_port"] != first["master_port"]
+    assert ended.end_reason == "lost" and node1 in ended.message and "rank 1" in ended.message
+    assert [n.end_reason for n in ended.nodes] == ["kept", "lost"]
+    assert second.attempt == 2 and second.nodes[0].node_id == node0
+    assert second.nodes[1].node_id not in (node0, node1) and second.nodes[1].zone == "zone-a"
+    assert second.master_port != first.master_port
     assert node1 in market.terminate_calls and node0 not in market.terminate_calls

@@ -50,12 +50,12 @@ def test_a_flush_writes_every_nodes_newest_beat_in_one_transaction(store, book):
     """Five beats from three nodes: one transaction, and each node holds its newest time and progress."""
     for n, when in (("n0", 10.0), ("n1", 11.0), ("n0", 12.0), ("n2", 13.0), ("n1", 14.0)):
         book.record(n, when, {"phase": "running", "checkpoint_step": int(when)})
-    assert store.node("n0")["last_heartbeat"] is None
+    assert store.node("n0").last_heartbeat is None
     counting = CountingTransactions(store.db)
     store.db = counting
     assert book.flush() == 3 and counting.count == 1
-    assert [store.node(n)["last_heartbeat"] for n in ("n0", "n1", "n2")] == [12.0, 14.0, 13.0]
-    assert store.node("n1")["progress"] == {"phase": "running", "checkpoint_step": 14}
+    assert [store.node(n).last_heartbeat for n in ("n0", "n1", "n2")] == [12.0, 14.0, 13.0]
+    assert store.node("n1").progress == {"phase": "running", "checkpoint_step": 14}
     assert book.flush() == 0 and counting.count == 1  # nothing new: no transaction at all
     store.db = counting.db
 
@@ -74,15 +74,15 @@ def test_beats_that_could_not_be_written_wait_for_the_next_flush(store, book):
     with pytest.raises(OSError):
         book.flush()
     store.db = real
-    assert book.flush() == 1 and store.node("n0")["last_heartbeat"] == 11.0
+    assert book.flush() == 1 and store.node("n0").last_heartbeat == 11.0
 
 
 def test_without_a_running_flusher_a_beat_is_written_at_once(store):
     """Before start and after stop, a heartbeat is written as it comes (nothing waits for a flush that never runs)."""
     book = HeartbeatBook(store)
     book.record("n0", 10.0, {"phase": "running"})
-    assert store.node("n0")["last_heartbeat"] == 10.0
+    assert store.node("n0").last_heartbeat == 10.0
     book.start()
     book.record("n1", 11.0, {"phase": "running"})
     book.stop()  # writes what was pending
-    assert store.node("n1")["last_heartbeat"] == 11.0
+    assert store.node("n1").last_heartbeat == 11.0

@@ -110,6 +110,8 @@ def test_a_succeeded_job_is_counted_by_state_and_its_attempt_by_cloud_zone_and_r
 
 
 # --- a preemption through AWS's protocol, scraped once ----------------------------------------------------
+PREEMPTION_ON_SQLITE = "a real preemption end to end; the collector over a store runs on both databases"
+
 @pytest.fixture(scope="module")
 def preempted(tmp_path_factory, module_controller_db):
     """A checkpointing job preempted once through the AWS protocol and resumed to success; its scrape and restart log."""
@@ -135,6 +137,7 @@ def preempted(tmp_path_factory, module_controller_db):
         kill_nodes(home)
 
 
+@pytest.mark.sqlite_only(PREEMPTION_ON_SQLITE)
 def test_a_preemption_is_counted_with_its_cloud_zone_and_reason(preempted):
     """The preempted attempt appears in the preemption counter under the zone it ran in."""
     found, (first, _) = preempted
@@ -142,6 +145,7 @@ def test_a_preemption_is_counted_with_its_cloud_zone_and_reason(preempted):
     assert value(found, "runner_attempts_total", cloud="local", zone=first["zone"], end_reason="preempted") == 1
 
 
+@pytest.mark.sqlite_only(PREEMPTION_ON_SQLITE)
 def test_recovery_after_a_preemption_is_observed(preempted):
     """The time from the preempted attempt's end to the next attempt running is one recovery observation."""
     found, _ = preempted
@@ -149,6 +153,7 @@ def test_recovery_after_a_preemption_is_observed(preempted):
     assert value(found, "runner_recovery_seconds_sum", end_reason="preempted") > 0
 
 
+@pytest.mark.sqlite_only(PREEMPTION_ON_SQLITE)
 def test_the_emergency_checkpoint_commit_seconds_are_reported(preempted):
     """The emergency checkpoint's commit time, reported by the agent, lands in the commit histogram."""
     found, _ = preempted
@@ -156,6 +161,7 @@ def test_the_emergency_checkpoint_commit_seconds_are_reported(preempted):
     assert value(found, "runner_checkpoint_commit_seconds_sum", emergency="true") > 0
 
 
+@pytest.mark.sqlite_only(PREEMPTION_ON_SQLITE)
 def test_the_warning_left_when_the_aws_notice_was_seen_is_reported(preempted):
     """The seconds left before the AWS notice's deadline when the watcher saw it are one observation."""
     found, _ = preempted
@@ -163,6 +169,7 @@ def test_the_warning_left_when_the_aws_notice_was_seen_is_reported(preempted):
     assert 0 < value(found, "runner_notice_warning_seconds_sum", source="aws", kind="termination") <= 7
 
 
+@pytest.mark.sqlite_only(PREEMPTION_ON_SQLITE)
 def test_the_restart_log_notice_keeps_its_shape(preempted):
     """The timing fields the agent adds for metrics do not appear in the restart log's notice."""
     _, (first, _) = preempted

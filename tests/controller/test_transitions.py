@@ -28,7 +28,7 @@ def test_every_disallowed_change_is_refused(store):
     with pytest.raises(InvalidTransition):
         with store.db.transaction() as tx:
             transition(tx, "j1", "SUCCEEDED", now=time.time(), message="skip ahead")
-    assert store.job("j1")["state"] == "PENDING"
+    assert store.job("j1").state == "PENDING"
 
 
 def test_terminal_states_have_no_way_out():
@@ -46,10 +46,10 @@ def test_ending_an_attempt_writes_the_restart_log_and_counts_preemptions(store):
                    attempt_end=AttemptEnd(attempt=attempt, reason="preempted", exit_code=143,
                                           notice={"source": "aws"}, checkpoint_step=12))
     (row,) = store.attempts("j1")
-    assert row["end_reason"] == "preempted" and row["exit_code"] == 143 and row["notice"] == {"source": "aws"}
-    assert row["checkpoint_step"] == 12 and row["ended_at"] is not None
-    assert store.job("j1")["preemptions"] == 1
-    assert [e["to_state"] for e in store.events("j1")] == ["PENDING", "PROVISIONING", "RUNNING", "RECOVERING"]
+    assert row.end_reason == "preempted" and row.exit_code == 143 and row.notice == {"source": "aws"}
+    assert row.checkpoint_step == 12 and row.ended_at is not None
+    assert store.job("j1").preemptions == 1
+    assert [e.to_state for e in store.events("j1")] == ["PENDING", "PROVISIONING", "RUNNING", "RECOVERING"]
 
 
 def test_an_attempt_cannot_end_twice(store):
@@ -63,7 +63,7 @@ def test_an_attempt_cannot_end_twice(store):
         with store.db.transaction() as tx:
             transition(tx, "j1", "FAILED", now=time.time(), message="again",
                        attempt_end=AttemptEnd(attempt=attempt, reason="lost"))
-    assert store.job("j1")["preemptions"] == 1
+    assert store.job("j1").preemptions == 1
 
 
 def test_checkpoint_from_an_older_attempt_is_fenced(store):
@@ -73,7 +73,7 @@ def test_checkpoint_from_an_older_attempt_is_fenced(store):
         store.insert_attempt(tx, "j1", "n2", OFFER, True, 0, time.time())
         assert not store.record_checkpoint(tx, "j1", 1, {"step": 50, "manifest": "old"})
         assert store.record_checkpoint(tx, "j1", 2, {"step": 40, "manifest": "new"})
-    assert store.job("j1")["step"] == 40
+    assert store.job("j1").step == 40
 
 
 @pytest.mark.parametrize("reason,counters,expected", [

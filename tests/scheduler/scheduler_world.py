@@ -17,6 +17,7 @@ from runner.scheduler.states import PROVISIONING, RUNNING
 from runner.scheduler.transitions import transition
 from runner.spec import validate_job
 from runner.state import Store, open_database
+from runner.state.rows import Node
 
 
 @dataclass
@@ -40,7 +41,7 @@ class World:
         for _ in range(times):
             self.reconciler.tick()
 
-    def node(self, job_id: str) -> dict:
+    def node(self, job_id: str) -> Node:
         """The job's newest node row."""
         return self.store.nodes(states=("launching", "running", "terminating", "terminated"), job_id=job_id)[-1]
 
@@ -48,9 +49,9 @@ class World:
         """The node's agent registers, as POST /v1/agent/register records it: the job is RUNNING."""
         node, now = self.node(job_id), time.time()
         with self.store.db.transaction() as tx:
-            self.store.update_node(tx, node["id"], registered_at=now, last_heartbeat=now)
-            self.store.mark_attempt_running(tx, job_id, node["attempt"], now)
-            if self.store.job(job_id, tx)["state"] == PROVISIONING:
+            self.store.update_node(tx, node.id, registered_at=now, last_heartbeat=now)
+            self.store.mark_attempt_running(tx, job_id, node.attempt, now)
+            if self.store.job(job_id, tx).state == PROVISIONING:
                 transition(tx, job_id, RUNNING, now=now, message="running")
 
     def cancel(self, job_id: str, at: float | None = None) -> None:
@@ -59,7 +60,7 @@ class World:
             self.store.request_cancel(tx, job_id, at or time.time())
 
     def events(self, job_id: str, kind: str) -> list[str]:
-        return [e["message"] for e in self.store.events(job_id) if e["kind"] == kind]
+        return [e.message for e in self.store.events(job_id) if e.kind == kind]
 
 
 def make_world(db_url: str, provider: MemoryProvider | None = None, **settings) -> World:

@@ -96,8 +96,8 @@ def test_without_spot_capacity_it_waits_while_the_deadline_allows_else_goes_on_d
     world.tick()
     attempts = world.store.attempts(job_id)
     if placed is None:
-        assert len(attempts) == 1 and world.store.job(job_id)["state"] == "RECOVERING"
-        assert world.store.job(job_id)["message"].startswith("waiting for spot: no spot capacity now; 9.0 h of work")
+        assert len(attempts) == 1 and world.store.job(job_id).state == "RECOVERING"
+        assert world.store.job(job_id).message.startswith("waiting for spot: no spot capacity now; 9.0 h of work")
     else:
-        assert len(attempts) == 2 and not attempts[1]["spot"]
+        assert len(attempts) == 2 and not attempts[1].spot
         assert world.events(job_id, "placement")[-1].endswith("no spot capacity now, and no time to wait for it")

@@ -7,6 +7,7 @@ from runner.scheduler.gang import (
     KeptNode, gang_outcome, gpus_per_node, node_end_reasons, plan_gang, unregistered_ranks,
 )
 from runner.scheduler.policy import Candidate
+from runner.state.rows import AttemptNode
 
 
 def offer(zone: str, price: float, instance_type: str = "sim-t4") -> Offer:
@@ -111,7 +112,9 @@ def test_when_the_job_ends_every_node_ends_with_it():
 
 def test_the_ranks_missing_at_the_end_of_the_wait_are_named():
     """Before the timeout nothing is missing; after it, the unregistered ranks are."""
-    ranks = [{"rank": 0, "registered_at": 5.0}, {"rank": 1, "registered_at": None}]
+    ranks = [AttemptNode(job_id="j", attempt=1, rank=rank, node_id=f"n{rank}", zone="z", instance_type="t", spot=True,
+                         price_per_hour=0.1, address=None, registered_at=registered_at, exit_reason=None,
+                         exit_code=None, end_reason="running") for rank, registered_at in ((0, 5.0), (1, None))]
     assert unregistered_ranks(ranks, started_at=0.0, now=59.0, timeout=60.0) == []
     assert unregistered_ranks(ranks, started_at=0.0, now=61.0, timeout=60.0) == [1]
 

@@ -35,21 +35,21 @@ def _running_on_notice(world, step: int = 57, notice: dict | None = NOTICE) -> t
 def test_the_next_node_launches_while_the_handed_over_one_drains(world):
     job_id, old = _running_on_notice(world)
     assert hand_over(world.store, old, 57) == "RECOVERING"
-    assert world.store.node(old["id"])["state"] == "draining"
+    assert world.store.node(old.id).state == "draining"
     first = world.store.attempts(job_id)[0]
-    assert first["end_reason"] == "preempted" and first["checkpoint_step"] == 57 and first["exit_code"] is None
+    assert first.end_reason == "preempted" and first.checkpoint_step == 57 and first.exit_code is None
 
     world.tick()
     new = world.node(job_id)
-    assert new["id"] != old["id"] and new["attempt"] == 2
-    assert sorted(world.provider.alive()) == sorted([old["id"], new["id"]])  # both run for a moment
-    assert world.store.attempts(job_id)[1]["resumed_from_step"] == 57
+    assert new.id != old.id and new.attempt == 2
+    assert sorted(world.provider.alive()) == sorted([old.id, new.id])  # both run for a moment
+    assert world.store.attempts(job_id)[1].resumed_from_step == 57
 
-    assert close_drained(world.store, world.store.node(old["id"]), exit_code=0)
+    assert close_drained(world.store, world.store.node(old.id), exit_code=0)
     world.tick()
-    assert world.store.node(old["id"])["state"] == "terminated"
-    assert world.provider.alive() == [new["id"]]
-    assert world.store.attempts(job_id)[0]["exit_code"] == 0
+    assert world.store.node(old.id).state == "terminated"
+    assert world.provider.alive() == [new.id]
+    assert world.store.attempts(job_id)[0].exit_code == 0
 
 
 @pytest.mark.parametrize("step, notice", [(56, NOTICE), (57, None)])
@@ -58,7 +58,7 @@ def test_no_handover_for_another_step_or_without_a_notice(world, step, notice):
     job_id, old = _running_on_notice(world, notice=notice)
     assert hand_over(world.store, old, step) is None
     world.tick()
-    assert world.node(job_id)["id"] == old["id"] and world.store.node(old["id"])["state"] == "running"
+    assert world.node(job_id).id == old.id and world.store.node(old.id).state == "running"
     assert not close_drained(world.store, old, exit_code=0)
 
 
@@ -66,5 +66,5 @@ def test_a_draining_node_that_never_reports_is_reclaimed_at_its_limit(world):
     job_id, old = _running_on_notice(world)
     hand_over(world.store, old, 57, now=time.time() - 3600)  # its drain limit passed long ago
     world.tick(2)
-    assert world.store.node(old["id"])["state"] == "terminated"
-    assert old["id"] not in world.provider.alive()
+    assert world.store.node(old.id).state == "terminated"
+    assert old.id not in world.provider.alive()

@@ -40,7 +40,7 @@ def running_job(world) -> tuple[str, dict]:
     world.tick()
     world.register(job_id)
     world.tick()
-    return job_id, {"Authorization": f"Bearer {world.ctx.node_token(world.node(job_id)['id'])}"}
+    return job_id, {"Authorization": f"Bearer {world.ctx.node_token(world.node(job_id).id)}"}
 
 
 def beat(api, headers, body=BEAT):
@@ -52,7 +52,7 @@ def test_a_running_node_is_told_to_continue_and_its_progress_is_kept(world, api)
     assert beat(api, headers).json() == {"action": "continue"}
     api.controller.heartbeats.flush()
     node = world.node(job_id)
-    assert node["progress"] == {"phase": "running", "checkpoint_step": 100} and node["last_heartbeat"] > 0
+    assert node.progress == {"phase": "running", "checkpoint_step": 100} and node.last_heartbeat > 0
 
 
 def test_the_answer_follows_the_database_on_the_very_next_beat(world, api):
@@ -61,10 +61,10 @@ def test_the_answer_follows_the_database_on_the_very_next_beat(world, api):
     world.cancel(job_id)
     assert beat(api, headers).json() == {"action": "cancel"}
     with world.store.db.transaction() as tx:
-        world.store.update_node(tx, world.node(job_id)["id"], state="terminating")
+        world.store.update_node(tx, world.node(job_id).id, state="terminating")
     assert beat(api, headers).json() == {"action": "shutdown"}
     with world.store.db.transaction() as tx:
-        world.store.update_node(tx, world.node(job_id)["id"], state="terminated", terminated_at=time.time())
+        world.store.update_node(tx, world.node(job_id).id, state="terminated", terminated_at=time.time())
     assert beat(api, headers).status_code == 401
 
 
@@ -95,7 +95,7 @@ def test_a_malformed_beat_is_422_naming_the_field_and_is_not_kept(world, api, bo
     reply = beat(api, headers, body)
     assert reply.status_code == 422 and reply.json()["detail"].startswith(field)
     api.controller.heartbeats.flush()
-    assert world.node(job_id)["progress"] is None
+    assert world.node(job_id).progress is None
 
 
 def test_a_body_that_is_not_json_is_422_with_a_token_and_401_without(world, api):
@@ -111,7 +111,7 @@ def test_an_empty_beat_means_running_without_progress(world, api):
     job_id, headers = running_job(world)
     assert beat(api, headers, {}).json() == {"action": "continue"}
     api.controller.heartbeats.flush()
-    assert world.node(job_id)["progress"] == {"phase": "running"}
+    assert world.node(job_id).progress == {"phase": "running"}
 
 
 def test_the_heartbeat_takes_only_a_post_and_a_small_body(world, api):
@@ -124,7 +124,7 @@ def test_the_heartbeat_takes_only_a_post_and_a_small_body(world, api):
     refused = beat(api, headers, huge)
     assert refused.status_code == 413 and "at most" in refused.json()["detail"]
     api.controller.heartbeats.flush()
-    assert world.node(job_id)["progress"] is None
+    assert world.node(job_id).progress is None
 
 
 def test_a_database_error_during_a_beat_is_a_500_and_the_next_beat_is_answered(world, api, monkeypatch):

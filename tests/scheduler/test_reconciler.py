@@ -29,9 +29,9 @@ def test_a_pending_job_launches_one_node_on_the_cheapest_spot_offer(world):
     job_id = world.submit()
     world.tick()
     (attempt,) = world.store.attempts(job_id)
-    assert attempt["zone"] == "mem-a" and attempt["spot"] and attempt["price_per_hour"] == 0.01
-    assert world.provider.alive() == [world.node(job_id)["id"]]
-    assert world.store.job(job_id)["state"] == "PROVISIONING"
+    assert attempt.zone == "mem-a" and attempt.spot and attempt.price_per_hour == 0.01
+    assert world.provider.alive() == [world.node(job_id).id]
+    assert world.store.job(job_id).state == "PROVISIONING"
     world.tick(3)
     assert len(world.provider.nodes) == 1  # no second launch while the first node lives
 
@@ -41,8 +41,8 @@ def test_an_on_demand_job_launches_at_the_on_demand_price(world):
     job_id = world.submit(resources={"spot_policy": "on-demand"})
     world.tick()
     (attempt,) = world.store.attempts(job_id)
-    assert attempt["spot"] is False and attempt["price_per_hour"] == 0.05
-    assert world.provider.nodes[world.node(job_id)["id"]].request.spot is False
+    assert attempt.spot is False and attempt.price_per_hour == 0.05
+    assert world.provider.nodes[world.node(job_id).id].request.spot is False
 
 
 def test_capacity_errors_fail_over_zone_by_zone_and_are_logged(world):
@@ -52,7 +52,7 @@ def test_capacity_errors_fail_over_zone_by_zone_and_are_logged(world):
     job_id = world.submit()
     world.tick(3)
     (attempt,) = world.store.attempts(job_id)
-    assert attempt["zone"] == "mem-c" and world.store.job(job_id)["state"] == "PROVISIONING"
+    assert attempt.zone == "mem-c" and world.store.job(job_id).state == "PROVISIONING"
     failures = world.events(job_id, "launch-failed")
     assert len(failures) == 2 and "mem-a" in failures[0] and "mem-b" in failures[1]
     assert all("no capacity" in f for f in failures)
@@ -64,8 +64,8 @@ def test_with_every_zone_out_of_capacity_the_job_waits_pending_and_says_why(worl
     job_id = world.submit()
     world.tick(5)
     job = world.store.job(job_id)
-    assert job["state"] == "PENDING" and world.store.attempts(job_id) == []
-    assert "no capacity" in job["message"] and world.provider.alive() == []
+    assert job.state == "PENDING" and world.store.attempts(job_id) == []
+    assert "no capacity" in job.message and world.provider.alive() == []
     assert len(world.events(job_id, "launch-failed")) == 3  # each zone once, then all are backed off
 
 
@@ -75,8 +75,8 @@ def test_bad_credentials_fail_the_job_at_once_with_the_providers_message(world):
     job_id = world.submit()
     world.tick(3)
     job = world.store.job(job_id)
-    assert job["state"] == "FAILED" and "ec2:RunInstances" in job["message"]
-    assert world.provider.launch_calls == [world.node(job_id)["id"]]
+    assert job.state == "FAILED" and "ec2:RunInstances" in job.message
+    assert world.provider.launch_calls == [world.node(job_id).id]
 
 
 @pytest.mark.parametrize("gone, reason", [("preempt", "preempted"), ("lose", "lost")])
@@ -86,23 +86,23 @@ def test_a_node_the_cloud_takes_away_ends_the_attempt_and_the_job_moves_zone(wor
     job_id = world.submit()
     world.tick()
     world.register(job_id)
-    first = world.node(job_id)["id"]
+    first = world.node(job_id).id
     getattr(world.provider, gone)(first)
     world.tick(2)
     ended, current = world.store.attempts(job_id)
-    assert ended["end_reason"] == reason and first in ended["message"]
-    assert current["end_reason"] == "running" and current["zone"] != ended["zone"]
-    assert world.store.job(job_id)["preemptions"] == 1 and world.store.node(first)["state"] == "terminated"
+    assert ended.end_reason == reason and first in ended.message
+    assert current.end_reason == "running" and current.zone != ended.zone
+    assert world.store.job(job_id).preemptions == 1 and world.store.node(first).state == "terminated"
 
 
 def test_with_max_preemptions_used_up_a_lost_node_fails_the_job(world):
     """recovery.max_preemptions 0: the first loss fails the job and nothing is launched again."""
     job_id = world.submit(recovery={"resume_drill": "off", "max_preemptions": 0})
     world.tick()
-    world.provider.lose(world.node(job_id)["id"])
+    world.provider.lose(world.node(job_id).id)
     world.tick(3)
     job = world.store.job(job_id)
-    assert job["state"] == "FAILED" and "max_preemptions" in job["message"]
+    assert job.state == "FAILED" and "max_preemptions" in job.message
     assert len(world.provider.nodes) == 1
 
 
@@ -111,11 +111,11 @@ def test_the_node_of_a_finished_job_is_released(world):
     job_id = world.submit()
     world.tick()
     world.register(job_id)
-    node = world.node(job_id)["id"]
+    node = world.node(job_id).id
     assert end_attempt(world.store, job_id, 1, "succeeded", exit_code=0) == "SUCCEEDED"
     world.tick()
     assert world.provider.terminate_calls == [node] and world.provider.alive() == []
-    assert world.store.node(node)["state"] == "terminated"
+    assert world.store.node(node).state == "terminated"
 
 
 def test_a_cancelled_job_keeps_its_node_through_the_grace(world):
@@ -125,8 +125,8 @@ def test_a_cancelled_job_keeps_its_node_through_the_grace(world):
     world.register(job_id)
     world.cancel(job_id)
     world.tick(3)
-    assert world.store.job(job_id)["state"] == "RUNNING"
-    assert world.provider.alive() == [world.node(job_id)["id"]]
+    assert world.store.job(job_id).state == "RUNNING"
+    assert world.provider.alive() == [world.node(job_id).id]
 
 
 def test_after_the_cancel_grace_the_node_goes_even_if_the_agent_never_reported(world):
@@ -136,8 +136,8 @@ def test_after_the_cancel_grace_the_node_goes_even_if_the_agent_never_reported(w
     world.register(job_id)
     world.cancel(job_id, at=time.time() - CANCEL_GRACE_SECONDS - 1)
     world.tick()
-    assert world.store.job(job_id)["state"] == "CANCELLED"
-    assert world.store.attempts(job_id)[0]["end_reason"] == "cancelled"
+    assert world.store.job(job_id).state == "CANCELLED"
+    assert world.store.attempts(job_id)[0].end_reason == "cancelled"
     assert world.provider.alive() == []
 
 
@@ -147,7 +147,7 @@ def test_a_job_cancelled_before_its_node_registered_ends_at_once(world):
     world.tick()
     world.cancel(job_id)
     world.tick()
-    assert world.store.job(job_id)["state"] == "CANCELLED" and world.provider.alive() == []
+    assert world.store.job(job_id).state == "CANCELLED" and world.provider.alive() == []
 
 
 def test_a_job_cancelled_while_pending_never_launches(world):
@@ -156,7 +156,7 @@ def test_a_job_cancelled_while_pending_never_launches(world):
     job_id = world.submit()
     world.cancel(job_id)
     world.tick(2)
-    assert world.store.job(job_id)["state"] == "CANCELLED" and world.provider.launch_calls == []
+    assert world.store.job(job_id).state == "CANCELLED" and world.provider.launch_calls == []
 
 
 class CrashAfterLaunch(MemoryProvider):
@@ -173,15 +173,15 @@ def test_a_launch_cut_short_by_a_controller_crash_is_finished_without_a_second_n
     job_id = crashing.submit()
     with pytest.raises(SystemExit):
         crashing.tick()
-    assert crashing.node(job_id)["state"] == "launching"
+    assert crashing.node(job_id).state == "launching"
     survivor = MemoryProvider()
     survivor.nodes = crashing.provider.nodes  # the same cloud, seen by the restarted controller
     ctx = SchedulerContext(store=crashing.store, providers={"memory": survivor}, controller_url="http://controller",
                            node_token=lambda n: f"token-{n}", token_hasher=lambda t: f"hash-{t}")
     Reconciler(ctx).tick()
-    assert len(survivor.nodes) == 1 and survivor.launch_calls == [crashing.node(job_id)["id"]]
-    assert crashing.node(job_id)["state"] == "running" and len(crashing.store.attempts(job_id)) == 1
-    assert crashing.store.job(job_id)["state"] == "PROVISIONING"
+    assert len(survivor.nodes) == 1 and survivor.launch_calls == [crashing.node(job_id).id]
+    assert crashing.node(job_id).state == "running" and len(crashing.store.attempts(job_id)) == 1
+    assert crashing.store.job(job_id).state == "PROVISIONING"
 
 
 def test_a_jobs_cost_is_the_sum_of_its_attempts_at_the_price_each_paid(world):

@@ -56,7 +56,7 @@ def api(world, tmp_path):
 
 def as_node(world, job_id: str) -> dict:
     node = world.node(job_id)
-    return {"Authorization": f"Bearer {world.ctx.node_token(node['id'])}"}
+    return {"Authorization": f"Bearer {world.ctx.node_token(node.id)}"}
 
 
 def on_demand_after_a_preemption(world) -> str:
@@ -73,7 +73,7 @@ def on_demand_after_a_preemption(world) -> str:
     world.tick()
     world.register(job_id)
     current = world.store.current_attempt(job_id)
-    assert current["attempt"] == 2 and not current["spot"], "the relaunch should run on on-demand"
+    assert current.attempt == 2 and not current.spot, "the relaunch should run on on-demand"
     assert world.events(job_id, "placement")[-1].startswith("on-demand: 9.0 h of work left, 10.0 h to the deadline")
     return job_id
 
@@ -113,7 +113,7 @@ def test_an_on_demand_job_moves_to_spot_when_spot_is_affordable_again(world, api
     assert why in rows[1]["message"] and rows[1]["checkpoint_step"] == 1300 and rows[1]["lost_seconds"] == 0
     assert rows[2]["resumed_from_step"] == 1300 and rows[2]["message"].startswith("spot: ")
     job = world.store.job(job_id)
-    assert (job["preemptions"], job["failures"]) == (1, 0)  # a move is neither
+    assert (job.preemptions, job.failures) == (1, 0)  # a move is neither
 
 
 def test_an_agent_that_does_not_stop_the_job_has_its_attempt_ended_as_moved_after_the_grace(world, api):
@@ -121,21 +121,21 @@ def test_an_agent_that_does_not_stop_the_job_has_its_attempt_ended_as_moved_afte
     spot_returns(world)
     world.tick()
     (why,) = world.events(job_id, MOVE_EVENT)
-    on_demand_node = world.node(job_id)["id"]
+    on_demand_node = world.node(job_id).id
 
     world.ctx.clock.skipped += MOVE_GRACE_SECONDS - 1
     world.tick()
-    assert world.store.current_attempt(job_id)["attempt"] == 2  # still within the grace: left to the agent
+    assert world.store.current_attempt(job_id).attempt == 2  # still within the grace: left to the agent
 
     world.ctx.clock.skipped += 1
     world.tick()
     moved, relaunched = world.store.attempts(job_id)[1:]
-    assert moved["end_reason"] == "moved" and moved["message"].startswith(why)
-    assert moved["message"].endswith(f"the job had not stopped {MOVE_GRACE_SECONDS:.0f}s after the request, so "
+    assert moved.end_reason == "moved" and moved.message.startswith(why)
+    assert moved.message.endswith(f"the job had not stopped {MOVE_GRACE_SECONDS:.0f}s after the request, so "
                                      "its node was released")
     assert on_demand_node in world.provider.terminate_calls
-    assert relaunched["spot"] and relaunched["zone"] == "zone-b"
-    assert world.store.job(job_id)["preemptions"] == 1
+    assert relaunched.spot and relaunched.zone == "zone-b"
+    assert world.store.job(job_id).preemptions == 1
 
 
 def test_no_move_is_weighed_more_often_than_once_a_minute(world):
@@ -156,5 +156,5 @@ def test_a_job_on_spot_is_never_asked_to_move(world, api):
     world.register(job_id)
     world.ctx.clock.skipped += CHECK_EVERY_SECONDS
     world.tick()
-    assert world.store.current_attempt(job_id)["spot"] and world.events(job_id, MOVE_EVENT) == []
+    assert world.store.current_attempt(job_id).spot and world.events(job_id, MOVE_EVENT) == []
     assert api.post("/v1/agent/heartbeat", json={}, headers=as_node(world, job_id)).json() == {"action": "continue"}

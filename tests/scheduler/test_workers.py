@@ -54,7 +54,7 @@ def world(db_url):
 
 
 def running(world, job_id: str) -> bool:
-    return world.store.job(job_id)["state"] == "PROVISIONING"
+    return world.store.job(job_id).state == "PROVISIONING"
 
 
 def test_a_launch_that_never_completes_holds_up_neither_a_cancel_nor_a_lost_node(world):
@@ -67,16 +67,16 @@ def test_a_launch_that_never_completes_holds_up_neither_a_cancel_nor_a_lost_node
     world.provider.hold_launches()
     a = world.submit(name="a")
     assert tick_returns(world)
-    assert world.node(a)["state"] == "launching" and world.ctx.launches.in_flight(world.node(a)["id"])
+    assert world.node(a).state == "launching" and world.ctx.launches.in_flight(world.node(a).id)
 
     world.cancel(b, at=time.time() - CANCEL_GRACE_SECONDS - 1)
-    lost = world.node(c)["id"]
+    lost = world.node(c).id
     world.provider.lose(lost)
     assert tick_returns(world)
-    assert world.store.job(b)["state"] == "CANCELLED" and world.store.node(world.node(b)["id"])["state"] == "terminated"
+    assert world.store.job(b).state == "CANCELLED" and world.store.node(world.node(b).id).state == "terminated"
     ended = world.store.attempts(c)[0]
-    assert ended["end_reason"] == "lost" and lost in ended["message"]
-    assert world.store.job(a)["state"] == "PENDING"  # still waiting on its cloud, and nothing else did
+    assert ended.end_reason == "lost" and lost in ended.message
+    assert world.store.job(a).state == "PENDING"  # still waiting on its cloud, and nothing else did
 
 
 def test_a_node_released_while_its_launch_is_out_is_terminated_when_the_answer_comes(world):
@@ -86,10 +86,10 @@ def test_a_node_released_while_its_launch_is_out_is_terminated_when_the_answer_c
     assert tick_returns(world)
     world.cancel(job_id)
     assert tick_returns(world)
-    assert world.store.job(job_id)["state"] == "CANCELLED"
-    node_id = world.node(job_id)["id"]
+    assert world.store.job(job_id).state == "CANCELLED"
+    node_id = world.node(job_id).id
     world.provider.release_launches()
-    tick_until(world, lambda: world.store.node(node_id)["state"] == "terminated", "the late node's release")
+    tick_until(world, lambda: world.store.node(node_id).state == "terminated", "the late node's release")
     assert world.provider.alive() == [] and world.provider.terminate_calls == [node_id]
 
 
@@ -117,13 +117,13 @@ def test_the_cancel_grace_leaves_the_node_to_the_agent_then_takes_it(clocked):
     world.cancel(job_id, at=clock.now)
     clock.now += CANCEL_GRACE_SECONDS - 0.5
     world.tick()
-    assert world.store.job(job_id)["state"] == "RUNNING" and world.provider.alive() == [world.node(job_id)["id"]]
+    assert world.store.job(job_id).state == "RUNNING" and world.provider.alive() == [world.node(job_id).id]
     clock.now += 1.0
     world.tick()
     (attempt,) = world.store.attempts(job_id)
-    assert world.store.job(job_id)["state"] == "CANCELLED" and world.provider.alive() == []
-    assert attempt["end_reason"] == "cancelled" and attempt["ended_at"] == clock.now
-    assert f"{CANCEL_GRACE_SECONDS:.0f}s" in attempt["message"]
+    assert world.store.job(job_id).state == "CANCELLED" and world.provider.alive() == []
+    assert attempt.end_reason == "cancelled" and attempt.ended_at == clock.now
+    assert f"{CANCEL_GRACE_SECONDS:.0f}s" in attempt.message
 
 
 def test_an_agent_that_stops_the_job_within_the_grace_frees_the_node_at_once(clocked):
@@ -138,7 +138,7 @@ def test_an_agent_that_stops_the_job_within_the_grace_frees_the_node_at_once(clo
     clock.now += 3.0
     assert end_attempt(world.store, job_id, 1, "cancelled", exit_code=0, now=clock.now) == "CANCELLED"
     world.tick()
-    assert world.provider.alive() == [] and world.store.attempts(job_id)[0]["exit_code"] == 0
+    assert world.provider.alive() == [] and world.store.attempts(job_id)[0].exit_code == 0
 
 
 @pytest.mark.parametrize("waited, attempt_running, agent, step", [

@@ -146,11 +146,11 @@ def test_rows_decode_to_their_declared_types(db_url):
         store.insert_attempt(tx, "j", "n1", offer, True, 0, 1000)
         store.insert_node(tx, "n1", "j", 1, "local", "hash", offer, False, 1000)
     job = store.job("j")
-    assert job["cancel_requested"] is None and isinstance(job["created_at"], float)
+    assert job.cancel_requested is None and isinstance(job.created_at, float)
     with store.db.transaction() as tx:
         store.request_cancel(tx, "j", 1763900000.0)
         store.request_cancel(tx, "j", clock.time() + 99)  # a second request keeps the first
-    assert store.job("j")["cancel_requested"] == 1763900000.0
+    assert store.job("j").cancel_requested == 1763900000.0
     attempt, node = store.attempts("j")[0], store.node("n1")
-    assert attempt["spot"] is True and isinstance(attempt["started_at"], float) and attempt["end_reason"] == "running"
-    assert node["spot"] is False and node["offer"] == offer and isinstance(node["attempt"], int)
+    assert attempt.spot is True and isinstance(attempt.started_at, float) and attempt.end_reason == "running"
+    assert node.spot is False and node.offer == offer and isinstance(node.attempt, int)

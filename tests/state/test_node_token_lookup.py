@@ -18,10 +18,10 @@ def test_a_token_finds_its_node_with_its_current_state(db_url):
     with store.db.transaction() as tx:
         store.insert_job(tx, "j1", "job", {"recovery": {}}, "PENDING", time.time())
         store.insert_node(tx, "n1", "j1", 1, "memory", "hash-1", OFFER, True, time.time())
-    assert store.node_by_token_hash("hash-1")["state"] == "launching"
+    assert store.node_by_token_hash("hash-1").state == "launching"
     with store.db.transaction() as tx:
         store.update_node(tx, "n1", state="terminated")
-    assert store.node_by_token_hash("hash-1")["state"] == "terminated"
+    assert store.node_by_token_hash("hash-1").state == "terminated"
     assert store.node_by_token_hash("hash-2") is None
 
 

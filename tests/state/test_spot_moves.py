@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from runner.providers.memory import memory_offers
 from runner.state import Store, open_database
-from runner.state.spot_moves import on_demand_attempts
+from runner.state.spot_moves import OnDemandAttempt, on_demand_attempts
 
 OFFER = memory_offers(("zone-a",))[0].to_json()
 
@@ -27,5 +27,4 @@ def test_only_registered_on_demand_attempts_of_running_uncancelled_jobs_with_the
         store.add_event(tx, "on-demand", "move", "an earlier attempt's request", attempt=0, now=15.0)
 
     assert on_demand_attempts(store.db, "RUNNING", "move") == [
-        {"job_id": "on-demand", "attempt": 1, "move_requested_at": None},
-        {"job_id": "moving", "attempt": 1, "move_requested_at": 20.5}]
+        OnDemandAttempt("on-demand", 1, None), OnDemandAttempt("moving", 1, 20.5)]

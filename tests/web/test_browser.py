@@ -17,6 +17,7 @@ from browser import MISSING, chrome
 from conftest import REPO, kill_nodes, write_job
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+SQLITE_ONLY = "a real browser over the pages that test_render.py and test_signin.py check on both databases"
 
 TRAIN = REPO / "examples" / "quickstart" / "train.py"
 INJECTION = """<script>document.title="pwned"</script><img src=x onerror="document.title=42">"""
