@@ -5,7 +5,10 @@ alone), on the in-memory provider: jobs are submitted through the real API, the 
 and every launched node's bootstrap (its id and token) is handed to this script, which plays the node's
 agent over HTTP: it registers, then heartbeats once a second, ships a line of output every
 ``--log-every`` seconds and reports a durable checkpoint every ``--checkpoint-every`` seconds, each node
-at its own phase. The load generator is one asyncio loop (aiohttp) in this process.
+at its own phase. The load generator is one asyncio loop in this process; each node keeps its own
+keep-alive connection, as an agent does. Its HTTP client is the few lines of :class:`NodeConnection`, not
+aiohttp: on a 2-core machine the generator shares the CPU with the controller it measures, and aiohttp's
+client costs about as much CPU a request as the controller's answer.
 
 Printed per N: p50/p99 latency and requests per second of each endpoint, the share of heartbeats that
 came late, and the controller's CPU (percent of one core) and resident memory (psutil).
@@ -29,6 +32,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -89,14 +93,15 @@ class Recorder:
         self.recording = False
         self.cpu = self.gen_cpu = self.rss_mb = self.cpu_ms_per_request = 0.0
 
-    async def call(self, session, method: str, url: str, endpoint: str, token: str, body=None):
+    async def call(self, connection: "NodeConnection", method: str, path: str, endpoint: str, token: str,
+                   body=None):
         started = time.perf_counter()
         try:
-            async with session.request(method, url, json=body, headers={"Authorization": f"Bearer {token}"}) as reply:
-                payload = await reply.read()
-                ok = reply.status < 400
-        except Exception:  # a refused or reset connection counts as an error of that endpoint
+            status, payload = await connection.request(method, path, token, body)
+            ok = status < 400
+        except (OSError, ConnectionError, asyncio.TimeoutError):  # refused, reset or stalled: an error of that endpoint
             ok, payload = False, b""
+            await connection.reconnect()
         elapsed = time.perf_counter() - started
         if self.recording:
             if ok:
@@ -106,10 +111,68 @@ class Recorder:
         return json.loads(payload) if ok and payload else None
 
 
-async def play_node(session, url: str, node: dict, recorder: Recorder, stop: asyncio.Event,
+class NodeConnection(asyncio.Protocol):
+    """One node's keep-alive HTTP/1.1 connection to the controller: a request at a time, each reply read to its
+    Content-Length (the controller always sends one)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._reply: asyncio.Future | None = None
+
+    async def open(self) -> "NodeConnection":
+        loop = asyncio.get_running_loop()
+        await loop.create_connection(lambda: self, self.host, self.port)
+        return self
+
+    async def reconnect(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.transport, self._buffer = None, bytearray()
+        try:
+            await self.open()
+        except OSError:
+            pass  # the next request fails too, and tries again
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_exception(ConnectionError("the controller closed the connection"))
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0 or self._reply is None:
+            return
+        head = bytes(self._buffer[:end]).decode("latin-1").lower()
+        marker = head.find("content-length:")
+        length = int(head[marker + 15:].split("\r\n", 1)[0]) if marker >= 0 else 0
+        if len(self._buffer) < end + 4 + length:
+            return
+        body = bytes(self._buffer[end + 4:end + 4 + length])
+        del self._buffer[:end + 4 + length]
+        self._reply.set_result((int(head[9:12]), body))
+
+    async def request(self, method: str, path: str, token: str, body=None, timeout: float = 60) -> tuple[int, bytes]:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionError("not connected")
+        data = json.dumps(body).encode() if body is not None else b""
+        self._reply = asyncio.get_running_loop().create_future()
+        self.transport.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
+                             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        return await asyncio.wait_for(self._reply, timeout)
+
+
+async def play_node(url: str, node: dict, recorder: Recorder, stop: asyncio.Event,
                     log_every: float, checkpoint_every: float) -> None:
     token = node["token"]
+    where = urlsplit(url)
     await asyncio.sleep(random.random())  # each node at its own phase within the second
+    session = await NodeConnection(where.hostname, where.port).open()
+    url = ""  # paths only, on the node's own connection
     while await recorder.call(session, "POST", url + "/v1/agent/register", "register", token, {"address": "10.0.0.1"}) is None:
         if stop.is_set():
             return
@@ -138,54 +201,63 @@ async def play_node(session, url: str, node: dict, recorder: Recorder, stop: asy
                                                                 "seconds": 0.4, "bytes": 1 << 20}})
         due = max(due + 1.0, time.monotonic())  # a late node beats again a second later, as an agent does
         await asyncio.sleep(due - time.monotonic())
+    session.transport.close()
 
 
 async def drive(url: str, admin: str, data_dir: Path, nodes: int, args, controller: psutil.Process) -> Recorder:
-    import aiohttp
-
     recorder = Recorder()
-    connector = aiohttp.TCPConnector(limit=args.connections)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
-        submitting = asyncio.Semaphore(16)
+    where = urlsplit(url)
+    submitters = [await NodeConnection(where.hostname, where.port).open() for _ in range(16)]
 
-        async def submit(i: int) -> None:  # through the real API: the scheduler launches a node for each job
-            async with submitting:
-                reply = await recorder.call(session, "POST", url + "/v1/jobs", "submit", admin,
-                                            {"spec": {**JOB, "name": f"bench-{i}"}})
+    async def submit(connection: NodeConnection, numbers: range) -> None:  # through the real API: the scheduler
+        for i in numbers:                                                   # launches a node for each job
+            reply = await recorder.call(connection, "POST", "/v1/jobs", "submit", admin,
+                                        {"spec": {**JOB, "name": f"bench-{i}"}})
             if reply is None:
                 raise SystemExit(f"submitting job {i} failed; see {data_dir / 'controller.err'}")
 
-        await asyncio.gather(*(submit(i) for i in range(nodes)))
-        bootstraps = data_dir / BOOTSTRAPS
-        deadline = time.monotonic() + 300
-        while True:
-            lines = bootstraps.read_text().splitlines() if bootstraps.exists() else []
-            if len(lines) >= nodes:
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(lines)} of {nodes} nodes were launched within 300 s")
-            await asyncio.sleep(0.2)
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(play_node(session, url, json.loads(line), recorder, stop, args.log_every,
-                                               args.checkpoint_every)) for line in lines[:nodes]]
-        await asyncio.sleep(args.warmup)  # every node registered and at its steady cadence
-        me = psutil.Process()
-        before, mine, started = controller.cpu_times(), me.cpu_times(), time.monotonic()
-        recorder.recording = True
-        profiler = _profile(controller.pid, args.seconds, args.profile, nodes) if args.profile else None
-        await asyncio.sleep(args.seconds)
-        if profiler is not None:
-            profiler.wait()
-        recorder.recording = False
-        after, mine_after, wall = controller.cpu_times(), me.cpu_times(), time.monotonic() - started
-        recorder.cpu = 100 * (after.user + after.system - before.user - before.system) / wall
-        served = sum(len(v) for v in recorder.latencies.values()) + sum(recorder.errors.values())
-        recorder.cpu_ms_per_request = 1000 * (after.user + after.system - before.user - before.system) / max(1, served)
-        recorder.gen_cpu = 100 * (mine_after.user + mine_after.system - mine.user - mine.system) / wall
-        recorder.rss_mb = controller.memory_info().rss / 2**20
-        stop.set()
-        await asyncio.gather(*tasks)
+    await asyncio.gather(*(submit(c, range(k, nodes, len(submitters))) for k, c in enumerate(submitters)))
+    for connection in submitters:
+        connection.transport.close()
+    bootstraps = data_dir / BOOTSTRAPS
+    deadline = time.monotonic() + 300
+    while True:
+        lines = bootstraps.read_text().splitlines() if bootstraps.exists() else []
+        if len(lines) >= nodes:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(lines)} of {nodes} nodes were launched within 300 s")
+        await asyncio.sleep(0.2)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(play_node(url, json.loads(line), recorder, stop, args.log_every,
+                                           args.checkpoint_every)) for line in lines[:nodes]]
+    await asyncio.sleep(args.warmup)  # every node registered and at its steady cadence
+    me = psutil.Process()
+    before, mine, started = controller.cpu_times(), me.cpu_times(), time.monotonic()
+    recorder.recording = True
+    profiler = _profile(controller.pid, args.seconds, args.profile, nodes) if args.profile else None
+    await asyncio.sleep(args.seconds)
+    if profiler is not None:
+        profiler.wait()
+    recorder.recording = False
+    after, mine_after, wall = controller.cpu_times(), me.cpu_times(), time.monotonic() - started
+    recorder.cpu = 100 * (after.user + after.system - before.user - before.system) / wall
+    served = sum(len(v) for v in recorder.latencies.values()) + sum(recorder.errors.values())
+    recorder.cpu_ms_per_request = 1000 * (after.user + after.system - before.user - before.system) / max(1, served)
+    recorder.gen_cpu = 100 * (mine_after.user + mine_after.system - mine.user - mine.system) / wall
+    recorder.rss_mb = controller.memory_info().rss / 2**20
+    stop.set()
+    await asyncio.gather(*tasks)
     return recorder
+
+
+def _run(coroutine):
+    """On uvloop where it is installed (as the controller runs): the generator's own CPU is less of the machine."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 def _profile(pid: int, seconds: float, prefix: str, nodes: int) -> subprocess.Popen:
@@ -202,7 +274,7 @@ def measure(nodes: int, args) -> dict:
         data_dir = Path(folder)
         process, url, admin = start_controller(data_dir, args.db)
         try:
-            recorder = asyncio.run(drive(url, admin, data_dir, nodes, args, psutil.Process(process.pid)))
+            recorder = _run(drive(url, admin, data_dir, nodes, args, psutil.Process(process.pid)))
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -228,7 +300,6 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of load before recording")
     parser.add_argument("--log-every", type=float, default=5.0, help="seconds between a node's log chunks")
     parser.add_argument("--checkpoint-every", type=float, default=30.0, help="seconds between a node's checkpoints")
-    parser.add_argument("--connections", type=int, default=512, help="HTTP connections the nodes share")
     parser.add_argument("--db", help="database URL (default: SQLite in the controller's temporary data dir)")
     parser.add_argument("--profile", metavar="PREFIX", help="py-spy the controller while recording: PREFIX.N.txt "
                         "(collapsed stacks for flamegraph.pl or speedscope; pip install py-spy). py-spy takes CPU "
