@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import psycopg
+import pytest
 
 from runner.controller.leadership import LeaderLoop
 from runner.state import open_database
@@ -29,6 +30,7 @@ def wait_for(condition, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.sqlite_only("on SQLite there is no lock to take: a controller alone leads at once")
 def test_a_controller_alone_on_sqlite_leads_from_its_first_moment(tmp_path):
     log: list = []
     loop = LeaderLoop(Leadership(open_database(f"sqlite:///{tmp_path / 'state.db'}")), lambda: Worker(log))
