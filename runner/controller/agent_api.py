@@ -1,4 +1,5 @@
-"""Endpoints for agents (node tokens): register, logs, events, exit, workdir (the heartbeat: heartbeat_api.py).
+"""Endpoints for agents (node tokens): register, log offset, events, exit, workdir (the heartbeat and log chunks,
+sent most often, are answered in front of the framework: heartbeat_api.py, log_api.py).
 
 The job is always taken from the token's node row, never from the request body.
 """
@@ -109,20 +110,6 @@ def workdir(request: Request, who: Principal = Depends(require_node)):
     if not digest or not state.workdirs.has(digest):
         raise HTTPException(404, "this job has no workdir")
     return StreamingResponse(state.workdirs.stream(digest), media_type="application/gzip")
-
-
-class LogChunk(BaseModel):
-    offset: int = Field(ge=0, le=reports.MAX_INT)
-    data_b64: str
-
-
-@router.post("/logs")
-def logs(body: LogChunk, request: Request, who: Principal = Depends(require_node)):
-    """Append output of this node's attempt; reply with the offset to send next."""
-    state = _state(request)
-    data = reports.base64_bytes(body.data_b64, "data_b64")
-    size = state.logs.append(who.node.job_id, who.node.attempt, body.offset, data, node=who.node.rank)
-    return {"offset": size}
 
 
 @router.get("/logs/offset")

@@ -42,7 +42,8 @@ class ControllerState:
 
 def create_app(state: ControllerState):
     from ..web import routes as web
-    from . import agent_api, api, heartbeat_api, metrics
+    from . import agent_api, api, heartbeat_api, log_api, metrics
+    from .front_door import FrontDoor
 
     state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
 
@@ -78,5 +79,5 @@ def create_app(state: ControllerState):
         where = ".".join(str(p) for p in first.get("loc", ()))
         return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=422)
 
-    # Every node sends a heartbeat a second: it is answered in front of the framework (heartbeat_api.py).
-    return heartbeat_api.HeartbeatFrontDoor(app, state)
+    # What every node sends all the time is answered in front of the framework (front_door.py).
+    return FrontDoor(app, state, {heartbeat_api.HEARTBEAT_PATH: heartbeat_api.ROUTE, log_api.LOGS_PATH: log_api.ROUTE})

@@ -69,8 +69,18 @@ def _is_admin(token: str, state) -> bool:
 
 def principal(request: Request) -> Principal:
     """Who is calling: the admin, or a node whose node row is not terminated."""
-    token = _bearer(request)
-    state = request.app.state.controller
+    return _principal(_bearer(request), request.app.state.controller)
+
+
+def node_caller(authorization: str, state):
+    """The calling node's row for an Authorization header, refused with the 401 and 403 of ``require_node``."""
+    who = _principal(bearer_token(authorization), state)
+    if who.kind != "node":
+        raise HTTPException(403, NODE_ONLY)
+    return who.node
+
+
+def _principal(token: str, state) -> Principal:
     if _is_admin(token, state):
         return Principal("admin")
     node = state.store.node_by_token_hash(hash_token(token))

@@ -3,6 +3,7 @@ read fresh on every beat, through the real app on the in-memory provider."""
 
 from __future__ import annotations
 
+import base64
 import time
 
 import pytest
@@ -138,3 +139,45 @@ def test_a_database_error_during_a_beat_is_a_500_and_the_next_beat_is_answered(w
     assert reply.status_code == 500 and reply.json() == {"detail": "Internal Server Error"}
     monkeypatch.undo()
     assert beat(api, headers).json() == {"action": "continue"}
+
+
+# --- log chunks (runner/controller/log_api.py), answered by the same front door ---------------------------
+def send_chunk(api, headers, body):
+    return api.post("/v1/agent/logs", json=body, headers=headers)
+
+
+def test_a_log_chunk_is_appended_once_and_a_resend_is_not_written_twice(world, api, tmp_path):
+    job_id, headers = running_job(world)
+    first = send_chunk(api, headers, {"offset": 0, "data_b64": base64.b64encode(b"step 1\n").decode()})
+    assert first.json() == {"offset": 7}
+    again = send_chunk(api, headers, {"offset": 0, "data_b64": base64.b64encode(b"step 1\nstep 2\n").decode()})
+    assert again.json() == {"offset": 14}
+    gap = send_chunk(api, headers, {"offset": 99, "data_b64": base64.b64encode(b"lost?\n").decode()})
+    assert gap.json() == {"offset": 14}  # a gap is refused: the agent resends from here
+    assert api.controller.logs.read(job_id, 1) == b"step 1\nstep 2\n"
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"data_b64": ""}, "body.offset"),
+    ({"offset": -1, "data_b64": ""}, "body.offset"),
+    ({"offset": "0", "data_b64": ""}, "body.offset"),
+    ({"offset": True, "data_b64": ""}, "body.offset"),
+    ({"offset": 2**70, "data_b64": ""}, "body.offset"),
+    ({"offset": 0}, "body.data_b64"),
+    ({"offset": 0, "data_b64": 5}, "body.data_b64"),
+    ({"offset": 0, "data_b64": "@@not base64@@"}, "data_b64"),
+    ([0], "body"),
+])
+def test_a_malformed_log_chunk_is_422_naming_the_field_and_nothing_is_written(world, api, body, field):
+    job_id, headers = running_job(world)
+    reply = send_chunk(api, headers, body)
+    assert reply.status_code == 422 and reply.json()["detail"].startswith(field)
+    assert api.controller.logs.read(job_id, 1) == b""
+
+
+def test_only_a_node_token_may_send_output(world, api):
+    running_job(world)
+    chunk = {"offset": 0, "data_b64": ""}
+    assert send_chunk(api, {}, chunk).status_code == 401
+    assert send_chunk(api, {"Authorization": "Bearer wrong"}, chunk).status_code == 401
+    assert send_chunk(api, {"Authorization": f"Bearer {ADMIN}"}, chunk).status_code == 403
