@@ -8,6 +8,7 @@ brings each node's back.
 
 from __future__ import annotations
 
+import json
 import threading
 
 import structlog
@@ -43,10 +44,12 @@ class HeartbeatBook:
             pending, self._pending = self._pending, {}
         if not pending:
             return 0
+        # Encoded before the write lock is taken: under load this thread shares the interpreter with the event
+        # loop, and Python work inside the transaction would hold every other writer back for as long.
+        beats = [(node_id, when, json.dumps(progress)) for node_id, (when, progress) in pending.items()]
         try:
             with self.store.db.transaction() as tx:
-                for node_id, (when, progress) in pending.items():
-                    self.store.update_node(tx, node_id, last_heartbeat=when, progress=progress)
+                self.store.record_heartbeats(tx, beats)
         except Exception:
             with self._lock:  # newer beats that arrived meanwhile win
                 self._pending = {**pending, **self._pending}

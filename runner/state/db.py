@@ -79,6 +79,10 @@ class Tx:
     def execute(self, sql: str, params: tuple = ()) -> int:
         return self._conn.execute(self._translate(sql), params).rowcount
 
+    def execute_many(self, sql: str, rows: list[tuple]) -> None:
+        """One statement for many rows, looped in the driver: no Python between rows while the write lock is held."""
+        self._conn.cursor().executemany(self._translate(sql), rows)
+
     def one(self, sql: str, params: tuple = ()) -> dict | None:
         row = self._conn.execute(self._translate(sql), params).fetchone()
         return dict(row) if row else None

@@ -250,6 +250,11 @@ class Store:
         assignments = ", ".join(f"{key} = ?" for key in fields)
         tx.execute(f"UPDATE nodes SET {assignments} WHERE id = ?", (*fields.values(), node_id))
 
+    def record_heartbeats(self, tx: Tx, beats: list[tuple[str, float, str]]) -> None:
+        """Each node's newest heartbeat: (node id, when, progress as JSON text), in one statement."""
+        tx.execute_many("UPDATE nodes SET last_heartbeat = ?, progress = ? WHERE id = ?",
+                        [(when, progress, node_id) for node_id, when, progress in beats])
+
     # --- events -----------------------------------------------------------
     def add_event(self, tx: Tx, job_id: str, kind: str, message: str, attempt: int | None = None,
                   now: float | None = None) -> None:
