@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from ..scheduler.reconciler import SchedulerContext
 from ..state import Store
 from .auth import principal
+from .heartbeat_reads import heartbeat_reads
 from .heartbeats import HeartbeatBook
 from .logstore import LogStore
 from .workdirs import FileWorkdirs
@@ -27,6 +28,7 @@ class ControllerState:
     logs: LogStore
     scheduler: SchedulerContext
     heartbeats: HeartbeatBook | None = None  # set by create_app: heartbeats written once a second, together
+    heartbeat_reads: object | None = None  # set by create_app: the heartbeat's reads (heartbeat_reads.py)
     is_leader: Callable[[], bool] = lambda: True  # runs the scheduler and reconciler (runner/controller/leadership.py)
 
     workdir_archives: object | None = None  # where uploaded workdirs are kept (default: files in the data dir)
@@ -46,13 +48,16 @@ def create_app(state: ControllerState):
     from .front_door import FrontDoor
 
     state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
+    state.heartbeat_reads = state.heartbeat_reads or heartbeat_reads(state.store)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.heartbeats.start()
+        state.heartbeat_reads.start()
         try:
             yield
         finally:
+            state.heartbeat_reads.stop()
             state.heartbeats.stop()  # the last second's heartbeats are written before the server exits
 
     # No /openapi.json: every endpoint needs a token, and the API's description is not one to hand out.

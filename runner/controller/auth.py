@@ -89,13 +89,13 @@ def _principal(token: str, state) -> Principal:
     return Principal("node", node)
 
 
-def heartbeat_caller(authorization: str, state) -> dict:
+async def heartbeat_caller(authorization: str, state) -> dict:
     """The calling node's ``Store.heartbeat_view`` for an Authorization header, read fresh, refused with the 401
     and 403 of ``require_node``."""
     token = bearer_token(authorization)
     if _is_admin(token, state):
         raise HTTPException(403, NODE_ONLY)
-    view = state.store.heartbeat_view(hash_token(token))
+    view = await state.heartbeat_reads.get(hash_token(token))  # runner/controller/heartbeat_reads.py
     if view is None or view["state"] == NODE_TERMINATED:
         raise HTTPException(401, "invalid token")
     return view

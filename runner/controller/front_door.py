@@ -7,9 +7,10 @@ plain function ``handler(state, authorization, body) -> payload``; every other r
 passes through untouched. Refusals are the ``{"detail": ...}`` bodies and status codes the framework gives
 the other endpoints (``HTTPException`` raised by a handler is answered as FastAPI would answer it).
 
-On SQLite a handler runs on the event loop: its reads are local and take microseconds. On a database that
-controllers share (Postgres) each read is a network round trip, so handlers run on the loop's threads and a
-slow query holds up no other node's request.
+On SQLite a blocking handler runs on the event loop: its reads are local and take microseconds. On a
+database that controllers share (Postgres) each read is a network round trip, so blocking handlers run on
+the loop's threads and a slow query holds up no other node's request; the heartbeat instead awaits a read
+batched with the other beats' (runner/controller/heartbeat_reads.py).
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class LeanRoute:
-    """A POST answered by ``handler(state, authorization header, body bytes)``; a larger body is a 413."""
+    """A POST answered by ``handler(state, authorization header, body bytes)``; a larger body is a 413.
 
-    handler: Callable[[Any, str, bytes], dict]
+    ``blocking``: the handler is a plain function that reads and writes the database (run on a thread where
+    the database is shared); otherwise it is a coroutine that does its own waiting."""
+
+    handler: Callable[[Any, str, bytes], Any]
     max_body: int
+    blocking: bool = True
 
 
 class FrontDoor:
@@ -61,6 +66,8 @@ class FrontDoor:
         await _respond(send, status, payload, headers)
 
     async def _answer(self, route: LeanRoute, authorization: str, body: bytes) -> dict:
+        if not route.blocking:
+            return await route.handler(self.state, authorization, body)
         if self._on_threads:
             return await asyncio.get_running_loop().run_in_executor(None, route.handler, self.state, authorization,
                                                                     body)

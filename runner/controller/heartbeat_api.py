@@ -9,6 +9,7 @@ gang node kept after its attempt, a move to spot) take the slower reads they alw
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from functools import lru_cache
@@ -28,17 +29,20 @@ HEARTBEAT_PATH = "/v1/agent/heartbeat"
 CONTINUE, CANCEL, SHUTDOWN = "continue", "cancel", "shutdown"
 
 
-def heartbeat(state, authorization: str, body: bytes) -> dict:
+async def heartbeat(state, authorization: str, body: bytes) -> dict:
     """Record liveness and progress; the answer tells the agent to continue, cancel, move (stop the job with a
     checkpoint for a move to spot: runner/scheduler/spot_return.py), or shut down (or, a gang node whose
     attempt ended while its job still runs, to stop that job and stay). The token is checked before the body."""
-    node = heartbeat_caller(authorization, state)
+    node = await heartbeat_caller(authorization, state)
     phase, progress = _beat(body)
     state.heartbeats.record(node["id"], time.time(), {"phase": phase, **(progress or {})})
-    return {"action": _action(state, node)}
+    action = _action_from_view(node)
+    if action is None:  # a move to spot or a kept gang node: answered from further reads, off the loop if remote
+        action = await _off_the_loop(state, _action_with_reads, state, node)
+    return {"action": action}
 
 
-ROUTE = LeanRoute(heartbeat, max_body=64 * 1024)  # a beat is a few hundred bytes
+ROUTE = LeanRoute(heartbeat, max_body=64 * 1024, blocking=False)  # a beat is a few hundred bytes
 
 
 def _beat(body: bytes) -> tuple[str, dict | None]:
@@ -52,7 +56,8 @@ def _beat(body: bytes) -> tuple[str, dict | None]:
     return phase, reports.progress(progress)
 
 
-def _action(state, node: dict) -> str:
+def _action_from_view(node: dict) -> str | None:
+    """The answer the view alone decides (nearly every beat), or None where further reads are needed."""
     if node["state"] == NODE_DRAINING:  # handed over: its process is exiting; the exit report releases it
         return CONTINUE
     current = node["attempt_current"]
@@ -62,12 +67,22 @@ def _action(state, node: dict) -> str:
         return SHUTDOWN
     if node["cancel_requested"]:
         return CANCEL
-    if current and not node["attempt_spot"] and has_deadline \
-            and move_request(state.store, node["job_id"], node["attempt"]) is not None:
-        return MOVE_TO_SPOT
-    if kept:
-        return gang_agent.heartbeat_action(state, node)
+    if kept or (not node["attempt_spot"] and has_deadline):
+        return None
     return CONTINUE
+
+
+def _action_with_reads(state, node: dict) -> str:
+    """A kept gang node's answer, or whether an on-demand attempt with a deadline should move to spot."""
+    if node["attempt_current"]:
+        return MOVE_TO_SPOT if move_request(state.store, node["job_id"], node["attempt"]) is not None else CONTINUE
+    return gang_agent.heartbeat_action(state, node)
+
+
+async def _off_the_loop(state, function, *args):
+    if state.store.db.shared:
+        return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+    return function(*args)
 
 
 @lru_cache(maxsize=4096)

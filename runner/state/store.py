@@ -181,21 +181,24 @@ class Store:
         """What a heartbeat is answered from, in one read: the token's node (id, job_id, attempt, rank, state),
         its job's ``job_state``, ``cancel_requested`` and ``spec`` (JSON text, fixed at submit), and whether the
         node's attempt is the job's running one (``attempt_current``) and on spot (``attempt_spot``)."""
+        return self.heartbeat_views([token_hash]).get(token_hash)
+
+    def heartbeat_views(self, token_hashes: list[str]) -> dict[str, dict]:
+        """:meth:`heartbeat_view` of many tokens in one read, by token hash (an unknown token is absent)."""
+        marks = ",".join("?" * len(token_hashes))
         rows = self.db.query(
-            """SELECT n.id, n.job_id, n.attempt, n.rank, n.state, j.state AS job_state, j.cancel_requested, j.spec,
-                   a.spot AS attempt_spot,
+            f"""SELECT n.id, n.job_id, n.attempt, n.rank, n.state, n.token_hash, j.state AS job_state,
+                   j.cancel_requested, j.spec, a.spot AS attempt_spot,
                    CASE WHEN a.end_reason = 'running' AND NOT EXISTS (
                        SELECT 1 FROM attempts b WHERE b.job_id = n.job_id AND b.attempt > n.attempt)
                    THEN 1 ELSE 0 END AS attempt_current
                FROM nodes n JOIN jobs j ON j.id = n.job_id
                    LEFT JOIN attempts a ON a.job_id = n.job_id AND a.attempt = n.attempt
-               WHERE n.token_hash = ?""", (token_hash,))
-        if not rows:
-            return None
-        row = rows[0]
-        return {**decode(row, NODE_COLUMNS), "job_state": row["job_state"],
-                "cancel_requested": _timestamp_or_none(row["cancel_requested"]), "spec": row["spec"],
-                "attempt_spot": FLAG(row["attempt_spot"]), "attempt_current": bool(row["attempt_current"])}
+               WHERE n.token_hash IN ({marks})""", tuple(token_hashes))
+        return {row["token_hash"]: {**decode(row, NODE_COLUMNS), "job_state": row["job_state"],
+                                    "cancel_requested": _timestamp_or_none(row["cancel_requested"]),
+                                    "spec": row["spec"], "attempt_spot": FLAG(row["attempt_spot"]),
+                                    "attempt_current": bool(row["attempt_current"])} for row in rows}
 
     def nodes(self, states: tuple[str, ...] = LIVE_NODE_STATES, job_id: str | None = None) -> list[Node]:
         marks = ",".join("?" * len(states))

@@ -131,10 +131,10 @@ def test_the_heartbeat_takes_only_a_post_and_a_small_body(world, api):
 def test_a_database_error_during_a_beat_is_a_500_and_the_next_beat_is_answered(world, api, monkeypatch):
     job_id, headers = running_job(world)
 
-    def broken(token_hash):
+    def broken(token_hashes):
         raise RuntimeError("database went away")
 
-    monkeypatch.setattr(world.store, "heartbeat_view", broken)
+    monkeypatch.setattr(world.store, "heartbeat_views", broken)
     reply = beat(api, headers)
     assert reply.status_code == 500 and reply.json() == {"detail": "Internal Server Error"}
     monkeypatch.undo()
