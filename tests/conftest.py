@@ -111,9 +111,9 @@ def kill_nodes(home: Path) -> None:
 BOTH_DATABASES = ("sqlite", "postgres")
 TESTS = Path(__file__).resolve().parent
 # The folders whose tests of the store and the controller run on both databases by default. A module there that
-# must stay on SQLite says why in ``SQLITE_ONLY = "..."`` (a test: ``@pytest.mark.sqlite_only("why")``); a module
-# elsewhere opts in with ``ON_BOTH_DATABASES = True`` (tests/cli and tests/e2e start real node processes, so they stay
-# on SQLite unless they are about the store).
+# must stay on SQLite says why in ``SQLITE_ONLY = "..."`` (a test: ``@pytest.mark.sqlite_only("why")``); elsewhere a
+# module opts in with ``ON_BOTH_DATABASES = True``, a test with ``@pytest.mark.on_both_databases`` (tests/cli and
+# tests/e2e start real node processes, so they stay on SQLite unless they are about the store).
 ON_BOTH_DATABASES_IN = ("controller", "scheduler", "state", "web", "costpolicy")
 # Set by .ci/run: there a missing Postgres fails the Postgres half instead of skipping it.
 REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
@@ -121,11 +121,16 @@ REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "sqlite_only(why): this test stays on SQLite where its module runs on both")
+    config.addinivalue_line("markers", "on_both_databases: this test runs on SQLite and Postgres where its module does not")
 
 
 def on_both_databases(metafunc) -> bool:
     module = metafunc.module
-    if getattr(module, "SQLITE_ONLY", None) or metafunc.definition.get_closest_marker("sqlite_only"):
+    if metafunc.definition.get_closest_marker("sqlite_only"):
+        return False
+    if metafunc.definition.get_closest_marker("on_both_databases"):
+        return True
+    if getattr(module, "SQLITE_ONLY", None):
         return False
     if getattr(module, "ON_BOTH_DATABASES", False):
         return True

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from conftest import Controller, write_job
 
 LONG_JOB = """
@@ -63,6 +65,7 @@ def test_lost_node_is_relaunched_with_end_reason_lost(tmp_path, runner, controll
     assert job["preemptions"] == 1
 
 
+@pytest.mark.on_both_databases  # the output buffered meanwhile is resent; on Postgres it is stored in the database
 def test_controller_killed_mid_job_loses_and_duplicates_nothing(tmp_path, runner, controller, home):
     """SIGKILL of the controller during a running job: after a restart the same attempt finishes, once."""
     job = write_job(tmp_path / "job", """
@@ -76,7 +79,7 @@ recovery: {resume_drill: "off"}
     controller.kill()
     time.sleep(1.5)  # the job keeps running and buffering output while the controller is down
     port = int(controller.url.rsplit(":", 1)[1])
-    restarted = Controller(home).start(port)  # nodes know the controller by its URL
+    restarted = Controller(home, db_url=controller.db_url).start(port)  # nodes know the controller by its URL
     runner.env.update({"RUNNER_SERVER": restarted.url})
     try:
         runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=90, what="success")

@@ -61,7 +61,7 @@ def test_restarted_controller_keeps_jobs(tmp_path, runner, controller, home):
     job_id = runner.json("submit", str(job))["id"]
     runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="success")
     controller.stop()
-    again = Controller(home).start()
+    again = Controller(home, db_url=controller.db_url).start()
     runner.env["RUNNER_SERVER"] = again.url
     try:
         assert runner.json("status", job_id)["state"] == "SUCCEEDED"
