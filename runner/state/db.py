@@ -59,7 +59,10 @@ class Database:
     kind = ""
     shared = False  # may several controllers use it at once?
 
-    def transaction(self):  # pragma: no cover - interface
+    def transaction(self, serialized: bool = True):  # pragma: no cover - interface
+        """A write transaction. ``serialized`` (the default): one at a time across every controller, so a
+        read-then-write step sees no other writer. Pass False only for writes that guard themselves (a
+        unique key that makes a racing duplicate fail harmlessly): on Postgres they then run concurrently."""
         raise NotImplementedError
 
     def query(self, sql: str, params: tuple = ()) -> list[dict]:  # pragma: no cover - interface
@@ -125,7 +128,7 @@ class SQLiteDatabase(Database):
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[Tx]:
+    def transaction(self, serialized: bool = True) -> Iterator[Tx]:  # SQLite has one writer at a time anyway
         conn = self._connection()
         with self._write_lock:
             conn.execute("BEGIN IMMEDIATE")
@@ -173,9 +176,10 @@ class PostgresDatabase(Database):
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[Tx]:
+    def transaction(self, serialized: bool = True) -> Iterator[Tx]:
         with self._pool.connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+            if serialized:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
             yield Tx(conn, to_postgres)
 
     def query(self, sql: str, params: tuple = ()) -> list[dict]:

@@ -3,6 +3,8 @@ kept in the database, shared secrets and the leader's lock."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from runner.state import DatabaseUnreachable, SchemaTooNew, open_database
@@ -79,6 +81,24 @@ def test_output_stored_in_the_database_keeps_exact_offsets(db_url):
     assert logs.read("j", 1, offset=4, limit=3) == b"o w"
     assert logs.read("j", 1, offset=12) == b"" and logs.read("j", 2) == b""
     assert logs.read("j", 1, node=1) == b"\x00\xff" and logs.size("j", 1, node=1) == 2
+
+
+def test_racing_resends_of_one_stream_store_every_byte_once(db_url):
+    """Log appends are not serialized with other writers: a chunk and its retry racing from several threads
+    (a reply lost, the agent sends again) still leave the stream exactly as the agent wrote it."""
+    logs = DatabaseLogStore(open_database(db_url))
+    text = b"".join(b"line %d\n" % i for i in range(200))
+    pieces = [text[i:i + 37] for i in range(0, len(text), 37)]
+
+    def send_all(_):
+        offset = 0
+        for piece in pieces:  # each sender sends the whole stream, piece by piece, as one agent and its retry
+            assert logs.append("j", 1, offset, piece) >= offset + len(piece)
+            offset += len(piece)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(send_all, range(4)))
+    assert logs.read("j", 1) == text and logs.size("j", 1) == len(text)
 
 
 def test_a_workdir_archive_is_stored_once_and_streamed_back_whole(db_url, monkeypatch):
