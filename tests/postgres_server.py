@@ -46,6 +46,7 @@ class PostgresServer:
             self._as = ["runuser", "-u", "postgres", "--"]
         self._counter = 0
         self._template: str | None = None
+        self._admin_conn = None
 
     def _run(self, *args: str) -> None:
         subprocess.run([*self._as, *args], check=True, capture_output=True, text=True, timeout=120)
@@ -71,7 +72,6 @@ class PostgresServer:
                 if attempt == 2 or "could not bind" not in self.log():
                     raise
                 self.port = free_port()
-        return self
 
     def log(self) -> str:
         try:
@@ -80,6 +80,8 @@ class PostgresServer:
             return ""
 
     def stop(self) -> None:
+        if self._admin_conn is not None:
+            self._admin_conn.close()
         try:
             self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         finally:
@@ -91,22 +93,32 @@ class PostgresServer:
     def new_database(self, migrated: bool = False) -> str:
         """A fresh database; its URL. Empty, or ``migrated`` to this runner's schema: a copy of a template
         database migrated once per session (copying is cheaper than applying every migration each time)."""
-        import psycopg
-
         self._counter += 1
         name = f"t{os.getpid()}_{self._counter}"
         template = f' TEMPLATE "{self._migrated_template()}"' if migrated else ""
-        with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"{template}')
+        self._admin(f'CREATE DATABASE "{name}"{template}')
         return self.url(name)
 
     def drop_database(self, url: str) -> None:
         """Drop a database made by :meth:`new_database`, ending the sessions still connected to it."""
+        name = url.rsplit("/", 1)[1]
+        self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _admin(self, sql: str) -> None:
+        """Run ``sql`` on one kept connection (every test creates and drops a database: no new login each time);
+        a connection that a test's session kill took down is replaced once."""
         import psycopg
 
-        name = url.rsplit("/", 1)[1]
-        with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for attempt in range(2):
+            if self._admin_conn is None or self._admin_conn.closed:
+                self._admin_conn = psycopg.connect(self.url(), autocommit=True)
+            try:
+                self._admin_conn.execute(sql)
+                return
+            except psycopg.OperationalError:
+                self._admin_conn.close()
+                if attempt:
+                    raise
 
     def _migrated_template(self) -> str:
         if self._template is None:
