@@ -22,8 +22,7 @@ from ..private import make_data_dir_private
 from ..providers.local import LocalProvider
 from ..providers.local.provider import DEFAULT_ZONE_CAPACITY
 from ..providers.local.processes import process_start_ticks
-from ..scheduler.launches import LaunchRequests
-from ..scheduler.reconciler import Reconciler, SchedulerContext
+from ..scheduler.reconciler import Reconciler, SchedulerContext, threaded_calls
 from ..state import DatabaseError, Store, open_database, redact
 from ..state.leader import Leadership
 from ..state.logs import DatabaseLogStore
@@ -163,7 +162,7 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
         providers = build_providers(data_dir, config)
     scheduler = SchedulerContext(store=store, providers=providers, controller_url=node_url,
                                  node_token=lambda node_id: node_token(node_secret, node_id),
-                                 token_hasher=hash_token, launches=LaunchRequests.threaded(),
+                                 token_hasher=hash_token, **threaded_calls(),
                                  **scheduler_settings(config))
     leader = LeaderLoop(Leadership(db), lambda: Reconciler(scheduler))
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,

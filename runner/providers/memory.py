@@ -151,7 +151,7 @@ class MemoryProvider(Provider):
         return node.ref
 
     def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
-        if self._held_describes is None or node_id in self._held_describes:
+        if not self._describe_gate.is_set() and (self._held_describes is None or node_id in self._held_describes):
             self._describe_gate.wait()
         node = self.nodes.get(node_id)
         if node is None:

@@ -16,16 +16,15 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from functools import partial
+from typing import Any, Callable, NamedTuple
 
 LAUNCH_WORKERS = 16  # provider calls in flight at once, per kind (each mostly waits on the cloud's API)
 DESCRIBE_WORKERS = 16
 TERMINATE_WORKERS = 8
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     key: str  # the node id the call was for
     value: Any = None  # what the call returned (a launch's provider ref, a describe's NodeStatus)
     error: BaseException | None = None
@@ -74,24 +73,19 @@ class DaemonThreadPool(Executor):
                 future.set_exception(exc)
 
 
-@dataclass
-class _Call:
-    future: Future
-    asked: Any
-    batch: bool  # the future's result is a dict of answers by key
-
-
 class CloudCalls:
     """Calls of one kind in flight, by key, on ``executor``: daemon threads (:meth:`threaded`), or by default
     inline (a tick's calls answered within the tick, as a scheduler test wants them).
 
-    ``on_answer`` is called from the worker thread when an answer for which ``wakes(answer)`` holds arrives
-    (the reconciler sets it to its nudge: that answer is work for the next tick)."""
+    A key stays in flight until its answer has been read by :meth:`answers`. ``on_answer`` is called from the
+    worker thread when an answer for which ``wakes(answer)`` holds arrives (the reconciler sets it to its
+    nudge: that answer is work for the next tick)."""
 
     def __init__(self, executor: Executor | None = None, on_answer: Callable[[], None] | None = None,
                  wakes: Callable[[Answer], bool] | None = None):
         self._executor = executor or InlineExecutor()
-        self._in_flight: dict[str, _Call] = {}
+        self._in_flight: dict[str, Future] = {}
+        self._done: list[Answer] = []  # answered, not read yet
         self._lock = threading.Lock()
         self.on_answer = on_answer
         self.wakes = wakes or (lambda answer: True)
@@ -106,21 +100,21 @@ class CloudCalls:
             if key in self._in_flight:
                 return False
             future = self._executor.submit(call)
-            self._in_flight[key] = _Call(future, asked, batch=False)
-        future.add_done_callback(lambda f: self._answered(f, {key: asked}, batch=False))
+            self._in_flight[key] = future
+        future.add_done_callback(partial(self._finished, {key: asked}, False))
         return True
 
     def request_batch(self, asked: dict[str, Any], call: Callable[[list[str]], dict[str, Any]]) -> list[str]:
         """One call for many keys (a provider that describes many nodes at once): ``call(keys)`` returns each
-        key's answer. Keys already out are left out; return the keys asked for now."""
+        key's answer by key. Keys already out are left out; return the keys asked for now."""
         with self._lock:
             keys = [key for key in asked if key not in self._in_flight]
             if not keys:
                 return []
             future = self._executor.submit(call, keys)
             for key in keys:
-                self._in_flight[key] = _Call(future, asked[key], batch=True)
-        future.add_done_callback(lambda f: self._answered(f, {key: asked[key] for key in keys}, batch=True))
+                self._in_flight[key] = future
+        future.add_done_callback(partial(self._finished, {key: asked[key] for key in keys}, True))
         return keys
 
     def in_flight(self, key: str) -> bool:
@@ -135,33 +129,28 @@ class CloudCalls:
     def answers(self) -> list[Answer]:
         """Every call that has finished since the last look, success or error (taken out of flight)."""
         with self._lock:
-            done = {key: call for key, call in self._in_flight.items() if call.future.done()}
-            for key in done:
-                del self._in_flight[key]
-        return [_answer(key, call.future, call.asked, call.batch) for key, call in done.items()]
+            done, self._done = self._done, []
+            for answer in done:
+                del self._in_flight[answer.key]
+        return done
 
     def shutdown(self) -> None:
         """Stop taking calls; calls still running finish on their threads, unheard (their nodes' rows are as
         they were, and the next controller makes the calls again: launch and terminate are idempotent)."""
         self._executor.shutdown(wait=False)
 
-    def _answered(self, future: Future, asked: dict[str, Any], batch: bool) -> None:
-        if self.on_answer is not None and any(self.wakes(_answer(k, future, a, batch)) for k, a in asked.items()):
+    def _finished(self, asked: dict[str, Any], batch: bool, future: Future) -> None:
+        error = future.exception()
+        if error is not None:
+            answers = [Answer(key, None, error, note) for key, note in asked.items()]
+        elif not batch:
+            answers = [Answer(key, future.result(), None, note) for key, note in asked.items()]
+        else:
+            values = future.result()
+            answers = [Answer(key, values[key], None, note) if key in values else
+                       Answer(key, None, LookupError(f"the batch call returned no answer for {key}"), note)
+                       for key, note in asked.items()]
+        with self._lock:
+            self._done.extend(answers)
+        if self.on_answer is not None and any(self.wakes(answer) for answer in answers):
             self.on_answer()
-
-
-def _answer(key: str, future: Future, asked: Any, batch: bool) -> Answer:
-    error = future.exception()
-    if error is not None:
-        return Answer(key, error=error, asked=asked)
-    value = future.result()
-    if not batch:
-        return Answer(key, value=value, asked=asked)
-    if key not in value:
-        return Answer(key, error=LookupError(f"the batch call returned no answer for {key}"), asked=asked)
-    return Answer(key, value=value[key], asked=asked)
-
-
-def shutdown_all(calls: Iterable[CloudCalls]) -> None:
-    for each in calls:
-        each.shutdown()

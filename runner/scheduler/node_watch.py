@@ -38,25 +38,33 @@ def describe_wakes(answer: Answer) -> bool:
     return not answer.value.alive
 
 
+def watch_running_nodes(ctx) -> None:
+    """Ask about the nodes that are due, then apply what has come back (inline: this tick's own answers)."""
+    request_describes(ctx)
+    apply_describes(ctx)
+
+
 def request_describes(ctx) -> None:
     """Ask each provider about its nodes that are due a describe, without waiting for the answers."""
     now, clock = time.time(), time.monotonic()
     out = ctx.describes.keys_in_flight()
     batches: dict[str, dict[str, tuple[int, str | None]]] = {}
-    for node in ctx.store.watched_nodes(WATCHED):
-        if node.id in out:
+    for node in ctx.store.watched_nodes(WATCHED):  # a lean read: dicts of the few columns needed here
+        node_id, ref, attempt, terminate_at = node["id"], node["provider_ref"], node["attempt"], node["terminate_at"]
+        if node_id in out:
             continue
-        provider = ctx.providers[node.provider]
-        reclaim = node.terminate_at is not None and node.terminate_at <= now
-        if not reclaim and clock - ctx.described_at.get(node.id, 0.0) < provider.describe_interval:
-            continue
-        ctx.described_at[node.id] = clock
+        provider = ctx.providers[node["provider"]]
+        reclaim = terminate_at is not None and terminate_at <= now
+        if provider.describe_interval > 0:  # (an interval of 0: every tick, nothing to remember)
+            if not reclaim and clock - ctx.described_at.get(node_id, 0.0) < provider.describe_interval:
+                continue
+            ctx.described_at[node_id] = clock
         if reclaim:
-            ctx.describes.request(node.id, partial(_reclaim, provider, node.id, node.provider_ref), asked=node.attempt)
+            ctx.describes.request(node_id, partial(_reclaim, provider, node_id, ref), asked=attempt)
         elif provider.describes_in_batch:
-            batches.setdefault(node.provider, {})[node.id] = (node.attempt, node.provider_ref)
+            batches.setdefault(node["provider"], {})[node_id] = (attempt, ref)
         else:
-            ctx.describes.request(node.id, partial(provider.describe, node.id, node.provider_ref), asked=node.attempt)
+            ctx.describes.request(node_id, partial(provider.describe, node_id, ref), asked=attempt)
     for name, nodes in batches.items():
         refs = {node_id: ref for node_id, (_, ref) in nodes.items()}
         ctx.describes.request_batch({node_id: attempt for node_id, (attempt, _) in nodes.items()},

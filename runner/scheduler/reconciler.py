@@ -1,5 +1,8 @@
 """The reconciler: small workers, one per kind of pending work, each load → decide → apply.
 
+Launches are here; watching running nodes is :mod:`.node_watch`, releasing nodes :mod:`.releases`, gangs
+:mod:`.gang_workers`. No worker waits on a cloud: provider calls go out through :mod:`.cloud_calls`.
+
 Every step is idempotent and keyed on rows written *before* the side effect (a node row exists
 before its launch), so the controller can be killed at any moment and, once restarted, neither
 loses nor duplicates a job, an attempt or a node.
@@ -21,15 +24,17 @@ from ..providers.offers import Offer
 from ..spec import Resources
 from ..state import Store
 from ..state.rows import Node
-from ..state.store import NODES_HOLDING_A_JOB, NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
+from ..state.store import NODES_HOLDING_A_JOB, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
 from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
 from . import placement
 from .attempts import end_attempt
 from .gang import GANG_FORM_SECONDS
-from .gang_workers import abandon_gang_launch, gang_node_gone, plan_gang_attempt, watch_gang_formation
-from .launches import LaunchAnswer, LaunchRequests
+from .cloud_calls import DESCRIBE_WORKERS, LAUNCH_WORKERS, TERMINATE_WORKERS, Answer, CloudCalls
+from .gang_workers import abandon_gang_launch, plan_gang_attempt, watch_gang_formation
+from .node_watch import describe_wakes, watch_running_nodes
 from .policy import BackoffBook
+from .releases import release_nodes, terminate_wakes
 from .spot_return import move_to_spot
 from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, TERMINAL
 
@@ -57,13 +62,25 @@ class SchedulerContext:
     on_demand_backoff: BackoffBook = field(default_factory=BackoffBook)  # and of on-demand ones (another pool)
     auto_on_demand_after: float = placement.AUTO_ON_DEMAND_AFTER_SECONDS  # config.yaml scheduler.auto_on_demand_after
     gang_timeout: float = GANG_FORM_SECONDS  # config.yaml scheduler.gang_timeout: launch to every node registered
-    launches: LaunchRequests = field(default_factory=LaunchRequests)  # provider launches out (threaded in the daemon)
+    # Cloud calls out, by kind: inline by default (a tick's calls answered within it); threaded in the daemon
+    launches: CloudCalls = field(default_factory=CloudCalls)
+    describes: CloudCalls = field(default_factory=lambda: CloudCalls(wakes=describe_wakes))
+    terminates: CloudCalls = field(default_factory=lambda: CloudCalls(wakes=terminate_wakes))
     clock: Callable[[], float] = time.time  # unix seconds now (a test moves its own through the cancel grace)
     spot_checked_at: dict[str, float] = field(default_factory=dict)  # job id -> last weighed for a move to spot
 
     def __post_init__(self):
-        if self.launches.on_answer is None:
-            self.launches.on_answer = self.nudge.set  # an answer is work for the next tick: wake it
+        for calls in (self.launches, self.describes, self.terminates):
+            if calls.on_answer is None:
+                calls.on_answer = self.nudge.set  # an answer is work for the next tick: wake it
+
+
+def threaded_calls(workers: int | None = None) -> dict[str, CloudCalls]:
+    """The controller's cloud calls: each kind on daemon threads of its own, so describes hung on a throttled
+    API never take the threads that launches and terminates need (``workers``: per kind, for tests)."""
+    return {"launches": CloudCalls.threaded(workers or LAUNCH_WORKERS, "launch"),
+            "describes": CloudCalls.threaded(workers or DESCRIBE_WORKERS, "describe", wakes=describe_wakes),
+            "terminates": CloudCalls.threaded(workers or TERMINATE_WORKERS, "terminate", wakes=terminate_wakes)}
 
 
 class Reconciler:
@@ -95,7 +112,8 @@ class Reconciler:
             self.ctx.nudge.clear()
 
     def tick(self) -> None:
-        """One pass of every worker. None waits on a cloud: launches are asked for here and answered later."""
+        """One pass of every worker. None waits on a cloud: launches, describes and terminates are asked for here
+        and answered later (:mod:`.cloud_calls`)."""
         collect_launches(self.ctx)
         finish_launches(self.ctx)
         watch_running_nodes(self.ctx)
@@ -178,14 +196,14 @@ def collect_launches(ctx: SchedulerContext) -> None:
         if answer.error is not None and not isinstance(answer.error, ProviderError):
             unexpected = unexpected or answer.error  # a bug, or the process stopping: the node is asked for again
             continue
-        node = ctx.store.node(answer.node_id)
+        node = ctx.store.node(answer.key)
         if node is not None:
             _apply_launch(ctx, node, answer)
     if unexpected is not None:
         raise unexpected
 
 
-def _apply_launch(ctx: SchedulerContext, node: Node, answer: LaunchAnswer) -> None:
+def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
     store = ctx.store
     offer = Offer(**node.offer)
     key = (offer.cloud, offer.zone, offer.instance_type)
@@ -213,45 +231,13 @@ def _apply_launch(ctx: SchedulerContext, node: Node, answer: LaunchAnswer) -> No
     backoff.record_success(key, time.time())
     with store.db.transaction() as tx:
         if store.node(node.id, tx).state != NODE_LAUNCHING:  # released while its launch was out: let it go
-            store.update_node(tx, node.id, state=NODE_TERMINATING, provider_ref=answer.ref)
+            store.update_node(tx, node.id, state=NODE_TERMINATING, provider_ref=answer.value)
             return
-        store.update_node(tx, node.id, state=NODE_RUNNING, provider_ref=answer.ref)
+        store.update_node(tx, node.id, state=NODE_RUNNING, provider_ref=answer.value)
         job = store.job(node.job_id, tx)
         if job.state in (PENDING, RECOVERING):
             transition(tx, job.id, PROVISIONING, now=time.time(),
                        message=f"attempt {node.attempt} on {offer.instance_type} in {offer.zone}")
-
-
-def watch_running_nodes(ctx: SchedulerContext) -> None:
-    """A node the provider's API says is gone ends its attempt as preempted (after a notice) or lost."""
-    store = ctx.store
-    for node in store.watched_nodes((NODE_RUNNING, NODE_DRAINING)):  # a draining node's attempt has ended already
-        provider = ctx.providers[node["provider"]]
-        reclaim = bool(node["terminate_at"]) and node["terminate_at"] <= time.time()
-        last = ctx.described_at.get(node["id"], 0.0)
-        if not reclaim and time.monotonic() - last < provider.describe_interval:
-            continue
-        ctx.described_at[node["id"]] = time.monotonic()
-        try:
-            if reclaim:
-                provider.terminate(node["id"], node["provider_ref"])  # the simulated spot market reclaims it
-            status = provider.describe(node["id"], node["provider_ref"])
-        except ProviderError as exc:  # an API hiccup is never a lost node
-            log.warning("describe failed; will retry", node=node["id"], error=str(exc))
-            continue
-        if status.alive:
-            continue
-        ctx.described_at.pop(node["id"], None)
-        reason = "preempted" if status.reason == "preempted" else "lost"
-        if store.job(node["job_id"]).num_nodes > 1:
-            gang_node_gone(ctx, store.node(node["id"]), reason,
-                           f"node {node['id']} (rank {node['rank']}) is gone ({status.reason})")
-        else:
-            end_attempt(store, node["job_id"], node["attempt"], reason,
-                        message=f"node {node['id']} is gone ({status.reason})")
-        with store.db.transaction() as tx:
-            store.update_node(tx, node["id"], state=NODE_TERMINATING)
-        ctx.nudge.set()
 
 
 WAIT_FOR_AGENT, END_ATTEMPT, CANCEL_JOB = "wait for the agent", "end the attempt", "cancel the job"
@@ -286,19 +272,3 @@ def apply_cancellations(ctx: SchedulerContext) -> None:
                 if store.job(job.id, tx).state not in TERMINAL:
                     transition(tx, job.id, CANCELLED, now=now, message="cancelled by the user")
                     store.release_job_nodes(tx, job.id)
-
-
-def release_nodes(ctx: SchedulerContext) -> None:
-    """Nodes marked for release are terminated through their provider, then recorded as terminated."""
-    store = ctx.store
-    for node in store.nodes((NODE_TERMINATING,)):
-        if ctx.launches.in_flight(node.id):
-            continue  # its launch is still out: the answer names the node to terminate
-        try:
-            ctx.providers[node.provider].terminate(node.id, node.provider_ref)
-        except ProviderError as exc:
-            log.warning("terminate failed; will retry", node=node.id, error=str(exc))
-            continue
-        with store.db.transaction() as tx:
-            store.update_node(tx, node.id, state=NODE_TERMINATED, terminated_at=time.time())
-        log.info("node released", node=node.id, job=node.job_id)

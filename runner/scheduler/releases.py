@@ -28,6 +28,12 @@ def terminate_wakes(answer: Answer) -> bool:
     return answer.error is None or not isinstance(answer.error, ProviderError)
 
 
+def release_nodes(ctx) -> None:
+    """Ask for the terminates that are due, then record what has come back (inline: this tick's own)."""
+    request_terminates(ctx)
+    apply_terminates(ctx)
+
+
 def request_terminates(ctx) -> None:
     """Ask the provider to terminate every terminating node that has no terminate and no launch out."""
     launching, out = ctx.launches.keys_in_flight(), ctx.terminates.keys_in_flight()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from runner.scheduler.launches import LaunchRequests
+from runner.scheduler.cloud_calls import CloudCalls
 from runner.scheduler.reconciler import (CANCEL_GRACE_SECONDS, CANCEL_JOB, END_ATTEMPT, WAIT_FOR_AGENT,
                                          cancel_step)
 
@@ -47,7 +47,7 @@ def tick_returns(world) -> bool:
 
 @pytest.fixture
 def world(db_url):
-    world = make_world(db_url, launches=LaunchRequests.threaded(4))
+    world = make_world(db_url, launches=CloudCalls.threaded(4, "launch"))
     yield world
     world.provider.release_launches()  # no launch thread left waiting
     world.ctx.launches.shutdown()

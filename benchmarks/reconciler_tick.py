@@ -1,0 +1,79 @@
+"""What one reconciler tick costs with N running nodes on the in-memory provider (describe_interval 0).
+
+The scheduler's own loop, no HTTP: N single-node jobs are submitted and launched, then ``tick()`` runs
+``--ticks`` times with nothing changing. Printed: wall time per tick (p50, max) and the process's CPU per
+tick (worker threads included), with the cloud calls run inline and on the controller's threads.
+
+    python benchmarks/reconciler_tick.py --nodes 2000 --ticks 20
+    python benchmarks/reconciler_tick.py --describe-per-node   # one describe call per node, as a cloud's
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import structlog  # noqa: E402
+
+from runner.providers.memory import MemoryProvider  # noqa: E402
+from runner.scheduler.reconciler import Reconciler, SchedulerContext, threaded_calls  # noqa: E402
+from runner.spec import validate_job  # noqa: E402
+from runner.state import Store, open_database  # noqa: E402
+
+
+def build(directory: Path, nodes: int, per_node: bool = False, **calls) -> tuple[Reconciler, Store]:
+    store = Store(open_database(f"sqlite:///{directory / 'runner.db'}"))
+    provider = MemoryProvider(zone_capacity=nodes, describes_in_batch=not per_node)
+    ctx = SchedulerContext(store=store, providers={provider.name: provider}, controller_url="http://controller",
+                           node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}", **calls)
+    spec = validate_job({"name": "bench", "run": "train", "recovery": {"resume_drill": "off"}}).model_dump()
+    with store.db.transaction() as tx:
+        for i in range(nodes):
+            store.insert_job(tx, f"bench-{i}", "bench", spec, "PENDING", time.time())
+    reconciler = Reconciler(ctx)
+    deadline = time.monotonic() + 600
+    while len(store.nodes(("running",))) < nodes:  # launches answered (inline: in the first tick)
+        assert time.monotonic() < deadline, "the nodes never all launched"
+        reconciler.tick()
+        ctx.nudge.wait(0.05)
+        ctx.nudge.clear()
+    return reconciler, store
+
+
+def measure(reconciler: Reconciler, ticks: int) -> tuple[list[float], list[float]]:
+    reconciler.tick()  # warm
+    walls, cpus = [], []
+    for _ in range(ticks):
+        wall, cpu = time.perf_counter(), time.process_time()
+        reconciler.tick()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return walls, cpus
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--ticks", type=int, default=20)
+    parser.add_argument("--describe-per-node", action="store_true",
+                        help="describe node by node (a cloud's per-node API) instead of in one batch call")
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))  # no line per job
+    for name, calls in (("inline", {}), ("threaded", threaded_calls())):
+        with tempfile.TemporaryDirectory() as directory:
+            reconciler, store = build(Path(directory), args.nodes, args.describe_per_node, **calls)
+            walls, cpus = measure(reconciler, args.ticks)
+            print(f"{name:9s} {args.nodes} running nodes: tick wall p50 {statistics.median(walls) * 1e3:7.1f} ms, "
+                  f"max {max(walls) * 1e3:7.1f} ms; CPU p50 {statistics.median(cpus) * 1e3:7.1f} ms")
+            store.db.close()
+
+
+if __name__ == "__main__":
+    main()
