@@ -19,6 +19,8 @@ from pathlib import Path
 
 USER = "runner"
 PASSWORD = "pw-" + secrets.token_hex(8)
+PREFIX = "runner-pg-"
+OWNER_FILE = "owner"  # the pid of the test process whose server it is
 
 
 def find_binaries() -> Path | None:
@@ -36,7 +38,7 @@ def free_port() -> int:
 class PostgresServer:
     def __init__(self, bin_dir: Path):
         self.bin_dir = bin_dir
-        self.root = Path(tempfile.mkdtemp(prefix="runner-pg-"))
+        self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
         self.data = self.root / "data"
         self.port = free_port()
         self._as = []
@@ -52,6 +54,8 @@ class PostgresServer:
         subprocess.run([*self._as, *args], check=True, capture_output=True, text=True, timeout=120)
 
     def start(self) -> "PostgresServer":
+        self._stop_abandoned()
+        (self.root / OWNER_FILE).write_text(str(os.getpid()))
         pwfile = self.root / "pwfile"
         pwfile.write_text(PASSWORD + "\n")
         if self._as:
@@ -72,6 +76,19 @@ class PostgresServer:
                 if attempt == 2 or "could not bind" not in self.log():
                     raise
                 self.port = free_port()
+
+    def _stop_abandoned(self) -> None:
+        """Stop the servers of test processes that died without stopping theirs (a killed pytest cannot)."""
+        for root in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+            try:
+                owner = int((root / OWNER_FILE).read_text())
+            except (OSError, ValueError):
+                continue  # not one of ours, or still starting
+            if _alive(owner):
+                continue
+            subprocess.run([*self._as, str(self.bin_dir / "pg_ctl"), "-D", str(root / "data"), "-m", "immediate",
+                            "-w", "stop"], capture_output=True, timeout=60)
+            shutil.rmtree(root, ignore_errors=True)
 
     def log(self) -> str:
         try:
@@ -128,3 +145,13 @@ class PostgresServer:
             open_database(url).close()  # no session may stay on a template that is being copied
             self._template = url.rsplit("/", 1)[1]
         return self._template
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
