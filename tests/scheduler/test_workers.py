@@ -3,7 +3,6 @@ the scheduler's clock. Launches here run on the daemon's threads, as in the cont
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -13,37 +12,7 @@ from runner.scheduler.reconciler import (CANCEL_GRACE_SECONDS, CANCEL_JOB, END_A
                                          cancel_step)
 
 from scheduler_world import make_world
-
-PATIENCE = 60.0  # seconds: an overall bound on waiting for an event, never an expected duration
-
-
-def tick_until(world, condition, what: str) -> None:
-    """Tick until ``condition()`` holds (launch answers arrive on their own threads)."""
-    deadline = time.monotonic() + PATIENCE
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        world.tick()
-        world.ctx.nudge.wait(0.05)
-        world.ctx.nudge.clear()
-
-
-def tick_returns(world) -> bool:
-    """Run one tick on a thread of its own; whether it came back (a tick stuck on a launch never does)."""
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def run():
-        try:
-            world.tick()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-        done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    came_back = done.wait(PATIENCE)
-    assert not errors, errors
-    return came_back
-
+from ticking import tick_returns, tick_until
 
 @pytest.fixture
 def world(db_url):
