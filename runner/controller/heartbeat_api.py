@@ -19,7 +19,7 @@ from fastapi import HTTPException
 from ..costpolicy import observe
 from ..scheduler.spot_return import move_request
 from ..scheduler.states import TERMINAL
-from ..state.store import NODE_DRAINING, NODE_RUNNING
+from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING
 from ..wire import MOVE_TO_SPOT
 from . import gang_agent, reports
 from .auth import heartbeat_caller
@@ -63,7 +63,10 @@ def _action_from_view(node: dict) -> str | None:
     current = node["attempt_current"]
     is_gang, has_deadline = _spec_flags(node["spec"])
     kept = not current and is_gang and node["job_state"] not in TERMINAL
-    if (not current and not kept) or node["state"] != NODE_RUNNING:
+    # A node still ``launching`` whose agent beats is up: its launch's answer has not been applied yet (the
+    # launch was asked for again by the next leader after a failover, or the tick is late). Told to shut down,
+    # its agent would stop the job and report it cancelled.
+    if (not current and not kept) or node["state"] not in (NODE_RUNNING, NODE_LAUNCHING):
         return SHUTDOWN
     if node["cancel_requested"]:
         return CANCEL

@@ -36,7 +36,7 @@ from .node_watch import describe_wakes, watch_running_nodes
 from .policy import BackoffBook
 from .releases import release_nodes, terminate_wakes
 from .spot_return import move_to_spot
-from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, TERMINAL
+from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, RUNNING, TERMINAL
 
 ACTIVE_STATES = tuple(state for state in ALLOWED if state not in TERMINAL)
 from .transitions import transition
@@ -238,6 +238,10 @@ def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
         if job.state in (PENDING, RECOVERING):
             transition(tx, job.id, PROVISIONING, now=time.time(),
                        message=f"attempt {node.attempt} on {offer.instance_type} in {offer.zone}")
+            # Its agent may have registered before this answer was applied (a launch asked for again by the next
+            # leader after a failover, or a tick late under load): the job is running already.
+            if store.node(node.id, tx).registered_at is not None and job.num_nodes == 1:
+                transition(tx, job.id, RUNNING, now=time.time(), message=f"attempt {node.attempt} running")
 
 
 WAIT_FOR_AGENT, END_ATTEMPT, CANCEL_JOB = "wait for the agent", "end the attempt", "cancel the job"

@@ -13,6 +13,7 @@ from runner.controller.app import ControllerState, create_app
 from runner.controller.auth import hash_token
 from runner.controller.logstore import LogStore
 from runner.scheduler.attempts import end_attempt
+from runner.scheduler.cloud_calls import CloudCalls
 
 from scheduler_world import make_world
 
@@ -181,3 +182,31 @@ def test_only_a_node_token_may_send_output(world, api):
     assert send_chunk(api, {}, chunk).status_code == 401
     assert send_chunk(api, {"Authorization": "Bearer wrong"}, chunk).status_code == 401
     assert send_chunk(api, {"Authorization": f"Bearer {ADMIN}"}, chunk).status_code == 403
+
+
+def test_an_agent_that_beats_before_its_launch_is_applied_keeps_running(db_url, tmp_path):
+    """The node's launch answer is not applied yet (the next leader asked for it again after a failover, or the
+    tick is late) while its agent already registers and beats: it is told to continue, never to shut down (its
+    agent would stop the job and report it cancelled), and once the answer is applied the job is RUNNING."""
+    world = make_world(db_url, launches=CloudCalls.threaded(2, "launch"))
+    world.ctx.token_hasher = hash_token
+    world.provider.hold_launches()
+    job_id = world.submit()
+    world.tick()  # the node row is written and its launch is out
+    headers = {"Authorization": f"Bearer {world.ctx.node_token(world.node(job_id).id)}"}
+    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
+    try:
+        with TestClient(create_app(state)) as api:
+            assert api.post("/v1/agent/register", json={}, headers=headers).status_code == 200
+            assert beat(api, headers).json() == {"action": "continue"}
+            world.provider.release_launches()
+            deadline = time.monotonic() + 60
+            while world.store.job(job_id).state != "RUNNING":
+                assert time.monotonic() < deadline, world.store.job(job_id)
+                world.tick()
+                world.ctx.nudge.wait(0.05)
+                world.ctx.nudge.clear()
+            assert beat(api, headers).json() == {"action": "continue"}
+    finally:
+        world.provider.release_launches()
+        world.ctx.launches.shutdown()
