@@ -17,10 +17,10 @@ from conftest import Controller, Runner, kill_nodes, write_job
 from postgres_server import PASSWORD, free_port
 
 TAKEOVER_LIMIT_SECONDS = 15.0
-LINES = 60
+LINES = 60  # the first attempt stops at line 10 and waits for its preemption, however slow the machine
 JOB = f"""
 name: counted
-run: for i in $(seq 1 {LINES}); do echo "line $i"; sleep 0.1; done
+run: for i in $(seq 1 {LINES}); do echo "line $i"; sleep 0.1; if [ "$RUNNER_ATTEMPT" = 1 ] && [ $i -ge 10 ]; then while true; do sleep 0.1; done; fi; done
 resources: {{cloud: [local]}}
 recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: "off"}}
 """
