@@ -58,6 +58,7 @@ class SchedulerContext:
     token_hasher: Callable[[str], str]
     nudge: threading.Event = field(default_factory=threading.Event)
     described_at: dict[str, float] = field(default_factory=dict)  # node id -> last describe (monotonic)
+    watched_at: float = float("-inf")  # when the running nodes were last read for describes (monotonic)
     backoff: BackoffBook = field(default_factory=BackoffBook)  # capacity errors of spot launches
     on_demand_backoff: BackoffBook = field(default_factory=BackoffBook)  # and of on-demand ones (another pool)
     auto_on_demand_after: float = placement.AUTO_ON_DEMAND_AFTER_SECONDS  # config.yaml scheduler.auto_on_demand_after

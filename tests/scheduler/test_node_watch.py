@@ -123,3 +123,23 @@ def _node(state: str = "running", attempt: int = 1):
 def test_gone_reason_ends_only_the_attempt_that_was_asked_about(status, node, reason):
     """The decision on a describe answer, as a pure function of the answer, the attempt asked about and the node now."""
     assert gone_reason(status, 1, node) == reason
+
+
+def test_with_a_clouds_describe_interval_the_running_nodes_are_read_a_few_times_an_interval(db_url):
+    """A 10 s describe interval: ticks in between do not read the running nodes at all (at 2,000 nodes that read
+    costs the API's event loop ~20 ms a tick); once a quarter interval has passed, a lost node is found."""
+    world = make_world(db_url, MemoryProvider(describes_in_batch=False))
+    world.provider.describe_interval = 10.0
+    job_id = world.submit()
+    world.tick()
+    world.register(job_id)
+    reads = []
+    watched_nodes = world.store.watched_nodes
+    world.store.watched_nodes = lambda states: reads.append(states) or watched_nodes(states)
+    world.tick(5)
+    assert reads == []
+    node_id = world.node(job_id).id
+    world.provider.lose(node_id)
+    world.ctx.watched_at -= 2.5  # a quarter interval later (the node, never described yet, is due)
+    world.tick()
+    assert len(reads) == 1 and world.store.attempts(job_id)[0].end_reason == "lost"
