@@ -1,5 +1,5 @@
-"""Endpoints for agents (node tokens): register, log offset, events, exit, workdir (the heartbeat and log chunks,
-sent most often, are answered in front of the framework: heartbeat_api.py, log_api.py).
+"""Endpoints for agents (node tokens): register, log offset, exit, workdir, drill (the heartbeat, log chunks and
+events, sent most often, are answered in front of the framework: heartbeat_api.py, log_api.py, event_api.py).
 
 The job is always taken from the token's node row, never from the request body.
 """
@@ -12,15 +12,15 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..scheduler.attempts import close_drained, end_attempt, hand_over
+from ..scheduler.attempts import close_drained, end_attempt
 from ..scheduler.spot_return import finish_move
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
 from ..state.rows import Attempt, Job, Node
 from ..scheduler.transitions import transition
-from ..wire import EXIT_REASONS, HANDOVER, MOVED, REPORT_MANIFEST, REPORT_TELEMETRY, STOPPED_BY_PEER
-from . import gang_agent, metrics, reports, telemetry
+from ..wire import EXIT_REASONS, MOVED, STOPPED_BY_PEER
+from . import gang_agent, reports
 from .auth import Principal, require_node
 
 router = APIRouter(prefix="/v1/agent")
@@ -115,63 +115,6 @@ def workdir(request: Request, who: Principal = Depends(require_node)):
 @router.get("/logs/offset")
 def log_offset(request: Request, who: Principal = Depends(require_node)):
     return {"offset": _state(request).logs.size(who.node.job_id, who.node.attempt, node=who.node.rank)}
-
-
-class AgentEvent(BaseModel):
-    kind: str  # notice | checkpoint | restored | telemetry | manifest | message
-    data: dict = {}
-
-
-@router.post("/events")
-def agent_event(body: AgentEvent, request: Request, who: Principal = Depends(require_node)):
-    state = _state(request)
-    job_id, attempt = who.node.job_id, who.node.attempt
-    if body.kind == HANDOVER:
-        reports.step(body.data.get("step"), "data.step")
-        new_state = hand_over(state.store, who.node, body.data["step"])
-        if new_state is not None:
-            state.scheduler.nudge.set()  # launch the next attempt now
-        return {"accepted": new_state is not None}
-    with state.store.db.transaction() as tx:
-        if body.kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
-            telemetry.record_report(tx, job_id, attempt, body.data)
-            return {"accepted": True}
-        if body.kind == REPORT_MANIFEST:
-            return {"accepted": telemetry.record_manifest(tx, job_id, attempt, body.data)}
-        if body.kind in metrics.NOTICE_KINDS:
-            metrics.record_notice(tx, job_id, attempt, body.data)
-        if body.kind == "notice":
-            notice = metrics.without_timing(body.data)
-            if state.store.job(job_id, tx).num_nodes > 1:
-                notice = {**notice, "node_rank": who.node.rank}
-            state.store.set_attempt_notice(tx, job_id, attempt, notice)
-            state.store.add_event(tx, job_id, "notice", f"{body.data.get('source')} {body.data.get('action')} "
-                                  f"notice, deadline {body.data.get('deadline')}", attempt=attempt)
-        elif body.kind == "checkpoint":
-            reports.step(body.data.get("step"), "data.step")
-            if not body.data.get("durable"):
-                return {"accepted": False}  # only a checkpoint on the durable tier survives the node
-            checkpoint = {**body.data, "attempt": attempt, "time": body.data.get("time", time.time())}
-            accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
-            if accepted:
-                metrics.record_commit(tx, job_id, attempt, checkpoint)
-            return {"accepted": accepted}
-        else:
-            if body.kind == "restored":
-                _record_restored_step(state, tx, job_id, attempt, body.data)
-            state.store.add_event(tx, job_id, body.kind, str(body.data.get("message", body.data)), attempt=attempt)
-    return {"accepted": True}
-
-
-def _record_restored_step(state, tx, job_id: str, attempt: int, data: dict) -> None:
-    """A restore that fell short of the handed-over step is written into the restart log, never hidden."""
-    step, expected = data.get("step"), data.get("expected")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        return
-    if isinstance(expected, int) and not isinstance(expected, bool) and 0 <= step < expected:
-        state.store.set_resumed_from(tx, job_id, attempt, step)
-        state.store.add_event(tx, job_id, "message", f"the checkpoint of step {expected} was missing or did not "
-                              f"verify; resumed from step {step} instead", attempt=attempt)
 
 
 class ExitReport(BaseModel):

@@ -44,7 +44,7 @@ class ControllerState:
 
 def create_app(state: ControllerState):
     from ..web import routes as web
-    from . import agent_api, api, heartbeat_api, log_api, metrics
+    from . import agent_api, api, event_api, heartbeat_api, log_api, metrics
     from .front_door import FrontDoor
 
     state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
@@ -85,4 +85,5 @@ def create_app(state: ControllerState):
         return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=422)
 
     # What every node sends all the time is answered in front of the framework (front_door.py).
-    return FrontDoor(app, state, {heartbeat_api.HEARTBEAT_PATH: heartbeat_api.ROUTE, log_api.LOGS_PATH: log_api.ROUTE})
+    return FrontDoor(app, state, {heartbeat_api.HEARTBEAT_PATH: heartbeat_api.ROUTE, log_api.LOGS_PATH: log_api.ROUTE,
+                                  event_api.EVENTS_PATH: event_api.ROUTE})

@@ -7,10 +7,11 @@ plain function ``handler(state, authorization, body) -> payload``; every other r
 passes through untouched. Refusals are the ``{"detail": ...}`` bodies and status codes the framework gives
 the other endpoints (``HTTPException`` raised by a handler is answered as FastAPI would answer it).
 
-On SQLite a blocking handler runs on the event loop: its reads are local and take microseconds. On a
-database that controllers share (Postgres) each read is a network round trip, so blocking handlers run on
-the loop's threads and a slow query holds up no other node's request; the heartbeat instead awaits a read
-batched with the other beats' (runner/controller/heartbeat_reads.py).
+Where a handler runs (``LeanRoute.runs``): a log chunk's read and append run on the event loop with SQLite,
+where they take microseconds, and on the loop's threads with a database that controllers share (Postgres),
+where each read is a network round trip; a report's write transaction always runs on a thread, since waiting
+for the write lock must not hold up the loop; the heartbeat awaits a read that, on Postgres, is batched with
+the other beats' (runner/controller/heartbeat_reads.py).
 """
 
 from __future__ import annotations
@@ -26,16 +27,20 @@ from fastapi import HTTPException
 log = structlog.get_logger(__name__)
 
 
+# Where a route's handler runs.
+AWAITED = "awaited"            # a coroutine that does its own waiting (the heartbeat)
+NEAR_THE_DATA = "near"         # quick reads and appends: on the loop with SQLite, on a thread with a shared database
+ON_A_THREAD = "thread"         # a write transaction: waiting for the write lock must not hold up the loop
+
+
 @dataclass(frozen=True)
 class LeanRoute:
-    """A POST answered by ``handler(state, authorization header, body bytes)``; a larger body is a 413.
-
-    ``blocking``: the handler is a plain function that reads and writes the database (run on a thread where
-    the database is shared); otherwise it is a coroutine that does its own waiting."""
+    """A POST answered by ``handler(state, authorization header, body bytes)``, run as ``runs`` says; a body
+    larger than ``max_body`` is a 413."""
 
     handler: Callable[[Any, str, bytes], Any]
     max_body: int
-    blocking: bool = True
+    runs: str = NEAR_THE_DATA
 
 
 class FrontDoor:
@@ -45,7 +50,7 @@ class FrontDoor:
         self.app = app
         self.state = state
         self.routes = routes
-        self._on_threads = bool(state.store.db.shared)
+        self._shared_database = bool(state.store.db.shared)
 
     async def __call__(self, scope, receive, send) -> None:
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -66,9 +71,9 @@ class FrontDoor:
         await _respond(send, status, payload, headers)
 
     async def _answer(self, route: LeanRoute, authorization: str, body: bytes) -> dict:
-        if not route.blocking:
+        if route.runs == AWAITED:
             return await route.handler(self.state, authorization, body)
-        if self._on_threads:
+        if route.runs == ON_A_THREAD or self._shared_database:
             return await asyncio.get_running_loop().run_in_executor(None, route.handler, self.state, authorization,
                                                                     body)
         return route.handler(self.state, authorization, body)

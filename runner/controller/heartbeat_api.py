@@ -23,7 +23,7 @@ from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING
 from ..wire import MOVE_TO_SPOT
 from . import gang_agent, reports
 from .auth import heartbeat_caller
-from .front_door import LeanRoute, json_object
+from .front_door import AWAITED, LeanRoute, json_object
 
 HEARTBEAT_PATH = "/v1/agent/heartbeat"
 CONTINUE, CANCEL, SHUTDOWN = "continue", "cancel", "shutdown"
@@ -42,7 +42,7 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
     return {"action": action}
 
 
-ROUTE = LeanRoute(heartbeat, max_body=64 * 1024, blocking=False)  # a beat is a few hundred bytes
+ROUTE = LeanRoute(heartbeat, max_body=64 * 1024, runs=AWAITED)  # a beat is a few hundred bytes
 
 
 def _beat(body: bytes) -> tuple[str, dict | None]:

@@ -210,3 +210,27 @@ def test_an_agent_that_beats_before_its_launch_is_applied_keeps_running(db_url, 
     finally:
         world.provider.release_launches()
         world.ctx.launches.shutdown()
+
+
+# --- reports (runner/controller/event_api.py), answered by the same front door on a thread ----------------
+@pytest.mark.parametrize("body,field", [
+    ({"data": {}}, "body.kind"),
+    ({"kind": 7}, "body.kind"),
+    ({"kind": "checkpoint", "data": [1]}, "body.data"),
+    ({"kind": "checkpoint", "data": {"step": "abc", "durable": True}}, "data.step"),
+    ("not an object", "body"),
+])
+def test_a_malformed_report_is_422_naming_the_field_and_changes_nothing(world, api, body, field):
+    job_id, headers = running_job(world)
+    reply = api.post("/v1/agent/events", json=body, headers=headers)
+    assert reply.status_code == 422 and reply.json()["detail"].startswith(field)
+    assert world.store.job(job_id).step == 0
+
+
+def test_a_durable_checkpoint_report_is_kept_and_only_a_node_may_send_one(world, api):
+    job_id, headers = running_job(world)
+    report = {"kind": "checkpoint", "data": {"step": 300, "durable": True, "seconds": 0.2}}
+    assert api.post("/v1/agent/events", json=report, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 403
+    assert api.post("/v1/agent/events", json=report).status_code == 401
+    assert api.post("/v1/agent/events", json=report, headers=headers).json() == {"accepted": True}
+    assert world.store.job(job_id).step == 300

@@ -1,0 +1,86 @@
+"""The agent's reports (POST /v1/agent/events): notices, durable checkpoints, restores, telemetry, the
+handover, messages. Answered by the front door (runner/controller/front_door.py) on a thread: each is a
+write transaction, and waiting for the write lock must not hold up the event loop's heartbeats."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import HTTPException
+
+from ..scheduler.attempts import hand_over
+from ..wire import HANDOVER, REPORT_MANIFEST, REPORT_TELEMETRY
+from . import metrics, reports, telemetry
+from .auth import node_caller
+from .front_door import ON_A_THREAD, LeanRoute, json_object
+
+EVENTS_PATH = "/v1/agent/events"
+
+
+def agent_event(state, authorization: str, body: bytes) -> dict:
+    """Record one report of the calling node's attempt; ``accepted`` says whether it was kept."""
+    node = node_caller(authorization, state)
+    kind, data = _event(json_object(body))
+    job_id, attempt = node.job_id, node.attempt
+    if kind == HANDOVER:
+        reports.step(data.get("step"), "data.step")
+        new_state = hand_over(state.store, node, data["step"])
+        if new_state is not None:
+            state.scheduler.nudge.set()  # launch the next attempt now
+        return {"accepted": new_state is not None}
+    with state.store.db.transaction() as tx:
+        if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
+            telemetry.record_report(tx, job_id, attempt, data)
+            return {"accepted": True}
+        if kind == REPORT_MANIFEST:
+            return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}
+        if kind in metrics.NOTICE_KINDS:
+            metrics.record_notice(tx, job_id, attempt, data)
+        if kind == "notice":
+            notice = metrics.without_timing(data)
+            if state.store.job(job_id, tx).num_nodes > 1:
+                notice = {**notice, "node_rank": node.rank}
+            state.store.set_attempt_notice(tx, job_id, attempt, notice)
+            state.store.add_event(tx, job_id, "notice", f"{data.get('source')} {data.get('action')} "
+                                  f"notice, deadline {data.get('deadline')}", attempt=attempt)
+        elif kind == "checkpoint":
+            reports.step(data.get("step"), "data.step")
+            if not data.get("durable"):
+                return {"accepted": False}  # only a checkpoint on the durable tier survives the node
+            checkpoint = {**data, "attempt": attempt, "time": data.get("time", time.time())}
+            accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
+            if accepted:
+                metrics.record_commit(tx, job_id, attempt, checkpoint)
+            return {"accepted": accepted}
+        else:
+            if kind == "restored":
+                _record_restored_step(state, tx, job_id, attempt, data)
+            state.store.add_event(tx, job_id, kind, str(data.get("message", data)), attempt=attempt)
+    return {"accepted": True}
+
+
+ROUTE = LeanRoute(agent_event, max_body=1 << 20, runs=ON_A_THREAD)
+
+
+def _event(body: dict) -> tuple[str, dict]:
+    """``kind`` (notice | checkpoint | restored | telemetry | manifest | handover | message) and ``data``,
+    refused (422) naming the field as FastAPI would."""
+    kind, data = body.get("kind"), body.get("data", {})
+    if kind is None:
+        raise HTTPException(422, "body.kind: Field required")
+    if not isinstance(kind, str):
+        raise HTTPException(422, "body.kind: Input should be a valid string")
+    if not isinstance(data, dict):
+        raise HTTPException(422, "body.data: Input should be a valid dictionary")
+    return kind, data
+
+
+def _record_restored_step(state, tx, job_id: str, attempt: int, data: dict) -> None:
+    """A restore that fell short of the handed-over step is written into the restart log, never hidden."""
+    step, expected = data.get("step"), data.get("expected")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return
+    if isinstance(expected, int) and not isinstance(expected, bool) and 0 <= step < expected:
+        state.store.set_resumed_from(tx, job_id, attempt, step)
+        state.store.add_event(tx, job_id, "message", f"the checkpoint of step {expected} was missing or did not "
+                              f"verify; resumed from step {step} instead", attempt=attempt)
