@@ -14,7 +14,8 @@ Printed per N: p50/p99 latency and requests per second of each endpoint, the sha
 came late, and the controller's CPU (percent of one core) and resident memory (psutil).
 
     python benchmarks/controller_scale.py --nodes 200,1000,2000 --seconds 30
-    python benchmarks/controller_scale.py --db postgresql://USER@HOST/DB   # a Postgres store
+    python benchmarks/controller_scale.py --db postgresql://USER@HOST/DB   # Postgres: a fresh database each run
+                                                                          # (USER may create databases)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -268,11 +270,30 @@ def _profile(pid: int, seconds: float, prefix: str, nodes: int) -> subprocess.Po
                              "--format", "raw", "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+@contextmanager
+def fresh_database(db_url: str | None):
+    """SQLite (None): a new file in the controller's data dir. Postgres: a new database beside the one named, made
+    for this run and dropped after it; the jobs of an earlier run, whose nodes nobody plays any more, would
+    otherwise be found lost and relaunched during this one."""
+    if not db_url:
+        yield None
+        return
+    import psycopg
+
+    name = f"runner_scale_{os.getpid()}_{int(time.time() * 1000)}"
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield urlsplit(db_url)._replace(path=f"/{name}").geturl()
+        finally:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
 def measure(nodes: int, args) -> dict:
     """One node count against a fresh controller: each endpoint's latency, the controller's CPU and memory."""
-    with tempfile.TemporaryDirectory(prefix="controller-scale-") as folder:
+    with tempfile.TemporaryDirectory(prefix="controller-scale-") as folder, fresh_database(args.db) as db_url:
         data_dir = Path(folder)
-        process, url, admin = start_controller(data_dir, args.db)
+        process, url, admin = start_controller(data_dir, db_url)
         try:
             recorder = _run(drive(url, admin, data_dir, nodes, args, psutil.Process(process.pid)))
         finally:
@@ -300,7 +321,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of load before recording")
     parser.add_argument("--log-every", type=float, default=5.0, help="seconds between a node's log chunks")
     parser.add_argument("--checkpoint-every", type=float, default=30.0, help="seconds between a node's checkpoints")
-    parser.add_argument("--db", help="database URL (default: SQLite in the controller's temporary data dir)")
+    parser.add_argument("--db", help="a Postgres URL: each node count runs on a fresh database made beside it "
+                        "(default: SQLite in the controller's temporary data dir)")
     parser.add_argument("--profile", metavar="PREFIX", help="py-spy the controller while recording: PREFIX.N.txt "
                         "(collapsed stacks for flamegraph.pl or speedscope; pip install py-spy). py-spy takes CPU "
                         "of its own: take the figures from a run without it")
