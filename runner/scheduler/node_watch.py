@@ -21,6 +21,7 @@ import structlog
 
 from ..providers.base import NodeStatus, Provider
 from ..providers.errors import ProviderError
+from ..state.rows import Node
 from ..state.store import NODE_DRAINING, NODE_RUNNING, NODE_TERMINATING
 from .attempts import end_attempt
 from .cloud_calls import Answer
@@ -90,7 +91,7 @@ def _describe_many(provider: Provider, refs: dict[str, str | None], node_ids: li
     return provider.describe_many([(node_id, refs[node_id]) for node_id in node_ids])
 
 
-def gone_reason(status: NodeStatus, asked_attempt: int, node) -> str | None:
+def gone_reason(status: NodeStatus, asked_attempt: int, node: Node | None) -> str | None:
     """The end reason a describe answer calls for ("preempted" or "lost"), or None: the node is alive, or the
     answer is stale (the node has been released since, or holds another attempt than when it was asked)."""
     if node is None or node.state not in WATCHED or node.attempt != asked_attempt:
