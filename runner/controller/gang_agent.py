@@ -27,11 +27,6 @@ from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..wire import REGISTER_WAITING, STOP_FOR_PEER
 
 
-def is_gang(job: dict) -> bool:
-    """Whether ``{"spec": ...}`` (the heartbeat's, from its view's spec text) is a gang's; a Job says ``num_nodes``."""
-    return job["spec"]["resources"].get("num_nodes", 1) > 1
-
-
 def waiting(message: str) -> dict:
     return {"status": REGISTER_WAITING, "message": message, "retry_seconds": 0.5}
 

@@ -92,4 +92,4 @@ async def _off_the_loop(state, function, *args):
 def _spec_flags(spec_text: str) -> tuple[bool, bool]:
     """Whether a job is a gang and whether the cost policy may move it (its spec is fixed at submit)."""
     spec = json.loads(spec_text)
-    return gang_agent.is_gang({"spec": spec}), observe.has_deadline(spec)
+    return spec["resources"].get("num_nodes", 1) > 1, observe.has_deadline(spec)

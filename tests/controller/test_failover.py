@@ -166,7 +166,7 @@ def test_leader_killed_mid_launch_mid_transition_and_mid_recovery_loses_and_dupl
     takeovers.append(team.kill_leader_and_time_takeover())
     wait(lambda j: j["state"] == "RUNNING" and "line 5" in cli("logs", job_id).stdout, "the job to run")
     # Mid-transition: a preemption ends the attempt; the leader is moving the job on and relaunching.
-    deadline = time.monotonic() + 60  # accepted once the node's launch is confirmed (by whichever leader)
+    deadline = time.monotonic() + 180  # accepted once the node's launch is confirmed (by whichever leader)
     while (sent := cli("preempt", job_id, "--notice", "aws")).returncode != 0:
         assert "no running node" in sent.stderr and time.monotonic() < deadline, sent.stderr
         time.sleep(0.2)
