@@ -64,28 +64,28 @@ def test_google_auth_gives_up_on_persistent_503(gce):
 
 def test_requests_without_metadata_flavor_are_403(gce, http):
     """Every request needs Metadata-Flavor: Google; without it the answer is 403."""
-    assert http.get(url(gce, "instance/preempted"), timeout=2).status_code == 403
+    assert http.get(url(gce, "instance/preempted"), timeout=30).status_code == 403
 
 
 def test_answers_carry_metadata_flavor_and_etag(gce, http):
     """Every answer carries Metadata-Flavor: Google and an ETag."""
-    response = http.get(url(gce, "instance/preempted"), headers=FLAVOR, timeout=2)
+    response = http.get(url(gce, "instance/preempted"), headers=FLAVOR, timeout=30)
     assert response.text == "FALSE"
     assert response.headers["Metadata-Flavor"] == "Google" and response.headers["ETag"]
 
 
 def test_preempt_turns_preempted_true_and_changes_the_etag(gce, http):
     """preempt() sets instance/preempted to TRUE under a new ETag."""
-    before = http.get(url(gce, "instance/preempted"), headers=FLAVOR, timeout=2).headers["ETag"]
+    before = http.get(url(gce, "instance/preempted"), headers=FLAVOR, timeout=30).headers["ETag"]
     gce.preempt(30)
-    after = http.get(url(gce, "instance/preempted"), headers=FLAVOR, timeout=2)
+    after = http.get(url(gce, "instance/preempted"), headers=FLAVOR, timeout=30)
     assert after.text == "TRUE" and after.headers["ETag"] != before
 
 
 def test_maintenance_event_takes_only_known_values(gce, http):
     """maintenance-event moves between NONE, MIGRATE_ and TERMINATE_ON_HOST_MAINTENANCE only."""
     gce.set_maintenance_event("MIGRATE_ON_HOST_MAINTENANCE")
-    assert http.get(url(gce, "instance/maintenance-event"), headers=FLAVOR, timeout=2).text == \
+    assert http.get(url(gce, "instance/maintenance-event"), headers=FLAVOR, timeout=30).text == \
         "MIGRATE_ON_HOST_MAINTENANCE"
     with pytest.raises(ValueError):
         gce.set_maintenance_event("SOMETIMES")

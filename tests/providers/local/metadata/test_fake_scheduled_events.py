@@ -9,20 +9,20 @@ HEADER = {"Metadata": "true"}
 
 
 def events(azure, http):
-    response = http.get(azure.url + EVENTS, params=VERSION, headers=HEADER, timeout=2)
+    response = http.get(azure.url + EVENTS, params=VERSION, headers=HEADER, timeout=30)
     assert response.status_code == 200
     return response.json()
 
 
 def test_requests_without_metadata_header_are_400(azure, http):
     """Without Metadata: true the answer is 400 naming the missing header."""
-    response = http.get(azure.url + EVENTS, params=VERSION, timeout=2)
+    response = http.get(azure.url + EVENTS, params=VERSION, timeout=30)
     assert response.status_code == 400 and "metadata header" in response.json()["error"]
 
 
 def test_requests_without_api_version_are_400(azure, http):
     """Without api-version the answer is 400."""
-    response = http.get(azure.url + EVENTS, headers=HEADER, timeout=2)
+    response = http.get(azure.url + EVENTS, headers=HEADER, timeout=30)
     assert response.status_code == 400 and "api-version" in response.json()["error"]
 
 
@@ -54,12 +54,12 @@ def test_start_requests_acknowledge_an_event(azure, http):
 
 def test_malformed_start_requests_are_400(azure, http):
     """A POST body that is not StartRequests is refused with 400."""
-    response = http.post(azure.url + EVENTS, params=VERSION, headers=HEADER, data=b"{", timeout=2)
+    response = http.post(azure.url + EVENTS, params=VERSION, headers=HEADER, data=b"{", timeout=30)
     assert response.status_code == 400
 
 
 def test_instance_document_identifies_azure(azure, http):
     """GET /metadata/instance answers a compute document (how a node recognises Azure)."""
     response = http.get(azure.url + "/metadata/instance", params={"api-version": "2021-02-01"}, headers=HEADER,
-                        timeout=2)
+                        timeout=30)
     assert response.json()["compute"]["azEnvironment"] == "AzurePublicCloud"
