@@ -212,24 +212,24 @@ def runner(home: Path) -> Runner:
     return Runner(home)
 
 
-@pytest.fixture
-def controller_db(request, backend: str) -> Iterator[str | None]:
-    """The `controller` fixture's --db: None (SQLite in its home) or a new Postgres database."""
+def _controller_database(request, backend: str) -> Iterator[str | None]:
     if backend == "sqlite":
         yield None
         return
     with postgres_database(request) as url:
         yield url
+
+
+@pytest.fixture
+def controller_db(request, backend: str) -> Iterator[str | None]:
+    """The `controller` fixture's --db: None (SQLite in its home) or a new Postgres database."""
+    yield from _controller_database(request, backend)
 
 
 @pytest.fixture(scope="module")
 def module_controller_db(request, backend: str) -> Iterator[str | None]:
     """`controller_db` for a controller that a module's tests share."""
-    if backend == "sqlite":
-        yield None
-        return
-    with postgres_database(request) as url:
-        yield url
+    yield from _controller_database(request, backend)
 
 
 @pytest.fixture
