@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +46,17 @@ class Runner:
                 return job
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}; job is {job}")
+
+    def wait_for_output(self, job_id: str, pattern: str, timeout: float = 90) -> str:
+        """Wait until the job's output (``runner logs``) has a match of ``pattern`` (a regex, multiline); return
+        the output."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            output = self("logs", job_id).stdout
+            if re.search(pattern, output, re.M):
+                return output
+            time.sleep(0.2)
+        raise AssertionError(f"the job never printed {pattern!r}; its output ends: {output[-2000:]}")
 
 
 class Controller:

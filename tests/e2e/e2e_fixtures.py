@@ -8,8 +8,6 @@ that, which tests a pathological notice rather than a preemption. At 0.2 every c
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
 
 import pytest
@@ -25,13 +23,3 @@ def home(tmp_path: Path) -> Path:
     (path / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
     yield path
     kill_nodes(path)
-
-
-def wait_for_line(runner, job_id: str, pattern: str, timeout: float = 90) -> None:
-    """Wait until the job's output has a line matching ``pattern`` (a regex, multiline)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if re.search(pattern, runner("logs", job_id).stdout, re.M):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the job never printed {pattern!r}: {runner('logs', job_id).stdout[-2000:]}")

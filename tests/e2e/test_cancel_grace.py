@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
 from conftest import write_job
@@ -25,6 +24,7 @@ while True:
 
 TRAINEE = r'''
 import time
+
 import torch
 from runner.checkpoint import Checkpointer
 
@@ -54,16 +54,6 @@ def _submit(runner, tmp_path, script: str, text: str) -> str:
     return runner.json("submit", str(path))["id"]
 
 
-def _wait_for_line(runner, job_id: str, line: str, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        output = runner("logs", job_id).stdout
-        if line in output:
-            return output
-        time.sleep(0.3)
-    raise AssertionError(f"the job never printed {line!r}; its output: {output}")
-
-
 def _cancel_and_wait(runner, job_id: str) -> dict:
     assert runner("cancel", job_id).returncode == 0
     return runner.wait_for(job_id, lambda j: j["state"] == "CANCELLED", timeout=60, what="cancelled")
@@ -72,7 +62,7 @@ def _cancel_and_wait(runner, job_id: str) -> dict:
 def test_a_job_that_traps_sigterm_winds_down_before_its_node_goes(tmp_path, runner, controller):
     """A cancelled job that needs 4 s after SIGTERM to save and wind down prints its last line."""
     job_id = _submit(runner, tmp_path, "wind_down.py", WIND_DOWN)
-    _wait_for_line(runner, job_id, "ready")
+    runner.wait_for_output(job_id, "ready", timeout=120)
     _cancel_and_wait(runner, job_id)
     output = runner("logs", job_id).stdout
     assert "SIGTERM: saving and winding down" in output and "last line" in output, output
@@ -83,7 +73,7 @@ def test_a_job_that_traps_sigterm_winds_down_before_its_node_goes(tmp_path, runn
 def test_a_checkpointer_job_cancelled_mid_run_has_its_step_committed(tmp_path, runner, controller):
     """A cancel asks the library for a stop checkpoint: the step the job stopped at is the job's committed step."""
     job_id = _submit(runner, tmp_path, "train.py", TRAINEE)
-    _wait_for_line(runner, job_id, "training")
+    runner.wait_for_output(job_id, "training", timeout=120)
     job = _cancel_and_wait(runner, job_id)
     output = runner("logs", job_id).stdout
     match = re.search(r"stopped at step (\d+)", output)

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from e2e_fixtures import home, wait_for_line  # noqa: F401 - a less compressed clock for these tests
+from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
 from conftest import REPO, write_job
 
 TRAIN = REPO / "examples" / "quickstart" / "train.py"
@@ -50,7 +50,7 @@ def test_a_notice_checkpoints_at_the_current_step_and_resumes_bit_exact_in_anoth
     folder.mkdir()
     shutil.copy(TRAIN, folder / "train.py")
     job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
-    wait_for_line(runner, job_id, r"^step 20 ")
+    runner.wait_for_output(job_id, r"^step 20 ")
     assert runner("preempt", job_id, "--notice", cloud).returncode == 0
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=120, what="the end")
@@ -76,7 +76,7 @@ def test_every_attempts_output_is_kept_under_its_own_separator(tmp_path, runner,
     folder.mkdir()
     shutil.copy(TRAIN, folder / "train.py")
     job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
-    wait_for_line(runner, job_id, r"^step 10 ")
+    runner.wait_for_output(job_id, r"^step 10 ")
     assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
     runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=120, what="success")
 

@@ -15,7 +15,7 @@ import subprocess
 
 import torch
 
-from e2e_fixtures import home, wait_for_line  # noqa: F401 - a less compressed clock for these tests
+from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
 from conftest import write_job
 
 STEPS = 120
@@ -73,7 +73,7 @@ def test_steps_nan_steps_peak_memory_cost_per_1000_steps_and_the_manifest(tmp_pa
     _committed_repo(tmp_path / "no-loss", "no-loss", "--no-loss")
     job_id = runner.json("submit", str(tmp_path / "with-loss" / "job.yaml"))["id"]
     quiet_id = runner.json("submit", str(tmp_path / "no-loss" / "job.yaml"))["id"]
-    wait_for_line(runner, job_id, r"^waiting for the preemption$")
+    runner.wait_for_output(job_id, r"^waiting for the preemption$")
     assert runner("preempt", job_id).returncode == 0
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=180, what="the end")

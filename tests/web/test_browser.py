@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -71,15 +70,6 @@ def _until(driver, condition, what: str, timeout: float = WAIT):
                              f"{driver.find_element('tag name', 'body').text[-3000:]}") from None
 
 
-def _wait_for_output(runner, job_id: str, pattern: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if re.search(pattern, runner("logs", job_id).stdout, re.M):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the job never printed {pattern!r}")
-
-
 def _pane_text(driver, attempt: int) -> str:
     from selenium.webdriver.common.by import By
 
@@ -114,7 +104,7 @@ def test_sign_in_see_the_preempted_job_on_a_timeline_and_follow_its_logs(tmp_pat
         signed_in.save_screenshot(str(tmp_path / "jobs.png"))
 
         # Preempted once: a notice through the node's metadata server, then the job resumes elsewhere.
-        _wait_for_output(runner, job_id, r"^step 20 ")
+        runner.wait_for_output(job_id, r"^step 20 ", timeout=WAIT)
         assert runner("preempt", job_id, "--notice", "aws").returncode == 0
         runner.wait_for(job_id, lambda j: j["attempts"] == 2 and j["state"] == "RUNNING", timeout=WAIT,
                         what="the second attempt")
