@@ -90,7 +90,7 @@ def _principal(token: str, state) -> Principal:
 
 
 async def heartbeat_caller(authorization: str, state) -> dict:
-    """The calling node's ``Store.heartbeat_view`` for an Authorization header, read fresh, refused with the 401
+    """The calling node's ``Store.heartbeat_views`` for an Authorization header, read fresh, refused with the 401
     and 403 of ``require_node``."""
     token = bearer_token(authorization)
     if _is_admin(token, state):

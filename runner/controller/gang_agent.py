@@ -166,7 +166,7 @@ def _gone_node(state, ranks: list[AttemptNode]) -> tuple[int, str] | None:
 def heartbeat_action(state, node: dict) -> str:
     """``stop`` for a kept node whose attempt has ended while its job has not reported an exit (the job did
     not learn of the peer's stop through its process group), else ``continue``. ``node``: the node's
-    ``Store.heartbeat_view``."""
+    ``Store.heartbeat_views``."""
     attempt = next((a for a in state.store.attempts(node["job_id"]) if a.attempt == node["attempt"]), None)
     if attempt is None or attempt.end_reason == "running":
         return "continue"

@@ -1,7 +1,7 @@
 """The agent's heartbeat, the request every node sends once a second (answered by the front door,
 runner/controller/front_door.py, in front of the web framework).
 
-Per beat: one read of the database (``Store.heartbeat_view``: the node, its job and whether its attempt is
+Per beat: one read of the database (``Store.heartbeat_views``: the node, its job and whether its attempt is
 the running one, fresh on every beat, so another controller's cancel or release is heard on the next one),
 the beat kept in memory for the once-a-second write (runner/controller/heartbeats.py). The rare answers (a
 gang node kept after its attempt, a move to spot) take the slower reads they always took.

@@ -94,10 +94,17 @@ class BatchedReads:
         except Exception as exc:  # the database is unreachable for a moment: these beats get a 500, the next retry
             log.warning("heartbeat read failed", error=str(exc), beats=len(batch))
             for _, answer, loop in batch:
-                loop.call_soon_threadsafe(_fail, answer, exc)
+                _hand_back(loop, _fail, answer, exc)
             return
         for key, answer, loop in batch:
-            loop.call_soon_threadsafe(_settle, answer, views.get(key))
+            _hand_back(loop, _settle, answer, views.get(key))
+
+
+def _hand_back(loop: asyncio.AbstractEventLoop, settle, answer: asyncio.Future, value) -> None:
+    try:
+        loop.call_soon_threadsafe(settle, answer, value)
+    except RuntimeError:  # that loop has closed (the server stopped): nobody waits for this beat any more
+        pass
 
 
 def _settle(answer: asyncio.Future, value) -> None:

@@ -2,7 +2,7 @@
 
 Rows come back as the frozen dataclasses of runner/state/rows.py (:class:`Job`, :class:`Attempt`,
 :class:`Node`, :class:`Event`), typed whichever database returned them. The heartbeat's two lean reads
-(:meth:`Store.heartbeat_view`, :meth:`Store.watched_nodes`) return dicts of only the columns they need.
+(:meth:`Store.heartbeat_views`, :meth:`Store.watched_nodes`) return dicts of only the columns they need.
 """
 
 from __future__ import annotations
@@ -177,14 +177,11 @@ class Store:
         rows = self.db.query("SELECT * FROM nodes WHERE token_hash = ?", (token_hash,))
         return Node.from_row(rows[0]) if rows else None
 
-    def heartbeat_view(self, token_hash: str) -> dict | None:
-        """What a heartbeat is answered from, in one read: the token's node (id, job_id, attempt, rank, state),
-        its job's ``job_state``, ``cancel_requested`` and ``spec`` (JSON text, fixed at submit), and whether the
-        node's attempt is the job's running one (``attempt_current``) and on spot (``attempt_spot``)."""
-        return self.heartbeat_views([token_hash]).get(token_hash)
-
     def heartbeat_views(self, token_hashes: list[str]) -> dict[str, dict]:
-        """:meth:`heartbeat_view` of many tokens in one read, by token hash (an unknown token is absent)."""
+        """What heartbeats are answered from, for many tokens in one read, by token hash (an unknown token is
+        absent): each token's node (id, job_id, attempt, rank, state), its job's ``job_state``,
+        ``cancel_requested`` and ``spec`` (JSON text, fixed at submit), and whether the node's attempt is the
+        job's running one (``attempt_current``) and on spot (``attempt_spot``)."""
         marks = ",".join("?" * len(token_hashes))
         rows = self.db.query(
             f"""SELECT n.id, n.job_id, n.attempt, n.rank, n.state, n.token_hash, j.state AS job_state,
@@ -273,7 +270,7 @@ class Store:
         return [Event.from_row(row) for row in rows]
 
 
-# --- the heartbeat's lean reads (heartbeat_view, watched_nodes): dicts of a few node columns, typed here ---------
+# --- the heartbeat's lean reads (heartbeat_views, watched_nodes): dicts of a few node columns, typed here ---------
 def _opt(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else kind(value)
 

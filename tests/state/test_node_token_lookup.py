@@ -34,13 +34,14 @@ def test_a_heartbeat_view_reads_the_node_its_job_and_whether_its_attempt_runs(db
         store.insert_job(tx, "j1", "job", {"recovery": {}, "resources": {}}, "RUNNING", now)
         store.insert_attempt(tx, "j1", "n1", OFFER, True, 0, now)
         store.insert_node(tx, "n1", "j1", 1, "memory", "hash-1", OFFER, True, now)
-    view = store.heartbeat_view("hash-1")
+    view = store.heartbeat_views(["hash-1"])["hash-1"]
     assert (view["id"], view["job_id"], view["attempt"], view["state"], view["job_state"]) == \
         ("n1", "j1", 1, "launching", "RUNNING")
     assert view["attempt_current"] is True and view["attempt_spot"] is True and view["cancel_requested"] is None
     with store.db.transaction() as tx:
         store.request_cancel(tx, "j1", now)
         store.insert_attempt(tx, "j1", "n2", OFFER, False, 0, now)
-    view = store.heartbeat_view("hash-1")
+    views = store.heartbeat_views(["hash-1", "hash-2"])  # many beats in one read; an unknown hash finds nothing
+    view = views["hash-1"]
     assert view["cancel_requested"] == pytest.approx(now) and view["attempt_current"] is False
-    assert store.heartbeat_view("hash-2") is None
+    assert list(views) == ["hash-1"]
