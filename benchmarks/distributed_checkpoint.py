@@ -27,10 +27,12 @@ built inside the timed region as ours is), and its own gloo group. Every figure 
 the best of ``--repeat`` rounds after one warm-up round (buffers allocated, the process executor's daemon
 started); the methods take turns within a round, so a noisy disk affects them alike.
 
-The stop agreement: under torch.distributed ``Checkpointer.step()`` starts an all-reduce of six float64s
-each step and reads it at the next (runner/checkpoint/agreement.py). Timed in microseconds per step, slowest
-rank: ``ckpt.step(s)`` with no save due, against the same loop calling nothing and loops doing a blocking
-``dist.all_reduce`` per step (the naive way to agree), of one float and of the same six float64s. Once back
+The stop agreement: under torch.distributed ``Checkpointer.step()`` starts an all-reduce of one int64
+(bitwise OR) each step and reads it at the next (runner/checkpoint/agreement.py). Timed in microseconds per
+step, slowest rank: ``ckpt.step(s)`` with no save due, against the same loop calling nothing and loops doing
+a blocking ``dist.all_reduce`` per step (the naive way to agree): of one float (the goal: ``ckpt.step`` back
+to back costs no more than this), of one int64 OR, and of six float64s (MAX), the vector the agreement
+used before it was packed into one word. Once back
 to back (``--agree-steps`` steps), and once with 10 ms of waiting per step standing in for the device's work
 (a tenth as many steps), which the pipelined all-reduce overlaps and the blocking one cannot.
 """
@@ -247,11 +249,13 @@ def per_step_us(call, steps: int, wait_s: float, counter) -> float:
 def measure_agreement(ckpt, group, steps: int, repeat: int) -> dict[str, list[float]]:
     """Per loop: microseconds per step back to back, and with ``DEVICE_WAIT_S`` of waiting per step."""
     one = torch.zeros(1)
-    six = torch.zeros(6, dtype=torch.float64)  # the size of the agreement's vector
+    word = torch.zeros(1, dtype=torch.int64)  # the agreement's word
+    six = torch.zeros(6, dtype=torch.float64)  # the agreement's former vector
     loops = {
         "nothing": lambda step: None,
         "ckpt.step(s), no save due": ckpt.step,
         "blocking all_reduce, 1 float": lambda step: dist.all_reduce(one, group=group),
+        "blocking all_reduce, 1 int64 OR": lambda step: dist.all_reduce(word, op=dist.ReduceOp.BOR, group=group),
         "blocking all_reduce, 6 float64": lambda step: dist.all_reduce(six, op=dist.ReduceOp.MAX, group=group),
     }
     counter = itertools.count(10**6)  # every rank calls ckpt.step with the same, increasing steps
