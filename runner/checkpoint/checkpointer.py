@@ -260,11 +260,10 @@ class Checkpointer:
         if self._should_stop or self._closed:
             return None
         if self._agreement is not None:  # one decision for every rank, as in step() (agreement.py)
-            round_step = self._agreement.is_round(step)
-            decision = self._agreement.collect() if round_step else None
+            decision = self._agreement.collect()
             if decision is None and self.every_steps is not None and step % self.every_steps == 0:
                 decision = Decision(save=True, request=None, origin="self")  # every rank is at this step
-            if round_step and (decision is None or decision.request is None or not decision.request.stop):
+            if decision is None or decision.request is None or not decision.request.stop:
                 self._agreement.start(step, self._take_request(), decision is None and self._interval_due(step))
             return decision
         request = self._take_request()
@@ -346,17 +345,13 @@ class Checkpointer:
         if self._should_stop or self._closed:
             return
         self._check_step(step)
-        round_step = self._agreement.is_round(step)  # rounds are spaced on short steps (agreement.py)
-        if round_step:
-            decision = self._agreement.collect()
-            if decision is not None:
-                self._act(step, decision)
-            if self._should_stop:
-                return
+        decision = self._agreement.collect()
+        if decision is not None:
+            self._act(step, decision)
+        if self._should_stop:
+            return
         if self.every_steps is not None and step % self.every_steps == 0 and not self._saved_at(step):
             self._save(step, emergency=False)  # every rank reaches this step: no agreement needed
-        if not round_step:
-            return
         request = self._take_request()
         due = self.every_steps is None and time.monotonic() >= self._next_due and not self._saved_at(step)
         self._agreement.start(step, request, due)

@@ -22,7 +22,7 @@ def reduce_or(*words: int) -> int:
     return out
 
 
-@pytest.mark.parametrize("step", [0, 1, 41, 2**24 - 1, 2**24, 10**12 + 7])
+@pytest.mark.parametrize("step", [0, 1, 41, 2**27 - 1, 2**27, 10**12 + 7])
 def test_ranks_at_the_same_step_agree(step):
     word = reduce_or(*(Word.encode(step, False, rank == 1, 0) for rank in range(8)))
     assert Word.steps_agree(word)
@@ -30,7 +30,7 @@ def test_ranks_at_the_same_step_agree(step):
     assert word < 2**63  # fits a signed int64
 
 
-@pytest.mark.parametrize("a,b", [(10, 11), (0, 1), (1000, 1064), (5, 2**23 + 5)])
+@pytest.mark.parametrize("a,b", [(10, 11), (0, 1), (1000, 1064), (5, 2**26 + 5)])
 def test_ranks_at_different_steps_are_caught(a, b):
     assert not Word.steps_agree(reduce_or(Word.encode(a, False, False, 0), Word.encode(b, False, False, 0)))
 
@@ -94,66 +94,3 @@ def test_four_gloo_ranks_reach_one_decision_with_the_earliest_deadline():
         assert origin == ("self" if rank in deadlines else "peer")
         assert error is not None and "different steps" in error
 
-
-def test_round_spacing_follows_the_step_time():
-    from runner.checkpoint.agreement import MAX_STEPS_PER_ROUND, steps_per_round
-
-    assert steps_per_round(None) == 1
-    assert steps_per_round(0.2) == 1            # slow steps: a round every step, as before
-    assert steps_per_round(0.01) == 8           # 10 ms steps: a round about every 50 ms
-    assert steps_per_round(1e-5) == MAX_STEPS_PER_ROUND
-    word = reduce_or(Word.encode(3, False, False, 0, every=2), Word.encode(3, False, False, 0, every=8))
-    assert Word.every(word) == 8 and Word.steps_agree(word)
-
-
-class FakeClock:
-    def __init__(self, step_seconds: float):
-        self.now, self.step_seconds = 0.0, step_seconds
-
-    def __call__(self) -> float:
-        self.now += self.step_seconds
-        return self.now
-
-
-def _spaced_rank(rank: int, world: int, port: int, step_seconds: float, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        agreement = StepAgreement(types.SimpleNamespace(group=None), clock=FakeClock(step_seconds))
-        rounds, acted, asked_at = [], None, 200
-        pending = None
-        for step in range(1, 400):
-            if step == asked_at and rank == 1:
-                pending = CheckpointRequest("notice", True, None)  # arrives on one rank, between rounds
-            if not agreement.is_round(step):
-                continue
-            rounds.append(step)
-            decision = agreement.collect()
-            if decision is not None and decision.request is not None and acted is None:
-                acted = step
-            agreement.start(step, pending, due=False)
-            pending = None
-        agreement.drain()
-        results.put((rank, rounds, acted))
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("step_seconds,spacing", [(0.001, 16), (0.2, 1)])
-def test_ranks_space_their_rounds_alike_and_still_act_on_a_request(step_seconds, spacing):
-    world, port = 2, _free_port()
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    processes = [context.Process(target=_spaced_rank, args=(rank, world, port, step_seconds, results))
-                 for rank in range(world)]
-    for process in processes:
-        process.start()
-    got = {rank: (rounds, acted) for rank, rounds, acted in (results.get(timeout=300) for _ in processes)}
-    for process in processes:
-        process.join(60)
-        assert process.exitcode == 0
-    assert got[0] == got[1]  # the same round steps and the same acting step on every rank
-    rounds, acted = got[0]
-    gaps = {b - a for a, b in zip(rounds[10:], rounds[11:])}
-    assert gaps == {spacing}
-    assert 200 < acted <= 200 + 2 * spacing  # the request is acted on within two rounds of its arrival
