@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 
@@ -50,6 +51,9 @@ async def upload_workdir(request: Request, who: Principal = Depends(require_admi
     return {"digest": digest, "bytes": len(body)}
 
 
+WORKDIR_DIGEST = re.compile(r"[0-9a-f]{64}")  # what upload_workdir answers; it names a file under the data dir
+
+
 class SubmitRequest(BaseModel):
     spec: dict
     workdir_digest: str | None = None
@@ -62,6 +66,9 @@ def submit(body: SubmitRequest, request: Request, who: Principal = Depends(requi
         spec = validate_job(body.spec, "job")
     except SpecError as exc:
         raise HTTPException(422, "\n".join(exc.problems)) from None
+    if body.workdir_digest is not None and not WORKDIR_DIGEST.fullmatch(body.workdir_digest):
+        raise HTTPException(422, f"workdir_digest: must be the sha256 that PUT /v1/workdirs answered (64 lowercase "
+                                 f"hex digits), not a string of {len(body.workdir_digest)} characters")
     if body.workdir_digest and not state.workdirs.has(body.workdir_digest):
         raise HTTPException(422, "workdir_digest: upload the workdir first (PUT /v1/workdirs)")
     problem = unsatisfiable(state, spec) or gang_too_big(state, spec) or missing_durable_url(state, spec)

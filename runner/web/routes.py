@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from .. import wire
 from ..controller import api
 from ..controller.auth import Principal, require_admin
+from ..controller.reports import MAX_INT
 from . import sessions, views
 from .render import WebRoute, page, render
 
@@ -49,8 +50,8 @@ def _int_param(request: Request, name: str, default: int | None = None) -> int:
         value = int(raw)
     except (TypeError, ValueError):
         raise HTTPException(422, f"{name}: {raw!r} is not a whole number") from None
-    if value < 0:
-        raise HTTPException(422, f"{name}: must be 0 or more")
+    if not 0 <= value <= MAX_INT:  # as the API's own bounds: a larger number is no offset, attempt or rank
+        raise HTTPException(422, f"{name}: must be a whole number from 0 to {MAX_INT}")
     return value
 
 
