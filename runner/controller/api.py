@@ -8,11 +8,12 @@ import secrets
 import time
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from .. import wire
 from ..scheduler.placement import PLACEMENT_EVENT
-from ..scheduler.states import TERMINAL
+from ..scheduler.states import ALLOWED, TERMINAL
 from ..spec import SpecError, validate_job
 from ..state import telemetry
 from ..state.rows import Job
@@ -74,13 +75,25 @@ def submit(body: SubmitRequest, request: Request, who: Principal = Depends(requi
     problem = unsatisfiable(state, spec) or gang_too_big(state, spec) or missing_durable_url(state, spec)
     if problem:
         raise HTTPException(422, problem)
-    job_id = f"{spec.name[:40]}-{secrets.token_hex(3)}"
     stored = spec.model_dump()
     stored["workdir_digest"] = body.workdir_digest
     with state.store.db.transaction() as tx:
+        job_id = _new_job_id(state.store, tx, spec.name)
         state.store.insert_job(tx, job_id, spec.name, stored, "PENDING", time.time())
     state.scheduler.nudge.set()
     return {"id": job_id}
+
+
+JOB_ID_BYTES = 5  # 40 random bits: two of 10,000 submits with one name once collided on 24
+
+
+def _new_job_id(store, tx, name: str) -> str:
+    """``NAME-xxxxxxxxxx``, never one that exists: a collision draws again (one in 10**8 at 10,000 jobs)."""
+    for _ in range(8):
+        job_id = f"{name[:40]}-{secrets.token_hex(JOB_ID_BYTES)}"
+        if store.job(job_id, tx) is None:
+            return job_id
+    raise RuntimeError("could not draw an unused job id in 8 tries")  # 2**-300: the random source is broken
 
 
 def unsatisfiable(state, spec) -> str | None:
@@ -121,10 +134,44 @@ def missing_durable_url(state, spec) -> str | None:
     return None
 
 
+# What `runner jobs` shows by default: the active jobs and those that ended in the last day, at most this many.
+RECENT_SECONDS = 24 * 3600.0
+DEFAULT_LIST_LIMIT = 100
+HIDDEN_HEADER = "X-Runner-Jobs-Hidden"  # how many jobs the listing left out (the body stays a plain list)
+ACTIVE_STATES = tuple(sorted(state for state in ALLOWED if state not in TERMINAL))
+
+
 @router.get("/jobs")
-def list_jobs(request: Request, who: Principal = Depends(require_admin)):
-    store = _state(request).store
-    return [wire.job_summary(job, store.attempts(job.id)) for job in store.jobs()]
+def list_jobs(request: Request, state: list[str] | None = Query(None),
+              limit: int | None = Query(None, ge=1, le=MAX_INT), everything: bool = Query(False, alias="all"),
+              who: Principal = Depends(require_admin)):
+    """The jobs, oldest first: by default the active ones and those ended in the last day (at most
+    DEFAULT_LIST_LIMIT, the newest); ``state`` (repeatable) only those in it; ``all`` every job."""
+    jobs, hidden = job_listing(_state(request).store, states=_states(state), limit=limit, everything=everything)
+    # Plain JSON already: straight out, without FastAPI's generic encoder (4 s of 10,000 jobs' 8 s with --all).
+    return JSONResponse(jobs, headers={HIDDEN_HEADER: str(hidden)})
+
+
+def job_listing(store, *, states: tuple[str, ...] | None = None, limit: int | None = None,
+                everything: bool = False, now: float | None = None) -> tuple[list[dict], int]:
+    """The listing's job summaries and how many jobs it left out."""
+    now = now or time.time()
+    if limit is None and not everything:
+        limit = DEFAULT_LIST_LIMIT
+    recent = None if states or everything else now - RECENT_SECONDS
+    jobs, total = store.job_listing(states=states, active=ACTIVE_STATES, ended_since=recent, limit=limit)
+    attempts = store.attempts_of([job.id for job in jobs])
+    return [wire.job_summary(job, attempts[job.id], now) for job in jobs], total - len(jobs)
+
+
+def _states(names: list[str] | None) -> tuple[str, ...] | None:
+    if not names:
+        return None
+    wanted = tuple(dict.fromkeys(name.strip().upper() for name in names))
+    unknown = [name for name in wanted if name not in ALLOWED]
+    if unknown:
+        raise HTTPException(422, f"state: {unknown[0]!r} is not a job state; use one of {', '.join(ALLOWED)}")
+    return wanted
 
 
 @router.get("/jobs/{job_id}")

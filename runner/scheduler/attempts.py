@@ -13,7 +13,7 @@ from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERM
 from ..wire import NODE_KEPT
 from .gang import node_end_reasons
 from .outcomes import lost_seconds, next_state
-from .states import TERMINAL
+from .states import ALLOWED, PENDING, PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from .transitions import AttemptEnd, transition
 
 
@@ -47,6 +47,7 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         )
         if force_state is not None:
             state, why = force_state, message or why
+        catch_up(tx, job_id, job.state, state, attempt, now)
         end = AttemptEnd(
             attempt=attempt, reason=reason, exit_code=exit_code, notice=notice,
             lost_seconds=lost_seconds(reason, now, working_since, commit_at,
@@ -63,6 +64,23 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         else:
             release_nodes(store, tx, job_id, attempt)
         return state
+
+
+def catch_up(tx, job_id: str, job_state: str, to_state: str, attempt: int, now: float) -> str:
+    """Walk a job whose attempt is ahead of its state up to where ``to_state`` may follow; return its state.
+
+    The job moves to PROVISIONING when the launch's answer is applied, but the node can register, run and
+    report first (a tick late under load, a launch asked for again after a failover): its exit report then finds
+    the job still PENDING or RECOVERING, from where SUCCEEDED, say, is no allowed change. The node did launch and
+    run, so the job passes through PROVISIONING (and RUNNING) first, each change an event that says why."""
+    if job_state in (PENDING, RECOVERING) and to_state not in ALLOWED[job_state]:
+        transition(tx, job_id, PROVISIONING, now=now,
+                   message=f"attempt {attempt}'s node reported before its launch's answer was recorded")
+        job_state = PROVISIONING
+    if job_state == PROVISIONING and to_state not in ALLOWED[PROVISIONING] and to_state in ALLOWED[RUNNING]:
+        transition(tx, job_id, RUNNING, now=now, message=f"attempt {attempt} running")
+        job_state = RUNNING
+    return job_state
 
 
 # How long a handed-over node may take to report its exit before it is reclaimed anyway (a notice's own
