@@ -99,6 +99,7 @@ def status(job_id: str, as_json: bool):
     node = job.get("node") or {}
     lines = [
         ("id", job["id"]), ("name", job["name"]), ("state", job["state"]), ("message", job["message"]),
+        ("failure", job.get("failure")),
         ("attempts", job["attempts"]), ("preemptions", job["preemptions"]), ("failures", job["failures"]),
         ("step", job["step"]), ("cost", money(job["cost_usd"])),
         ("steps/s", rate(job.get("steps_per_second"))), ("$/1k steps", money(job.get("cost_per_1000_steps"))),

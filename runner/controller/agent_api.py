@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from ..scheduler.attempts import catch_up, close_drained, end_attempt
 from ..scheduler.spot_return import finish_move
+from ..scheduler import failures
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
@@ -126,6 +127,7 @@ class ExitReport(BaseModel):
     reason: str  # one of runner.wire.EXIT_REASONS
     message: str | None = None
     drill: dict | None = None  # reason drill: {"checkpoint_step", "seconds"} or {"passed": false, "message"}
+    failure_kind: str | None = None  # reason failed: one of wire.FAILURE_KINDS when no relaunch can fix it
 
 
 @router.post("/exit")
@@ -157,6 +159,8 @@ def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
         return _drill_exit(state, who.node, body)
     if body.reason == MOVED:
         new_state = finish_move(state.store, who.node, body.exit_code, body.message)
+    elif body.reason == "failed" and failures.is_permanent(body.failure_kind):
+        new_state = _end_permanent_failure(state, who.node, body)
     else:
         new_state = end_attempt(state.store, who.node.job_id, who.node.attempt, body.reason,
                                 exit_code=body.exit_code, message=body.message)
@@ -164,6 +168,17 @@ def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
         close_drained(state.store, who.node, body.exit_code)  # a handed-over attempt's process has exited
     state.scheduler.nudge.set()
     return {"state": new_state}
+
+
+def _end_permanent_failure(state, node: Node, body: ExitReport) -> str | None:
+    """A failure no relaunch can fix: the job ends FAILED now, saying what failed and why it is not relaunched."""
+    current = state.store.current_attempt(node.job_id)
+    peak = current.peak_memory_gb if current is not None and current.attempt == node.attempt else None
+    message = failures.failure_message(body.failure_kind, body.message, peak)
+    log.warning("the job failed in a way no relaunch can fix", job=node.job_id, attempt=node.attempt,
+                kind=body.failure_kind, why=message)
+    return end_attempt(state.store, node.job_id, node.attempt, "failed", exit_code=body.exit_code, message=message,
+                       force_state=FAILED, trained_nothing=failures.trained_nothing(body.failure_kind))
 
 
 def _drill_exit(state, node: Node, body: ExitReport) -> dict:

@@ -164,6 +164,16 @@ def job_listing(store, *, states: tuple[str, ...] | None = None, limit: int | No
     return [wire.job_summary(job, attempts[job.id], now) for job in jobs], total - len(jobs)
 
 
+def failure_summary(job: Job, attempts: list) -> str | None:
+    """Of a FAILED job: why, with the last attempt's exit code, and where its output is; else None."""
+    if job.state != "FAILED":
+        return None
+    last = next((a for a in reversed(attempts) if a.end_reason != "running"), None)
+    why = (last.message if last is not None and last.message else None) or job.message or "the job failed"
+    code = f" (exit code {last.exit_code})" if last is not None and last.exit_code is not None else ""
+    return f"{why}{code}; `runner logs {job.id}` shows its output"
+
+
 def _states(names: list[str] | None) -> tuple[str, ...] | None:
     if not names:
         return None
@@ -185,6 +195,7 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     placed = state.store.last_event(job_id, PLACEMENT_EVENT)  # the cost policy's last choice, for a deadline job
     summary["cost_policy"] = placed.message if placed else None
     summary["manifest"] = telemetry.latest_manifest(state.store.db, job_id)
+    summary["failure"] = failure_summary(job, state.store.attempts(job_id))
     summary["last_checkpoint_failure"] = ({"time": wire.iso(failure.time), "attempt": failure.attempt,
                                            "message": failure.message} if failure else None)
     nodes = state.store.nodes(job_id=job_id)

@@ -20,13 +20,14 @@ from .transitions import AttemptEnd, transition
 def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: float | None = None,
                 exit_code: int | None = None, notice: dict | None = None, drill: dict | None = None,
                 message: str | None = None, force_state: str | None = None, ranks: Iterable[int] = (),
-                drain_until: float | None = None) -> str | None:
+                drain_until: float | None = None, trained_nothing: bool = False) -> str | None:
     """End a running attempt and move the job on; return the new state, or None if already ended.
 
     ``ranks``: of a gang, the node ranks that ended it (a preempted or lost node); while the job goes on
     only their nodes are released and the others are kept for the next attempt.
     ``drain_until``: of a single-node attempt handed over (:func:`hand_over`), the node is not released but
-    drains until its exit report, and is reclaimed at that time at the latest."""
+    drains until its exit report, and is reclaimed at that time at the latest.
+    ``trained_nothing``: the attempt failed before any training (a command not found): it lost no work."""
     now = now or time.time()
     with store.db.transaction() as tx:
         job = store.job(job_id, tx)
@@ -50,8 +51,8 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         catch_up(tx, job_id, job.state, state, attempt, now)
         end = AttemptEnd(
             attempt=attempt, reason=reason, exit_code=exit_code, notice=notice,
-            lost_seconds=lost_seconds(reason, now, working_since, commit_at,
-                                      stopped_at_commit=own_checkpoint and bool(checkpoint.get("emergency"))),
+            lost_seconds=0.0 if trained_nothing else lost_seconds(
+                reason, now, working_since, commit_at, stopped_at_commit=own_checkpoint and bool(checkpoint.get("emergency"))),
             drill=drill, message=message or why,
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)
