@@ -23,9 +23,12 @@ ADMIN = "admin-token"
 
 @pytest.fixture
 def world(db_url):
-    world = make_world(db_url, launches=CloudCalls.threaded(2, "launch"))
+    launches = CloudCalls.threaded(2, "launch")
+    world = make_world(db_url, launches=launches)
     world.ctx.token_hasher = hash_token  # node tokens the agent API accepts
-    return world
+    yield world
+    world.provider.release_launches()
+    launches.shutdown()
 
 
 @pytest.fixture
