@@ -177,7 +177,8 @@ def finish_launches(ctx: SchedulerContext) -> None:
     """Nodes in ``launching`` with no launch out (their controller died mid-launch) are asked for again:
     a provider's launch is idempotent per node id."""
     for node in ctx.store.nodes((NODE_LAUNCHING,)):
-        if not ctx.launches.in_flight(node.id):
+        # (a node whose answer could not be applied waits out that failure's backoff: no launch call every tick)
+        if not ctx.launches.in_flight(node.id) and not ctx.guard.backed_off("launch answer", node.job_id):
             ctx.guard.run("launch", node.job_id, _launch, ctx, node)
 
 

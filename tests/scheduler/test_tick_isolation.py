@@ -108,6 +108,9 @@ def test_a_failing_launch_answer_of_one_job_is_applied_for_every_other(world, mo
     world.tick()
     states = [world.store.job(j).state for j in jobs]
     assert states == ["PROVISIONING", "PENDING", "PROVISIONING"] and world.ctx.guard.failures == 1
+    calls = len(world.provider.launch_calls)
+    world.tick(3)
+    assert len(world.provider.launch_calls) == calls  # its node is not launched again every tick meanwhile
 
 
 def test_a_launch_refused_after_ten_thousand_failures_is_backed_off_at_the_cap(db_url):
