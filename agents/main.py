@@ -28,6 +28,7 @@ from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
 from .gang import GangRanks, gang_environment, node_address, register_for_attempt
 from .logship import LogShipper
+from .failure_kind import OutputTail, classify
 from .supervisor import Supervisor
 from .watchers import Notice
 
@@ -66,6 +67,8 @@ class Agent(AgentCore):
         self.gang = GangRanks()  # what this node's ranks said about a gang's stop and restore
         self.cancel_stop: CancelStop | None = None
         self.stop_reason = "cancelled"  # the exit reason of a stop the controller asked for: cancelled or moved
+        self.output_tail: OutputTail | None = None
+        self.failure_kind: str | None = None  # of a failed exit no relaunch can fix (agents/failure_kind.py)
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -109,7 +112,8 @@ class Agent(AgentCore):
             if not self.shipper.close(timeout=60):
                 log.error("some output could not reach the controller", kept_in=str(self.local_log.name))
             reason = self.gang.exit_reason(reason)
-            reply = self.reporter.report_exit(reason, code, message, drill)
+            reply = self.reporter.report_exit(reason, code, message, drill, failure_kind=self.failure_kind)
+            self.failure_kind = None
             if reply and reply.get("action") == "stay":  # a gang node kept for the next attempt, on this node
                 log.info("kept for the gang's next attempt; registering for it")
                 assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
@@ -174,7 +178,13 @@ class Agent(AgentCore):
             return self.stop_reason, code, None, None
         if self.drill.triggered:
             return "drill", code, None, self.drill.outcome()
-        return ("succeeded" if code == 0 else "failed"), code, None, None
+        if code == 0:
+            return "succeeded", code, None, None
+        failure = classify(code, self.output_tail.text() if self.output_tail else "")
+        self.failure_kind = failure[0] if failure else None
+        if failure:
+            log.error("the job failed in a way no relaunch can fix", kind=failure[0], why=failure[1])
+        return "failed", code, failure[1] if failure else None, None
 
     def _verify_drill(self, expected: int, started: float) -> None:
         result = self.drill.verify_resume(expected, started)
@@ -194,7 +204,8 @@ class Agent(AgentCore):
         return code
 
     def _start_command(self, command: str, workdir: Path, env: dict) -> None:
-        self.current = Supervisor(command, str(workdir), env, self.shipper)
+        self.output_tail = OutputTail(self.shipper)  # its last lines tell a failure no relaunch can fix
+        self.current = Supervisor(command, str(workdir), env, self.output_tail)
         try:
             self.current.start()
         except (OSError, ValueError) as exc:  # E2BIG, a NUL byte, a missing bash: no process to wait for

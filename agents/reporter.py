@@ -147,12 +147,15 @@ class Reporter:
 
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
-    def report_exit(self, reason: str, code: int | None, message: str | None, drill: dict | None = None) -> dict | None:
+    def report_exit(self, reason: str, code: int | None, message: str | None, drill: dict | None = None,
+                    failure_kind: str | None = None) -> dict | None:
         """End the attempt at the controller; its reply (a drill's next attempt), or None."""
         if self.client is None:
             return None
         self.flush()  # the checkpoints and the notice of this attempt first: the exit ends the attempt
         body = {"reason": reason, "exit_code": code, "message": message, "drill": drill}
+        if failure_kind:  # only when known (a controller without failure kinds ignores the field)
+            body["failure_kind"] = failure_kind
         for _ in range(60):
             try:
                 reply = self.client.post("/v1/agent/exit", body)

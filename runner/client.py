@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import requests
 
 
@@ -38,6 +40,7 @@ class Client:
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
+        self.last_headers: Mapping[str, str] = {}  # the last answer's headers (a listing's count of what it left out)
 
     def request(self, method: str, path: str, **kwargs):
         kwargs.setdefault("timeout", self.timeout)
@@ -50,6 +53,7 @@ class Client:
             except requests.Timeout:
                 raise ControllerUnreachable(f"the controller at {url} did not answer in {self.timeout:.0f}s") from None
             self.url = url
+            self.last_headers = response.headers  # case-insensitive
             if response.status_code >= 400:
                 raise _error(response)
             if response.headers.get("content-type", "").startswith("application/json"):

@@ -8,8 +8,11 @@ from __future__ import annotations
 import math
 import re
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")  # ASCII digits only: "３６h" is no duration
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# The longest duration anything takes (a deadline, an interval): ten years. Longer is a typo, and a number of days
+# with twenty digits would overflow the times computed from it.
+MAX_DURATION_SECONDS = 10 * 365 * 86400
 
 
 def parse_duration(value: str | int | float) -> float:
@@ -21,10 +24,12 @@ def parse_duration(value: str | int | float) -> float:
             raise ValueError(f"{value!r} is not a finite duration; use a number with a unit such as 30s, 10m or 1h")
         if value < 0:
             raise ValueError(f"{value!r} is negative; use a duration such as 30s, 10m or 1h")
-        return float(value)
+        return _in_range(value, float(value))
     text = str(value).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
+    if not text.isascii():
+        raise ValueError(f"{value!r} is not a duration: write it with ASCII digits and a unit, such as 30s, 10m or 1h")
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        return _in_range(value, float(text))
     pos, total = 0, 0.0
     for match in _PART.finditer(text):
         if match.start() != pos:
@@ -33,7 +38,13 @@ def parse_duration(value: str | int | float) -> float:
         pos = match.end()
     if pos != len(text) or not text:
         raise ValueError(f"{value!r} is not a duration; use a number with a unit such as 30s, 10m or 1h")
-    return total
+    return _in_range(value, total)
+
+
+def _in_range(value, seconds: float) -> float:
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"{value!r} is longer than the longest duration allowed, 3650d (ten years)")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

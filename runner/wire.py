@@ -29,6 +29,11 @@ STOPPED_BY_PEER = "stopped-by-peer"
 # MOVED: the job stopped with a checkpoint because the controller asked it to (MOVE_TO_SPOT); it is also the
 # restart log's end reason of an attempt the cost policy ended to move the job from on-demand back to spot.
 MOVED = "moved"
+# A failed exit's kind, when a relaunch cannot fix it (agents/failure_kind.py): the attempt ends FAILED at once.
+FAILURE_COMMAND_NOT_FOUND = "command-not-found"
+FAILURE_IMPORT_ERROR = "import-error"
+FAILURE_CUDA_OOM = "cuda-oom"
+FAILURE_KINDS = (FAILURE_COMMAND_NOT_FOUND, FAILURE_IMPORT_ERROR, FAILURE_CUDA_OOM)
 EXIT_REASONS = ("succeeded", "failed", "preempted", "cancelled", "drill", STOPPED_BY_PEER, MOVED)
 
 # A heartbeat's action for a node whose job the cost policy moves from on-demand back to spot: the agent stops

@@ -12,6 +12,7 @@ is acted on; it is written to the state file before the callback runs and is rep
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import threading
@@ -131,7 +132,10 @@ class WatchLoop:
             self._stop.wait(tick - now)
 
     def _backoff(self, failures: int) -> float:
-        delay = min(self.backoff_max, self.backoff_initial * 2 ** (failures - 1))
+        # Doublings past the one that reaches backoff_max change nothing: a count of failures in the thousands
+        # (a metadata server down for a day) must not overflow the float.
+        doublings = min(failures - 1, max(0, math.ceil(math.log2(self.backoff_max) - math.log2(self.backoff_initial))) + 1)
+        delay = min(self.backoff_max, self.backoff_initial * 2.0 ** max(0, doublings))
         return delay * random.uniform(0.8, 1.2)
 
     def _log_failure(self, watcher: Watcher, exc: Exception, failures: int) -> None:

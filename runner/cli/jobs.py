@@ -45,19 +45,45 @@ def validate(job_file: Path):
     click.echo(f"{job_file}: valid (job {spec.name!r})")
 
 
+JOB_STATES = ("PENDING", "PROVISIONING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED")
+DEFAULT_LIMIT = 100
+
+
 @click.command("jobs")
+@click.option("--state", "states", multiple=True, type=click.Choice(JOB_STATES, case_sensitive=False),
+              help="Only jobs in this state (repeat for several).")
+@click.option("--limit", type=click.IntRange(min=1), help=f"At most N jobs, the newest (default {DEFAULT_LIMIT}; "
+                                                          "with --all, no limit).")
+@click.option("--all", "everything", is_flag=True, help="Every job, not only the active and recent ones.")
 @click.option("--json", "as_json", is_flag=True)
-def list_jobs(as_json: bool):
-    """One row per job."""
-    jobs = connect().get("/v1/jobs")
+def list_jobs(states: tuple[str, ...], limit: int | None, everything: bool, as_json: bool):
+    """One row per job: by default the active jobs and those ended in the last day (the newest 100)."""
+    client = connect()
+    params: dict = {"state": [s.upper() for s in states]}
+    if limit is not None:
+        params["limit"] = limit
+    if everything:
+        params["all"] = "true"
+    jobs = client.get("/v1/jobs", params=params)
+    hidden = int(client.last_headers.get("X-Runner-Jobs-Hidden") or 0)
     if as_json:
-        return print_json(jobs)
+        print_json(jobs)
+    else:
+        _print_jobs(jobs, filtered=bool(states) or everything)
+    if hidden:
+        why = ("not in " + ", ".join(s.upper() for s in states) if states else
+               "past --limit" if everything else "ended over a day ago, or past --limit")
+        click.echo(f"{hidden} more job(s) not shown ({why}): `runner jobs --all` lists every job, "
+                   "`--state STATE` only those in a state, `--limit N` more of them.", err=True)
+
+
+def _print_jobs(jobs: list[dict], filtered: bool) -> None:
     print_table(
         ["ID", "NAME", "STATE", "ATTEMPTS", "PREEMPTIONS", "STEP", "COST", "STEPS/S", "$/1K STEPS", "AGE"],
         [[j["id"], j["name"], j["state"], j["attempts"], j["preemptions"], j["step"], money(j["cost_usd"]),
           rate(j.get("steps_per_second")), money(j.get("cost_per_1000_steps")), format_duration(j["age_seconds"])]
          for j in jobs],
-        empty="No jobs yet: `runner submit JOB.yaml` starts one.",
+        empty="No jobs match." if filtered else "No jobs yet: `runner submit JOB.yaml` starts one.",
     )
 
 
@@ -73,6 +99,7 @@ def status(job_id: str, as_json: bool):
     node = job.get("node") or {}
     lines = [
         ("id", job["id"]), ("name", job["name"]), ("state", job["state"]), ("message", job["message"]),
+        ("failure", job.get("failure")),
         ("attempts", job["attempts"]), ("preemptions", job["preemptions"]), ("failures", job["failures"]),
         ("step", job["step"]), ("cost", money(job["cost_usd"])),
         ("steps/s", rate(job.get("steps_per_second"))), ("$/1k steps", money(job.get("cost_per_1000_steps"))),

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import time
 
+import structlog
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..scheduler.attempts import close_drained, end_attempt
+from ..scheduler.attempts import catch_up, close_drained, end_attempt
 from ..scheduler.spot_return import finish_move
+from ..scheduler import failures
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
 from ..state.rows import Attempt, Job, Node
-from ..scheduler.transitions import transition
+from ..scheduler.transitions import InvalidTransition, transition
 from ..wire import EXIT_REASONS, MOVED, STOPPED_BY_PEER
 from . import gang_agent, reports
 from .auth import Principal, require_node
+
+log = structlog.get_logger(__name__)
 
 router = APIRouter(prefix="/v1/agent")
 
@@ -61,7 +65,8 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, who.node.id, registered_at=now, last_heartbeat=now)
         state.store.mark_attempt_running(tx, job.id, attempt.attempt, now)
-        if state.store.job(job.id, tx).state == PROVISIONING:
+        # PENDING or RECOVERING still when the launch's answer has not been applied yet: the node is up all the same
+        if catch_up(tx, job.id, state.store.job(job.id, tx).state, RUNNING, attempt.attempt, now) == PROVISIONING:
             transition(tx, job.id, RUNNING, now=now, message=f"attempt {attempt.attempt} running")
     return _assignment(state, job.id, attempt.attempt, who.node, address)
 
@@ -122,11 +127,25 @@ class ExitReport(BaseModel):
     reason: str  # one of runner.wire.EXIT_REASONS
     message: str | None = None
     drill: dict | None = None  # reason drill: {"checkpoint_step", "seconds"} or {"passed": false, "message"}
+    failure_kind: str | None = None  # reason failed: one of wire.FAILURE_KINDS when no relaunch can fix it
 
 
 @router.post("/exit")
 def exit_report(body: ExitReport, request: Request, who: Principal = Depends(require_node)):
-    """The job's process ended: close the attempt and move the job on (a drill continues on this node)."""
+    """The job's process ended: close the attempt and move the job on (a drill continues on this node).
+
+    A report the job's state cannot take (it has moved on in a way no report should meet) is a 409 that says
+    so, logged: never a 500, and the job is left as it was."""
+    try:
+        return _exit_report(body, request, who)
+    except InvalidTransition as exc:
+        log.warning("exit report refused: the job's state cannot take it", node=who.node.id, job=who.node.job_id,
+                    attempt=who.node.attempt, reason=body.reason, error=str(exc))
+        raise HTTPException(409, f"this exit report ({body.reason}) does not fit the job's state now: {exc}; "
+                                 "it was not applied") from None
+
+
+def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
     state = _state(request)
     if body.reason not in EXIT_REASONS:
         raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(EXIT_REASONS)}")
@@ -140,6 +159,8 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
         return _drill_exit(state, who.node, body)
     if body.reason == MOVED:
         new_state = finish_move(state.store, who.node, body.exit_code, body.message)
+    elif body.reason == "failed" and failures.is_permanent(body.failure_kind):
+        new_state = _end_permanent_failure(state, who.node, body)
     else:
         new_state = end_attempt(state.store, who.node.job_id, who.node.attempt, body.reason,
                                 exit_code=body.exit_code, message=body.message)
@@ -147,6 +168,17 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
         close_drained(state.store, who.node, body.exit_code)  # a handed-over attempt's process has exited
     state.scheduler.nudge.set()
     return {"state": new_state}
+
+
+def _end_permanent_failure(state, node: Node, body: ExitReport) -> str | None:
+    """A failure no relaunch can fix: the job ends FAILED now, saying what failed and why it is not relaunched."""
+    current = state.store.current_attempt(node.job_id)
+    peak = current.peak_memory_gb if current is not None and current.attempt == node.attempt else None
+    message = failures.failure_message(body.failure_kind, body.message, peak)
+    log.warning("the job failed in a way no relaunch can fix", job=node.job_id, attempt=node.attempt,
+                kind=body.failure_kind, why=message)
+    return end_attempt(state.store, node.job_id, node.attempt, "failed", exit_code=body.exit_code, message=message,
+                       force_state=FAILED, trained_nothing=failures.trained_nothing(body.failure_kind))
 
 
 def _drill_exit(state, node: Node, body: ExitReport) -> dict:

@@ -13,20 +13,21 @@ from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERM
 from ..wire import NODE_KEPT
 from .gang import node_end_reasons
 from .outcomes import lost_seconds, next_state
-from .states import TERMINAL
+from .states import ALLOWED, PENDING, PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from .transitions import AttemptEnd, transition
 
 
 def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: float | None = None,
                 exit_code: int | None = None, notice: dict | None = None, drill: dict | None = None,
                 message: str | None = None, force_state: str | None = None, ranks: Iterable[int] = (),
-                drain_until: float | None = None) -> str | None:
+                drain_until: float | None = None, trained_nothing: bool = False) -> str | None:
     """End a running attempt and move the job on; return the new state, or None if already ended.
 
     ``ranks``: of a gang, the node ranks that ended it (a preempted or lost node); while the job goes on
     only their nodes are released and the others are kept for the next attempt.
     ``drain_until``: of a single-node attempt handed over (:func:`hand_over`), the node is not released but
-    drains until its exit report, and is reclaimed at that time at the latest."""
+    drains until its exit report, and is reclaimed at that time at the latest.
+    ``trained_nothing``: the attempt failed before any training (a command not found): it lost no work."""
     now = now or time.time()
     with store.db.transaction() as tx:
         job = store.job(job_id, tx)
@@ -47,10 +48,11 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         )
         if force_state is not None:
             state, why = force_state, message or why
+        catch_up(tx, job_id, job.state, state, attempt, now)
         end = AttemptEnd(
             attempt=attempt, reason=reason, exit_code=exit_code, notice=notice,
-            lost_seconds=lost_seconds(reason, now, working_since, commit_at,
-                                      stopped_at_commit=own_checkpoint and bool(checkpoint.get("emergency"))),
+            lost_seconds=0.0 if trained_nothing else lost_seconds(
+                reason, now, working_since, commit_at, stopped_at_commit=own_checkpoint and bool(checkpoint.get("emergency"))),
             drill=drill, message=message or why,
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)
@@ -63,6 +65,23 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         else:
             release_nodes(store, tx, job_id, attempt)
         return state
+
+
+def catch_up(tx, job_id: str, job_state: str, to_state: str, attempt: int, now: float) -> str:
+    """Walk a job whose attempt is ahead of its state up to where ``to_state`` may follow; return its state.
+
+    The job moves to PROVISIONING when the launch's answer is applied, but the node can register, run and
+    report first (a tick late under load, a launch asked for again after a failover): its exit report then finds
+    the job still PENDING or RECOVERING, from where SUCCEEDED, say, is no allowed change. The node did launch and
+    run, so the job passes through PROVISIONING (and RUNNING) first, each change an event that says why."""
+    if job_state in (PENDING, RECOVERING) and to_state not in ALLOWED[job_state]:
+        transition(tx, job_id, PROVISIONING, now=now,
+                   message=f"attempt {attempt}'s node reported before its launch's answer was recorded")
+        job_state = PROVISIONING
+    if job_state == PROVISIONING and to_state not in ALLOWED[PROVISIONING] and to_state in ALLOWED[RUNNING]:
+        transition(tx, job_id, RUNNING, now=now, message=f"attempt {attempt} running")
+        job_state = RUNNING
+    return job_state
 
 
 # How long a handed-over node may take to report its exit before it is reclaimed anyway (a notice's own

@@ -116,15 +116,19 @@ def watch_gang_formation(ctx) -> None:
     store, gangs = ctx.store, GangStore(ctx.store)
     now = time.time()
     for current in store.unformed_gang_attempts((PROVISIONING, RUNNING)):
-        ranks = gangs.nodes_of(current.job_id, current.attempt)
-        missing = unregistered_ranks(ranks, current.started_at, now, ctx.gang_timeout)
-        if not missing:
-            continue
-        names = ", ".join(f"node {r.node_id} (rank {r.rank})" for r in ranks if r.rank in missing)
-        end_attempt(store, current.job_id, current.attempt, "lost", ranks=missing,
-                    message=f"the gang never formed: {names} did not register within {ctx.gang_timeout:.0f}s; "
-                            "replacing it")
-        ctx.nudge.set()
+        ctx.guard.run("gang formation", current.job_id, _watch_formation, ctx, gangs, current, now)
+
+
+def _watch_formation(ctx, gangs: GangStore, current, now: float) -> None:
+    ranks = gangs.nodes_of(current.job_id, current.attempt)
+    missing = unregistered_ranks(ranks, current.started_at, now, ctx.gang_timeout)
+    if not missing:
+        return
+    names = ", ".join(f"node {r.node_id} (rank {r.rank})" for r in ranks if r.rank in missing)
+    end_attempt(ctx.store, current.job_id, current.attempt, "lost", ranks=missing,
+                message=f"the gang never formed: {names} did not register within {ctx.gang_timeout:.0f}s; "
+                        "replacing it")
+    ctx.nudge.set()
 
 
 def gang_node_gone(ctx, node: Node, reason: str, why: str) -> None:

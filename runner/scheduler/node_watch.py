@@ -112,7 +112,9 @@ def apply_describes(ctx) -> None:
                 log.warning("describe failed; will retry", node=answer.key, error=str(answer.error))
             continue
         if not answer.value.alive:
-            _node_gone(ctx, answer.key, answer.value, answer.asked)
+            node = ctx.store.node(answer.key)
+            job_id = node.job_id if node is not None else answer.key
+            ctx.guard.run("node gone", job_id, _node_gone, ctx, answer.key, answer.value, answer.asked)
     if unexpected is not None:
         raise unexpected
 

@@ -20,6 +20,7 @@ from typing import Iterable, NamedTuple
 
 from ..providers.offers import Offer
 from ..spec.schema import Resources
+from .isolation import capped_doubling
 
 CONSTRAINTS = ("accelerators", "cpus", "memory_gb", "cloud", "regions", "spot_policy", "max_price_per_hour")
 # explain_unsatisfiable blames the first of these that alone keeps offers out: the likeliest to be relaxed
@@ -273,7 +274,7 @@ class BackoffBook:
         self.prune(now)
         entry = self._entries.get(key)
         failures = entry.failures + 1 if entry is not None else 1
-        seconds = min(self.base * 2 ** (failures - 1), self.cap)
+        seconds = capped_doubling(self.base, failures, self.cap)  # any count: 10,000 failures must not overflow
         self._entries[key] = _Backoff(failures, now + seconds)
         if len(key) == 3:
             zone = key[:2]

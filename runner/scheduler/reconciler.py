@@ -23,7 +23,7 @@ from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
 from ..state import Store
-from ..state.rows import Node
+from ..state.rows import Job, Node
 from ..state.store import NODES_HOLDING_A_JOB, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
 from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
@@ -32,6 +32,7 @@ from .attempts import end_attempt
 from .gang import GANG_FORM_SECONDS
 from .cloud_calls import DESCRIBE_WORKERS, LAUNCH_WORKERS, TERMINATE_WORKERS, Answer, CloudCalls
 from .gang_workers import abandon_gang_launch, plan_gang_attempt, watch_gang_formation
+from .isolation import UnitGuard
 from .node_watch import describe_wakes, watch_running_nodes
 from .policy import BackoffBook
 from .releases import release_nodes, terminate_wakes
@@ -69,6 +70,7 @@ class SchedulerContext:
     terminates: CloudCalls = field(default_factory=lambda: CloudCalls(wakes=terminate_wakes))
     clock: Callable[[], float] = time.time  # unix seconds now (a test moves its own through the cancel grace)
     spot_checked_at: dict[str, float] = field(default_factory=dict)  # job id -> last weighed for a move to spot
+    guard: UnitGuard = field(default_factory=UnitGuard)  # one job's failure is logged and backed off, never the tick's
 
     def __post_init__(self):
         for calls in (self.launches, self.describes, self.terminates):
@@ -115,69 +117,69 @@ class Reconciler:
     def tick(self) -> None:
         """One pass of every worker. None waits on a cloud: launches, describes and terminates are asked for here
         and answered later (:mod:`.cloud_calls`)."""
-        collect_launches(self.ctx)
-        finish_launches(self.ctx)
-        watch_running_nodes(self.ctx)
-        watch_gang_formation(self.ctx)
-        apply_cancellations(self.ctx)
-        move_to_spot(self.ctx)
-        release_nodes(self.ctx)
-        launch_pending_jobs(self.ctx)
-        collect_launches(self.ctx)  # what came back meanwhile (every launch of this tick, when launches run inline)
+        ctx = self.ctx
+        for worker in TICK_WORKERS:  # each on its own: a bug in one never keeps the others from running
+            ctx.guard.step(worker.__name__, lambda: worker(ctx))
 
 
 def launch_pending_jobs(ctx: SchedulerContext) -> None:
     """PENDING and RECOVERING jobs with no live node get a node row and an attempt, then a launch."""
+    for job in ctx.store.jobs((PENDING, RECOVERING)):
+        ctx.guard.run("launch", job.id, _launch_job, ctx, job)
+
+
+def _launch_job(ctx: SchedulerContext, job: Job) -> None:
+    """One waiting job: choose an offer, write its attempt and node rows, and ask for the launch."""
     store = ctx.store
-    for job in store.jobs((PENDING, RECOVERING)):
-        if not job.cancel_requested and job.num_nodes > 1:
-            for node_id in plan_gang_attempt(ctx, job):
-                node = store.node(node_id)
-                if node.state == NODE_LAUNCHING:  # not released by a failed launch of its gang
-                    _launch(ctx, node)
-            continue
-        if job.cancel_requested or store.nodes(NODES_HOLDING_A_JOB, job_id=job.id):
-            continue
-        resources = Resources.model_validate(job.spec["resources"])
-        avoid = placement.recent_preempted_zones(store.attempts(job.id))
-        offers = [o for p in ctx.providers.values() for o in p.offers()]
-        choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
-                                  waiting_since=job.updated_at, on_demand_after=ctx.auto_on_demand_after,
-                                  on_demand_backoff=ctx.on_demand_backoff)
-        reason = None
-        if observe.has_deadline(job.spec):  # spot or on-demand from progress and deadline (runner/costpolicy)
-            now = time.time()
-            choice, reason = placement.choose_for_deadline(
-                offers, resources, job=job, attempts=store.attempts(job.id), avoid_zones=avoid,
-                zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
-                backoff=ctx.backoff, on_demand_backoff=ctx.on_demand_backoff, now=now)
-        if choice is None:
-            if reason and reason != job.message:
-                with store.db.transaction() as tx:
-                    store.set_job_message(tx, job.id, reason)
-            continue  # every fitting offer is backed off (or the deadline policy waits for spot); try again later
-        offer, spot = choice
-        node_id = f"n-{secrets.token_hex(6)}"
-        token = ctx.node_token(node_id)
-        with store.db.transaction() as tx:
-            fresh = store.job(job.id, tx)
-            if fresh.state != job.state or store.has_unterminated_node(tx, job.id):
-                continue
-            resumed = (fresh.checkpoint or {}).get("step", 0)
-            attempt = store.insert_attempt(tx, job.id, node_id, offer.to_json(), spot, resumed, time.time())
-            if reason:
-                store.add_event(tx, job.id, placement.PLACEMENT_EVENT, reason, attempt=attempt)
-            store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(token),
-                              offer.to_json(), spot, time.time())
-        _launch(ctx, store.node(node_id))
+    if not job.cancel_requested and job.num_nodes > 1:
+        for node_id in plan_gang_attempt(ctx, job):
+            node = store.node(node_id)
+            if node.state == NODE_LAUNCHING:  # not released by a failed launch of its gang
+                _launch(ctx, node)
+        return
+    if job.cancel_requested or store.nodes(NODES_HOLDING_A_JOB, job_id=job.id):
+        return
+    resources = Resources.model_validate(job.spec["resources"])
+    avoid = placement.recent_preempted_zones(store.attempts(job.id))
+    offers = [o for p in ctx.providers.values() for o in p.offers()]
+    choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
+                              waiting_since=job.updated_at, on_demand_after=ctx.auto_on_demand_after,
+                              on_demand_backoff=ctx.on_demand_backoff)
+    reason = None
+    if observe.has_deadline(job.spec):  # spot or on-demand from progress and deadline (runner/costpolicy)
+        now = time.time()
+        choice, reason = placement.choose_for_deadline(
+            offers, resources, job=job, attempts=store.attempts(job.id), avoid_zones=avoid,
+            zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
+            backoff=ctx.backoff, on_demand_backoff=ctx.on_demand_backoff, now=now)
+    if choice is None:
+        if reason and reason != job.message:
+            with store.db.transaction() as tx:
+                store.set_job_message(tx, job.id, reason)
+        return  # every fitting offer is backed off (or the deadline policy waits for spot); try again later
+    offer, spot = choice
+    node_id = f"n-{secrets.token_hex(6)}"
+    token = ctx.node_token(node_id)
+    with store.db.transaction() as tx:
+        fresh = store.job(job.id, tx)
+        if fresh.state != job.state or store.has_unterminated_node(tx, job.id):
+            return
+        resumed = (fresh.checkpoint or {}).get("step", 0)
+        attempt = store.insert_attempt(tx, job.id, node_id, offer.to_json(), spot, resumed, time.time())
+        if reason:
+            store.add_event(tx, job.id, placement.PLACEMENT_EVENT, reason, attempt=attempt)
+        store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(token),
+                          offer.to_json(), spot, time.time())
+    _launch(ctx, store.node(node_id))
 
 
 def finish_launches(ctx: SchedulerContext) -> None:
     """Nodes in ``launching`` with no launch out (their controller died mid-launch) are asked for again:
     a provider's launch is idempotent per node id."""
     for node in ctx.store.nodes((NODE_LAUNCHING,)):
-        if not ctx.launches.in_flight(node.id):
-            _launch(ctx, node)
+        # (a node whose answer could not be applied waits out that failure's backoff: no launch call every tick)
+        if not ctx.launches.in_flight(node.id) and not ctx.guard.backed_off("launch answer", node.job_id):
+            ctx.guard.run("launch", node.job_id, _launch, ctx, node)
 
 
 def _launch(ctx: SchedulerContext, node: Node) -> None:
@@ -199,7 +201,7 @@ def collect_launches(ctx: SchedulerContext) -> None:
             continue
         node = ctx.store.node(answer.key)
         if node is not None:
-            _apply_launch(ctx, node, answer)
+            ctx.guard.run("launch answer", node.job_id, _apply_launch, ctx, node, answer)
     if unexpected is not None:
         raise unexpected
 
@@ -262,18 +264,28 @@ def cancel_step(cancel_requested: float, now: float, attempt_running: bool, agen
 
 def apply_cancellations(ctx: SchedulerContext) -> None:
     """Cancelled jobs: load each, decide with :func:`cancel_step`, apply in one transaction."""
+    for job in ctx.store.cancelled_jobs(ACTIVE_STATES):
+        ctx.guard.run("cancel", job.id, _apply_cancellation, ctx, job)
+
+
+def _apply_cancellation(ctx: SchedulerContext, job: Job) -> None:
     store = ctx.store
-    for job in store.cancelled_jobs(ACTIVE_STATES):
-        current = store.current_attempt(job.id)
-        agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job.id) if n.registered_at]
-        now = ctx.clock()
-        step = cancel_step(job.cancel_requested, now, current is not None, bool(agents))
-        if step == END_ATTEMPT:
-            end_attempt(store, job.id, current.attempt, "cancelled", now=now,
-                        message=f"cancelled by the user; the job had not stopped {CANCEL_GRACE_SECONDS:.0f}s later"
-                        if agents else None)
-        elif step == CANCEL_JOB:
-            with store.db.transaction() as tx:
-                if store.job(job.id, tx).state not in TERMINAL:
-                    transition(tx, job.id, CANCELLED, now=now, message="cancelled by the user")
-                    store.release_job_nodes(tx, job.id)
+    current = store.current_attempt(job.id)
+    agents = [n for n in store.nodes((NODE_RUNNING,), job_id=job.id) if n.registered_at]
+    now = ctx.clock()
+    step = cancel_step(job.cancel_requested, now, current is not None, bool(agents))
+    if step == END_ATTEMPT:
+        end_attempt(store, job.id, current.attempt, "cancelled", now=now,
+                    message=f"cancelled by the user; the job had not stopped {CANCEL_GRACE_SECONDS:.0f}s later"
+                    if agents else None)
+    elif step == CANCEL_JOB:
+        with store.db.transaction() as tx:
+            if store.job(job.id, tx).state not in TERMINAL:
+                transition(tx, job.id, CANCELLED, now=now, message="cancelled by the user")
+                store.release_job_nodes(tx, job.id)
+
+
+# One tick, in order. collect_launches comes again last: what came back meanwhile (every launch of this tick, when
+# launches run inline).
+TICK_WORKERS = (collect_launches, finish_launches, watch_running_nodes, watch_gang_formation, apply_cancellations,
+                move_to_spot, release_nodes, launch_pending_jobs, collect_launches)

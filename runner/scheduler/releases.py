@@ -59,14 +59,19 @@ def apply_terminates(ctx) -> None:
         if answer.error is not None and not isinstance(answer.error, ProviderError):
             unexpected = unexpected or answer.error  # a bug: the terminate is asked for again next tick
             continue
-        with store.db.transaction() as tx:
-            node = store.node(answer.key, tx)
-            step = release_step(answer.error, node.state if node else None)
-            if step == TERMINATED:
-                store.update_node(tx, node.id, state=NODE_TERMINATED, terminated_at=time.time())
-        if step == TERMINATED:
-            log.info("node released", node=node.id, job=node.job_id)
-        elif step == RETRY:
-            log.warning("terminate failed; will retry", node=answer.key, error=str(answer.error))
+        node = store.node(answer.key)
+        ctx.guard.run("release", node.job_id if node else answer.key, _apply_terminate, store, answer)
     if unexpected is not None:
         raise unexpected
+
+
+def _apply_terminate(store, answer: Answer) -> None:
+    with store.db.transaction() as tx:
+        node = store.node(answer.key, tx)
+        step = release_step(answer.error, node.state if node else None)
+        if step == TERMINATED:
+            store.update_node(tx, node.id, state=NODE_TERMINATED, terminated_at=time.time())
+    if step == TERMINATED:
+        log.info("node released", node=node.id, job=node.job_id)
+    elif step == RETRY:
+        log.warning("terminate failed; will retry", node=answer.key, error=str(answer.error))

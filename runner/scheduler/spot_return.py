@@ -46,35 +46,41 @@ def move_to_spot(ctx) -> None:
     for gone in set(ctx.spot_checked_at) - {row.job_id for row in rows}:
         del ctx.spot_checked_at[gone]  # off on-demand, ended or cancelled: weighed afresh if it comes back
     for row in rows:
-        job_id, attempt = row.job_id, row.attempt
-        if row.move_requested_at is not None:
-            if now - row.move_requested_at >= MOVE_GRACE_SECONDS:
-                requested = move_request(store, job_id, attempt)
-                end_attempt(store, job_id, attempt, MOVED, now=now,
-                            message=f"{requested.message}; the job had not stopped {MOVE_GRACE_SECONDS:.0f}s "
-                                    "after the request, so its node was released")
-                ctx.nudge.set()
-            continue
-        if now - ctx.spot_checked_at.get(job_id, float("-inf")) < CHECK_EVERY_SECONDS:
-            continue
-        ctx.spot_checked_at[job_id] = now
-        job = store.job(job_id)
-        if not observe.has_deadline(job.spec) or job.num_nodes > 1:
-            continue  # only the deadline policy moves a job; a gang's placement does not consult it yet
-        current = store.current_attempt(job_id)
-        if current is None or current.attempt != attempt:
-            continue
-        decision = weigh_move(ctx, job, current, now)
-        if decision.market is None:
-            log.debug("staying on on-demand", job=job_id, why=decision.reason)
-            continue
-        with store.db.transaction() as tx:
-            fresh = store.job(job_id, tx)
-            still = store.current_attempt(job_id, tx)
-            if fresh.state != RUNNING or fresh.cancel_requested or still is None or still.attempt != attempt:
-                continue
-            store.add_event(tx, job_id, MOVE_EVENT, decision.reason, attempt=attempt, now=now)
-        log.info("moving to spot", job=job_id, attempt=attempt, why=decision.reason)
+        ctx.guard.run("move to spot", row.job_id, _weigh_or_finish_move, ctx, row, now)
+
+
+def _weigh_or_finish_move(ctx, row, now: float) -> None:
+    """One on-demand attempt: end its move if the grace ran out, or weigh it for a move when due."""
+    store = ctx.store
+    job_id, attempt = row.job_id, row.attempt
+    if row.move_requested_at is not None:
+        if now - row.move_requested_at >= MOVE_GRACE_SECONDS:
+            requested = move_request(store, job_id, attempt)
+            end_attempt(store, job_id, attempt, MOVED, now=now,
+                        message=f"{requested.message}; the job had not stopped {MOVE_GRACE_SECONDS:.0f}s "
+                                "after the request, so its node was released")
+            ctx.nudge.set()
+        return
+    if now - ctx.spot_checked_at.get(job_id, float("-inf")) < CHECK_EVERY_SECONDS:
+        return
+    ctx.spot_checked_at[job_id] = now
+    job = store.job(job_id)
+    if not observe.has_deadline(job.spec) or job.num_nodes > 1:
+        return  # only the deadline policy moves a job; a gang's placement does not consult it yet
+    current = store.current_attempt(job_id)
+    if current is None or current.attempt != attempt:
+        return
+    decision = weigh_move(ctx, job, current, now)
+    if decision.market is None:
+        log.debug("staying on on-demand", job=job_id, why=decision.reason)
+        return
+    with store.db.transaction() as tx:
+        fresh = store.job(job_id, tx)
+        still = store.current_attempt(job_id, tx)
+        if fresh.state != RUNNING or fresh.cancel_requested or still is None or still.attempt != attempt:
+            return
+        store.add_event(tx, job_id, MOVE_EVENT, decision.reason, attempt=attempt, now=now)
+    log.info("moving to spot", job=job_id, attempt=attempt, why=decision.reason)
 
 
 def weigh_move(ctx, job: Job, current: Attempt, now: float) -> Decision:

@@ -13,6 +13,10 @@ from ..durations import format_duration, parse_duration
 # No cloud node boots, unpacks the workdir and starts training faster than this; a deadline closer than
 # it cannot be met by any launch. (With no throughput known at submit, that is all that can be refused.)
 MIN_LAUNCH_SECONDS = 120.0
+# A deadline given as a time must fall in these years (UTC): the year 1 or 99999 is a typo, not a plan, and
+# times outside them cannot even be converted to unix seconds on every platform.
+EARLIEST_YEAR, LATEST_YEAR = 2000, 9999
+_TIME_EXAMPLE = "2026-11-25T18:00:00Z"
 
 
 def parse_deadline(value) -> tuple[str, float]:
@@ -21,7 +25,7 @@ def parse_deadline(value) -> tuple[str, float]:
         if value.tzinfo is None:
             raise ValueError(f"{value.isoformat()} has no time zone; write it as RFC 3339, e.g. "
                              "2026-11-25T18:00:00Z")
-        return "time", value.timestamp()
+        return "time", _unix_seconds(value, value.isoformat())
     text = str(value).strip()
     if "T" in text.upper() or text.count("-") >= 2:
         try:
@@ -31,15 +35,28 @@ def parse_deadline(value) -> tuple[str, float]:
                              "(2026-11-25T18:00:00Z)") from None
         if moment.tzinfo is None:
             raise ValueError(f"{value!r} has no time zone; add Z or an offset, e.g. 2026-11-25T18:00:00Z")
-        return "time", moment.timestamp()
+        return "time", _unix_seconds(moment, text)
     try:
         seconds = parse_duration(value)
-    except ValueError:
+    except ValueError as exc:
+        if "is not a duration;" not in str(exc):  # a duration, but too long or not in ASCII digits: say that
+            raise
         raise ValueError(f"{value!r} is neither a duration (36h) nor an RFC 3339 time "
                          "(2026-11-25T18:00:00Z)") from None
     if seconds <= 0:
         raise ValueError("must be a positive duration such as 36h, or an RFC 3339 time")
     return "duration", seconds
+
+
+def _unix_seconds(moment: datetime, text: str) -> float:
+    try:
+        utc = moment.astimezone(timezone.utc)
+    except (OverflowError, ValueError):  # 0001-01-01T00:00:00+14:00 is before the year 1 in UTC
+        utc = None
+    if utc is None or not EARLIEST_YEAR <= utc.year <= LATEST_YEAR:
+        raise ValueError(f"{text!r} is outside the years {EARLIEST_YEAR} to {LATEST_YEAR}; write a time such as "
+                         f"{_TIME_EXAMPLE} or a duration such as 36h")
+    return utc.timestamp()
 
 
 def deadline_at(deadline, submitted_at: float) -> float:

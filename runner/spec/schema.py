@@ -19,6 +19,7 @@ from .urls import check_fsspec_url
 CLOUDS = ("local", "aws", "gcp", "azure")
 MAX_RESUME_DRILL_SECONDS = 15 * 60
 MAX_NUM_NODES = 1024  # the schema's bound; what fits in one zone is each provider's to say at submit
+MAX_STEP = 2**53  # a step count above this loses precision as a float (progress = step / total_steps) and in JSON
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):([1-9][0-9]*)$")
 
@@ -125,8 +126,9 @@ class RecoverySpec(_Section):
     deadline: Optional[Union[str, float]] = Field(
         default=None, description="Finish by then: a duration from submission (36h) or an RFC 3339 time; "
                                   "with spot_policy auto the scheduler picks spot or on-demand to meet it.")
-    total_steps: Optional[int] = Field(default=None, gt=0, strict=True, validate_default=True,
-                                       description="With deadline: the step at which the job is done.")
+    total_steps: Optional[int] = Field(default=None, gt=0, lt=MAX_STEP, strict=True, validate_default=True,
+                                       description="With deadline: the step at which the job is done "
+                                                   "(less than 2**53).")
 
     @field_validator("deadline", mode="before")
     @classmethod

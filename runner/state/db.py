@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 from .dialect import to_postgres
-from .errors import DatabaseError, DatabaseUnreachable
+from .errors import DatabaseError, DatabaseUnreachable, UnsupportedDatabaseURL
 from .migrations import apply_migrations
 
 # Advisory lock keys (any 64-bit numbers, fixed): the write lock and the leader's lock.
@@ -34,8 +34,9 @@ def open_database(url: str, migrate: bool = True) -> "Database":
     elif url.startswith(("postgres://", "postgresql://")):
         db = PostgresDatabase(url)
     else:
-        raise DatabaseError(f"--db {redact(url)!r}: unknown database URL; use sqlite:///PATH or "
-                            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+        raise UnsupportedDatabaseURL(f"--db {redact(url)!r}: unsupported database URL; the supported schemes are "
+                                     "sqlite:///PATH and postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+                                     "(or postgres://)")
     try:
         apply_migrations(db, apply=migrate)
     except BaseException:

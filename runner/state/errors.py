@@ -7,6 +7,12 @@ class DatabaseError(Exception):
     exit_code = 1
 
 
+class UnsupportedDatabaseURL(DatabaseError):
+    """A database URL of a kind runner does not use (``mysql://``): bad input (CLI exit 2)."""
+
+    exit_code = 2
+
+
 class DatabaseUnreachable(DatabaseError):
     """The database server cannot be reached or refuses the connection (CLI exit 3)."""
 

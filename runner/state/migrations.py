@@ -207,6 +207,15 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX nodes_token_hash ON nodes(token_hash)
         """,
     ),
+    (
+        10,
+        # `runner jobs` lists the active jobs and those ended lately, newest first, at most N: at 10,000 jobs an
+        # index on each, not a scan and a sort of every job.
+        """
+        CREATE INDEX jobs_ended_at ON jobs(ended_at);
+        CREATE INDEX jobs_created_at ON jobs(created_at)
+        """,
+    ),
 ]
 
 

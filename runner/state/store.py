@@ -54,6 +54,47 @@ class Store:
             rows = self.db.query("SELECT * FROM jobs ORDER BY created_at")
         return [Job.from_row(r) for r in rows]
 
+    def job_listing(self, *, states: tuple[str, ...] | None = None, active: tuple[str, ...] = (),
+                    ended_since: float | None = None, limit: int | None = None) -> tuple[list[Job], int]:
+        """The newest jobs that match (at most ``limit``), oldest first, and how many jobs there are in all.
+
+        ``states``: only jobs in these; else, with ``ended_since``, the jobs in ``active`` and those that ended
+        since then; else every job. Indexed (jobs_state, jobs_ended_at, jobs_created_at): at 10,000 jobs the
+        default listing reads only the rows it returns."""
+        where, params = "", []
+        if states:
+            where = f"WHERE state IN ({','.join('?' * len(states))})"
+            params = list(states)
+        elif ended_since is not None:
+            where = f"WHERE state IN ({','.join('?' * len(active))}) OR ended_at >= ?" if active else \
+                "WHERE ended_at >= ?"
+            params = [*active, ended_since]
+        sql = f"SELECT * FROM jobs {where} ORDER BY created_at DESC, id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        rows = self.db.query(sql, tuple(params))
+        total = self.db.query("SELECT COUNT(*) AS n FROM jobs")[0]["n"]
+        return [Job.from_row(r) for r in reversed(rows)], int(total)
+
+    def attempts_of(self, job_ids: list[str]) -> dict[str, list[Attempt]]:
+        """The attempts of many jobs at once (a few queries, not one per job), each job's in order."""
+        found: dict[str, list[Attempt]] = {job_id: [] for job_id in job_ids}
+        for start in range(0, len(job_ids), 500):
+            chunk = tuple(job_ids[start:start + 500])
+            marks = ",".join("?" * len(chunk))
+            rows = self.db.query(f"SELECT * FROM attempts WHERE job_id IN ({marks}) ORDER BY job_id, attempt", chunk)
+            gangs = tuple({row["job_id"] for row in rows if row["num_nodes"] > 1})
+            ranks: dict[tuple[str, int], list[AttemptNode]] = {}
+            if gangs:
+                gang_marks = ",".join("?" * len(gangs))
+                for node in self.db.query(f"SELECT * FROM attempt_nodes WHERE job_id IN ({gang_marks}) "
+                                          "ORDER BY job_id, attempt, rank", gangs):
+                    ranks.setdefault((node["job_id"], node["attempt"]), []).append(AttemptNode.from_row(node))
+            for row in rows:
+                found[row["job_id"]].append(Attempt.from_row(row, tuple(ranks.get((row["job_id"], row["attempt"]), ()))))
+        return found
+
     def cancelled_jobs(self, states: tuple[str, ...]) -> list[Job]:
         """Jobs in ``states`` whose cancel the user has asked for (the others are not read at all)."""
         marks = ",".join("?" * len(states))

@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from .. import wire
 from ..controller import api
 from ..controller.auth import Principal, require_admin
+from ..controller.reports import MAX_INT
 from . import sessions, views
 from .render import WebRoute, page, render
 
@@ -32,8 +33,11 @@ def _signed_in(request: Request) -> Principal:
     return who
 
 
-def _jobs(request: Request, who: Principal) -> list[dict]:
-    return list(reversed(api.list_jobs(request, who)))  # newest first
+def _jobs(request: Request, who: Principal) -> tuple[list[dict], int]:
+    """The API's default listing (the active jobs and those ended in the last day), newest first, and how many
+    jobs it leaves out."""
+    jobs, hidden = api.job_listing(request.app.state.controller.store)
+    return list(reversed(jobs)), hidden
 
 
 def _job_view(request: Request, who: Principal, job_id: str) -> dict:
@@ -49,8 +53,8 @@ def _int_param(request: Request, name: str, default: int | None = None) -> int:
         value = int(raw)
     except (TypeError, ValueError):
         raise HTTPException(422, f"{name}: {raw!r} is not a whole number") from None
-    if value < 0:
-        raise HTTPException(422, f"{name}: must be 0 or more")
+    if not 0 <= value <= MAX_INT:  # as the API's own bounds: a larger number is no offset, attempt or rank
+        raise HTTPException(422, f"{name}: must be a whole number from 0 to {MAX_INT}")
     return value
 
 
@@ -59,7 +63,8 @@ def jobs_page(request: Request):
     who = sessions.page_principal(request)
     if who is None:
         return page("signed_out.html", signed_in=False, link_minutes=LINK_MINUTES)
-    return page("jobs.html", signed_in=True, jobs=_jobs(request, who))
+    jobs, hidden = _jobs(request, who)
+    return page("jobs.html", signed_in=True, jobs=jobs, hidden=hidden)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -78,8 +83,8 @@ def job_page(job_id: str, request: Request):
 
 @router.get("/ui/jobs", response_class=HTMLResponse)
 def jobs_rows(request: Request):
-    jobs = _jobs(request, _signed_in(request))
-    return HTMLResponse(render("jobs_rows.html", jobs=jobs), headers={"Cache-Control": "no-store"})
+    jobs, hidden = _jobs(request, _signed_in(request))
+    return HTMLResponse(render("jobs_rows.html", jobs=jobs, hidden=hidden), headers={"Cache-Control": "no-store"})
 
 
 @router.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)

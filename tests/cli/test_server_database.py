@@ -43,3 +43,12 @@ def test_a_database_migrated_by_a_newer_runner_is_refused_naming_both_versions(r
     result = runner("server", "--port", "0", "--db", url)
     assert result.returncode == 1
     assert f"schema version {NEWEST + 5}, newer than this runner's {NEWEST}" in result.stderr
+
+
+def test_an_unsupported_database_url_is_bad_input_naming_the_supported_schemes(runner):
+    """`--db mysql://...` is a mistake in the command: exit 2, the supported schemes named, never the password."""
+    for command in (("server", "--port", "0"), ("server", "migrate")):
+        result = runner(*command, "--db", "mysql://runner:s3cret-pw@127.0.0.1/jobs")
+        assert result.returncode == 2, result
+        assert "sqlite:///" in result.stderr and "postgresql://" in result.stderr
+        assert "s3cret-pw" not in result.stderr + result.stdout and "Traceback" not in result.stderr

@@ -62,3 +62,28 @@ def test_a_heartbeat_with_a_step_that_is_not_a_step_is_refused(server):
     response = requests.post(server.controller.url + "/v1/agent/heartbeat", headers=server.node_headers, timeout=10,
                              json={"phase": "running", "progress": {"checkpoint_step": "abc"}})
     assert response.status_code == 422 and "progress.checkpoint_step" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("recovery, key", [
+    ({"deadline": "0001-01-01T00:00:00+14:00", "total_steps": 100}, "recovery.deadline"),
+    ({"deadline": "99999999999999999999d", "total_steps": 100}, "recovery.deadline"),
+    ({"deadline": "\uff13\uff16h", "total_steps": 100}, "recovery.deadline"),  # full-width digits: "３６h"
+    ({"deadline": "36h", "total_steps": 2**63}, "recovery.total_steps"),
+])
+def test_a_submitted_recovery_that_makes_no_sense_is_422_naming_the_key(server, recovery, key):
+    """A deadline in the year 0 (a 500 once), twenty digits of days, full-width digits or 2**63 steps (all
+    once accepted) are refused naming the key, and no job is stored."""
+    before = len(server.runner.json("jobs"))
+    response = requests.post(server.controller.url + "/v1/jobs", headers=server.controller.headers(), timeout=10,
+                             json={"spec": {"name": "nonsense", "run": "true", "recovery": recovery}})
+    assert response.status_code == 422 and key in response.json()["detail"], response.text
+    assert len(server.runner.json("jobs")) == before
+
+
+def test_a_megabyte_workdir_digest_is_422_naming_the_field(server):
+    """workdir_digest names a file under the data dir: anything but a sha256 is refused, not looked up."""
+    for digest in ("a" * 1_000_000, "../../../etc/passwd", ""):
+        response = requests.post(server.controller.url + "/v1/jobs", headers=server.controller.headers(), timeout=10,
+                                 json={"spec": {"name": "digest", "run": "true"}, "workdir_digest": digest})
+        assert response.status_code == 422 and "workdir_digest" in response.json()["detail"]
+        assert len(response.content) < 2000  # the refusal does not echo a megabyte back

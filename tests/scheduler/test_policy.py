@@ -16,6 +16,7 @@ from runner.scheduler.policy import (
     fits,
     rank_offers,
 )
+from runner.scheduler.isolation import capped_doubling
 from runner.spec.schema import Resources
 
 
@@ -199,6 +200,22 @@ def test_backoff_doubles_from_30_seconds_up_to_30_minutes():
     seconds = [book.record_failure(KEY, now=0) for _ in range(9)]
     assert seconds == [30, 60, 120, 240, 480, 960, 1800, 1800, 1800]
     assert book.is_backed_off(KEY, 1799) and not book.is_backed_off(KEY, 1800)
+
+
+def test_the_backoff_stays_at_its_cap_after_ten_thousand_failures():
+    """A market that refuses every launch for hours: the 1,025th failure once overflowed the float and stopped
+    every reconciler tick; the backoff is the cap for any count."""
+    book = BackoffBook()
+    seconds = [book.record_failure(KEY, now=0) for _ in range(10_000)]
+    assert seconds[-1] == BACKOFF_CAP_SECONDS and set(seconds[6:]) == {BACKOFF_CAP_SECONDS}
+
+
+def test_capped_doubling_never_overflows():
+    """The one formula behind every capped exponential backoff, at counts far past a float's range."""
+    assert [capped_doubling(0.5, n, 10.0) for n in (1, 2, 3, 5, 6)] == [0.5, 1.0, 2.0, 8.0, 10.0]
+    for failures in (1_025, 10_000, 10**18):
+        assert capped_doubling(30.0, failures, 1800.0) == 1800.0
+    assert capped_doubling(1e-300, 10**6, 1e300) == 1e300
 
 
 def test_a_success_clears_the_backoff_of_the_type_and_its_zone():

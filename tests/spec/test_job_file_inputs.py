@@ -107,3 +107,30 @@ def test_a_relative_symlink_that_leaves_the_workdir_is_refused(tmp_path: Path):
     with pytest.raises(SpecError) as caught:
         load_job_file(tmp_path / "code" / "job.yaml")
     assert [p.split(" is ")[0] for p in caught.value.problems] == ["workdir: secrets"]
+
+
+@pytest.mark.parametrize("recovery, key, words", [
+    ('{deadline: "0001-01-01T00:00:00+14:00", total_steps: 100}', "recovery.deadline", "years 2000 to 9999"),
+    ('{deadline: "99999999999999999999d", total_steps: 100}', "recovery.deadline", "longest duration"),
+    ('{deadline: "\uff13\uff16h", total_steps: 100}', "recovery.deadline", "ASCII digits"),
+    ('{resume_drill: "\uff11m"}', "recovery.resume_drill", "ASCII digits"),
+    ('{deadline: 36h, total_steps: 9223372036854775808}', "recovery.total_steps", "less than 9007199254740992"),
+])
+def test_recovery_values_that_make_no_sense_exit_2_naming_the_key(tmp_path: Path, runner, recovery, key, words):
+    """`runner validate` on a deadline before the year 1 in UTC (once exit 1), a duration of twenty digits,
+    full-width digits, or 2**63 steps: exit 2, the key and why named."""
+    path = tmp_path / "job.yaml"
+    path.write_text(GOOD + f"recovery: {recovery}\n", encoding="utf-8")
+    result = runner("validate", str(path))
+    assert result.returncode == 2, result.stderr
+    assert key in result.stderr and words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_duration_takes_ascii_digits_within_ten_years():
+    """parse_duration, behind every duration of a job file and the checkpoint library."""
+    from runner.durations import parse_duration
+
+    assert parse_duration("3650d") == 3650 * 86400 and parse_duration("1h30m") == 5400
+    for text in ("\uff13\uff16h", "\uff11\uff12", "3651d", "99999999999999999999d", 10**20):
+        with pytest.raises(ValueError):
+            parse_duration(text)

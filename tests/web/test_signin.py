@@ -136,6 +136,18 @@ def test_a_signed_in_page_shows_the_job_its_logs_and_a_404_for_an_unknown_job(ru
     assert browser.get(f"{base}/ui/jobs/no-such-job/summary", timeout=10).status_code == 404
 
 
+@pytest.mark.parametrize("name", ["offset", "attempt", "node"])
+def test_a_log_parameter_beyond_64_bits_is_422_as_in_the_api(runner, controller, job_id, name):
+    """?offset=10**29 once overflowed SQLite behind the page (500); the page refuses it as the API does."""
+    browser, base = _signed_in(runner)
+    params = {"attempt": 1, name: 10**29}
+    bad = browser.get(f"{base}/ui/jobs/{job_id}/logs", params=params, timeout=10)
+    assert bad.status_code == 422 and name in bad.json()["detail"]
+    api = requests.get(f"{controller.url}/v1/jobs/{job_id}/logs", params=params, headers=controller.headers(),
+                       timeout=10)
+    assert api.status_code == 422
+
+
 def test_every_page_response_forbids_inline_script_framing_and_sniffing(runner, controller):
     """Every web response carries a CSP without inline script, frame-ancestors 'none' and nosniff."""
     browser, base = _signed_in(runner)

@@ -238,3 +238,12 @@ def test_stop_ends_every_thread(imds):
     loop.stop(timeout=1)
     assert not any(t.is_alive() for t in loop._threads)
     assert threading.active_count() < 50
+
+
+def test_the_error_backoff_stays_at_its_cap_after_ten_thousand_failures():
+    """A metadata server down for a day: the 1,025th failure in a row once overflowed the float and ended the
+    watcher's thread; the wait stays at backoff_max (with its jitter) for any count."""
+    loop = WatchLoop([Scripted([])], lambda n: None, backoff_initial=0.25, backoff_max=5.0)
+    for failures in (1, 1_025, 10_000):
+        delay = loop._backoff(failures)
+        assert (0.2 <= delay <= 0.3) if failures == 1 else (4.0 <= delay <= 6.0)

@@ -1,0 +1,80 @@
+"""Failures that a relaunch cannot fix, told from the job's exit code and the last lines of its output.
+
+- exit 127: the shell did not find the command (a typo in ``run``, a tool not installed);
+- an ``ImportError`` / ``ModuleNotFoundError`` ending the output: a package missing from the environment;
+- a CUDA out-of-memory error (``torch.OutOfMemoryError``, ``torch.cuda.OutOfMemoryError``): the same
+  accelerator runs out of memory again at the same point.
+
+The output's tail is read rather than a report from ``runner.checkpoint``, so that a job that never imports
+the library (or fails before it could) is told as well: every Python traceback ends with its exception's line.
+The controller ends such an attempt FAILED at once, without spending the job's ``recovery.max_failures``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from runner.wire import FAILURE_COMMAND_NOT_FOUND, FAILURE_CUDA_OOM, FAILURE_IMPORT_ERROR
+
+TAIL_BYTES = 16 * 1024  # the last lines that can name the failure; a traceback's last line is within them
+
+_IMPORT = re.compile(r"^(?:\w+\.)*(ModuleNotFoundError|ImportError): .+$", re.M)
+_OOM = re.compile(r"^(?:torch\.(?:cuda\.)?)?OutOfMemoryError: .*$|CUDA out of memory.*$", re.M)
+_TRACEBACK_END = re.compile(r"^(?:\w+\.)*\w+(?:Error|Exception|Interrupt|Exit)\b.*$", re.M)
+_NOT_FOUND = re.compile(r"^.*(?:command not found|No such file or directory).*$", re.M)
+_TOTAL = re.compile(r"total capacity of ([\d.]+ [KMGT]iB)")
+_IN_USE = re.compile(r"this process has ([\d.]+ [KMGT]iB) memory in use")
+
+
+class OutputTail:
+    """A sink in front of another (the log shipper): passes every byte on and keeps the last TAIL_BYTES."""
+
+    def __init__(self, sink):
+        self.sink = sink
+        self._tail = b""
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            self._tail = (self._tail + data)[-TAIL_BYTES:]
+        self.sink.write(data)
+
+    def text(self) -> str:
+        with self._lock:
+            return self._tail.decode("utf-8", "replace")
+
+    def clear(self) -> None:
+        with self._lock:
+            self._tail = b""
+
+
+def classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None:
+    """(kind, one line for the restart log and status) of a failure no relaunch can fix, or None."""
+    if exit_code == 127:
+        lines = _NOT_FOUND.findall(output_tail)
+        return FAILURE_COMMAND_NOT_FOUND, "command not found (exit 127)" + (f": {_short(lines[-1])}" if lines else "")
+    if exit_code in (0, None):
+        return None
+    last_exception = (_TRACEBACK_END.findall(output_tail) or [""])[-1]
+    oom = _OOM.findall(output_tail)
+    if oom and (_OOM.search(last_exception) or not last_exception):
+        return FAILURE_CUDA_OOM, _oom_message(output_tail, exit_code)
+    if _IMPORT.fullmatch(last_exception):
+        return FAILURE_IMPORT_ERROR, f"a module could not be imported (exit {exit_code}): {_short(last_exception)}"
+    return None
+
+
+def _oom_message(output_tail: str, exit_code: int) -> str:
+    total, in_use = _TOTAL.findall(output_tail), _IN_USE.findall(output_tail)
+    memory = ""
+    if in_use and total:
+        memory = f"; {in_use[-1]} in use of the device's {total[-1]}"
+    elif total:
+        memory = f"; the device holds {total[-1]}"
+    return f"CUDA out of memory (exit {exit_code}){memory}"
+
+
+def _short(line: str, limit: int = 300) -> str:
+    line = line.strip()
+    return line if len(line) <= limit else line[:limit] + "..."

@@ -1,0 +1,44 @@
+"""Failures no relaunch can fix end the job FAILED on the first exit, saying why in the restart log and in
+`runner status`, without spending recovery.max_failures: a command not found (exit 127), a module that
+cannot be imported, a CUDA out-of-memory error (raised on CPU here: the same exception type)."""
+
+from __future__ import annotations
+
+import sys
+
+from conftest import write_job
+
+JOB = """
+name: {name}
+run: {run}
+resources: {{cloud: [local]}}
+recovery: {{max_failures: 3, resume_drill: "off"}}
+"""
+
+OOM = ("import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+       "total capacity of 15.77 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process has "
+       "15.74 GiB memory in use.')")
+CASES = {
+    "missing-command": ("trian.py --steps 10", "command not found (exit 127)", True),
+    "missing-module": (f"{sys.executable} -c 'import no_such_module_xyz'",
+                       "No module named 'no_such_module_xyz'", True),
+    "out-of-memory": (f"{sys.executable} -c \"{OOM}\"", "CUDA out of memory (exit 1); 15.74 GiB in use of the "
+                                                         "device's 15.77 GiB", False),
+}
+
+
+def test_failures_no_relaunch_can_fix_end_the_job_at_once_saying_why(runner, controller, tmp_path):
+    jobs = {name: runner.json("submit", str(write_job(tmp_path / name, JOB.format(name=name, run=run))))["id"]
+            for name, (run, _, _) in CASES.items()}
+    for name, job_id in jobs.items():
+        _, words, trained_nothing = CASES[name]
+        job = runner.wait_for(job_id, lambda j: j["state"] in ("FAILED", "SUCCEEDED"), timeout=180, what="the end")
+        assert job["state"] == "FAILED" and job["attempts"] == 1 and job["failures"] == 1, job
+        (row,) = runner.json("restarts", job_id)
+        assert row["end_reason"] == "failed" and words in row["message"] and "not relaunched" in row["message"]
+        if trained_nothing:
+            assert row["lost_seconds"] == 0, row
+        assert words in job["failure"] and f"runner logs {job_id}" in job["failure"]
+        assert f"exit code {row['exit_code']}" in job["failure"]
+        status = runner("status", job_id)
+        assert status.returncode == 0 and "failure:" in status.stdout and words in status.stdout
