@@ -148,9 +148,16 @@ class Agent(AgentCore):
     def _run_job(self, workdir: Path, with_setup: bool) -> tuple[str, int | None, str | None, dict | None]:
         env = self._environment()
         setup = self.assignment.get("setup")
-        if setup and with_setup:
+        if setup and with_setup:  # once per node: a new node runs it, a kept gang node or a drill's restart does not
             self.phase = "setup"
-            code = self._run_command(setup, workdir, env)
+            started = time.time()
+            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started).to_json())
+            code = None
+            try:
+                code = self._run_command(setup, workdir, env)
+            finally:
+                ended = max(started, time.time())
+                self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started, ended, code).to_json())
             if self.cancelled.is_set():
                 return self.stop_reason, code, None, None
             if code != 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 
@@ -57,6 +58,38 @@ NODE_RELEASED = "released"  # was healthy, but given up because the whole gang m
 # (steps, steps/s, NaN steps, peak memory; batched by the library) and the run manifest (once per attempt).
 REPORT_TELEMETRY = "telemetry"
 REPORT_MANIFEST = "manifest"
+
+# An agent's report (POST /v1/agent/events) of the job's `setup` on its node, as a SetupReport: once when it
+# starts (``ended_at`` null) and once when it ends. Setup runs on every new node, before `run`; a node kept for
+# a gang's next attempt, or a drill's restart on the same node, does not run it again.
+REPORT_SETUP = "setup"
+
+
+@dataclass(frozen=True)
+class SetupReport:
+    started_at: float  # unix seconds, the node's clock
+    ended_at: float | None = None
+    exit_code: int | None = None
+
+    def to_json(self) -> dict:
+        return {"started_at": self.started_at, "ended_at": self.ended_at, "exit_code": self.exit_code}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SetupReport":
+        """Raise ValueError naming the field that is missing or of the wrong type."""
+        started, ended, code = data.get("started_at"), data.get("ended_at"), data.get("exit_code")
+        if not _is_time(started):
+            raise ValueError("data.started_at: a unix time in seconds is required")
+        if ended is not None and (not _is_time(ended) or ended < started):
+            raise ValueError("data.ended_at: a unix time in seconds, not before data.started_at, or null")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise ValueError("data.exit_code: a whole number or null")
+        return cls(float(started), None if ended is None else float(ended), code)
+
+
+def _is_time(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11
+
 
 # POST /v1/agent/register answers {"status": REGISTER_WAITING, "message": ...} to a gang node while the
 # gang's attempt is not complete (or not planned yet); the agent asks again shortly.

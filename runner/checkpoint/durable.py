@@ -13,6 +13,7 @@ from pathlib import Path
 
 import fsspec
 
+from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
 from .errors import CheckpointConfigError, CorruptCheckpointError
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
 

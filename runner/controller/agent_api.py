@@ -64,6 +64,7 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     now = time.time()
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, who.node.id, registered_at=now, last_heartbeat=now)
+        state.store.note_first_registration(tx, who.node.id, now)
         state.store.mark_attempt_running(tx, job.id, attempt.attempt, now)
         # PENDING or RECOVERING still when the launch's answer has not been applied yet: the node is up all the same
         if catch_up(tx, job.id, state.store.job(job.id, tx).state, RUNNING, attempt.attempt, now) == PROVISIONING:

@@ -91,9 +91,11 @@ def build_providers(data_dir: Path, config: dict) -> dict:
         local = clouds["local"] or {}
         try:
             providers["local"] = LocalProvider(data_dir, zones=local.get("zones"),
-                                               time_scale=float(local.get("time_scale", 1.0)),
+                                               time_scale=local.get("time_scale", 1.0),
                                                no_capacity=local.get("no_capacity"),
-                                               zone_capacity=local.get("zone_capacity", DEFAULT_ZONE_CAPACITY))
+                                               zone_capacity=local.get("zone_capacity", DEFAULT_ZONE_CAPACITY),
+                                               boot_seconds=local.get("boot_seconds", 0),
+                                               durable_mb_per_s=local.get("durable_mb_per_s"))
         except ValueError as exc:
             raise ServerError(f"config.yaml: {exc}") from None
     if "aws" in clouds:

@@ -9,7 +9,7 @@ import time
 from fastapi import HTTPException
 
 from ..scheduler.attempts import hand_over
-from ..wire import HANDOVER, REPORT_MANIFEST, REPORT_TELEMETRY
+from ..wire import HANDOVER, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY, SetupReport
 from . import metrics, reports, telemetry
 from .auth import node_caller
 from .front_door import ON_A_THREAD, LeanRoute, json_object
@@ -32,6 +32,8 @@ def agent_event(state, authorization: str, body: bytes) -> dict:
         if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
             telemetry.record_report(tx, job_id, attempt, data)
             return {"accepted": True}
+        if kind == REPORT_SETUP:
+            return {"accepted": _record_setup(state, tx, node, data)}
         if kind == REPORT_MANIFEST:
             return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}
         if kind in metrics.NOTICE_KINDS:
@@ -84,3 +86,17 @@ def _record_restored_step(state, tx, job_id: str, attempt: int, data: dict) -> N
         state.store.set_resumed_from(tx, job_id, attempt, step)
         state.store.add_event(tx, job_id, "message", f"the checkpoint of step {expected} was missing or did not "
                               f"verify; resumed from step {step} instead", attempt=attempt)
+
+
+def _record_setup(state, tx, node, data: dict) -> bool:
+    """When the job's `setup` started and ended on the calling node (the restart log's ``setup_seconds``)."""
+    try:
+        report = SetupReport.from_json(data)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    state.store.record_setup(tx, node.id, report.started_at, report.ended_at)
+    if report.ended_at is not None:
+        how = "" if report.exit_code in (0, None) else f", exit code {report.exit_code}"
+        state.store.add_event(tx, node.job_id, "setup", f"setup on node {node.id} took "
+                              f"{report.ended_at - report.started_at:.1f}s{how}", attempt=node.attempt)
+    return True

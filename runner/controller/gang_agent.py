@@ -45,6 +45,7 @@ def register(state, node: Node, address: str) -> tuple[int, dict | None]:
     with store.db.transaction() as tx:
         gangs.register(tx, job.id, current.attempt, mine.rank, address, now)
         store.update_node(tx, node.id, registered_at=now, last_heartbeat=now, attempt=current.attempt)
+        store.note_first_registration(tx, node.id, now)
         ranks = gangs.nodes_of(job.id, current.attempt, tx)
         missing = [r.rank for r in ranks if r.registered_at is None]
         if missing:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Executor, Future
 from functools import partial
 from typing import Any, Callable, NamedTuple
@@ -29,6 +30,7 @@ class Answer(NamedTuple):
     value: Any = None  # what the call returned (a launch's provider ref, a describe's NodeStatus)
     error: BaseException | None = None
     asked: Any = None  # what the caller noted when it asked, to tell an answer that has gone stale
+    started_at: float | None = None  # when the call began (unix time): a launch's node exists from then
 
 
 class InlineExecutor(Executor):
@@ -99,9 +101,10 @@ class CloudCalls:
         with self._lock:
             if key in self._in_flight:
                 return False
-            future = self._executor.submit(call)
+            started: dict[str, float] = {}
+            future = self._executor.submit(_timed, call, started)
             self._in_flight[key] = future
-        future.add_done_callback(partial(self._finished, {key: asked}, False))
+        future.add_done_callback(partial(self._finished, {key: asked}, False, started))
         return True
 
     def request_batch(self, asked: dict[str, Any], call: Callable[[list[str]], dict[str, Any]]) -> list[str]:
@@ -111,10 +114,11 @@ class CloudCalls:
             keys = [key for key in asked if key not in self._in_flight]
             if not keys:
                 return []
-            future = self._executor.submit(call, keys)
+            started: dict[str, float] = {}
+            future = self._executor.submit(_timed, call, started, keys)
             for key in keys:
                 self._in_flight[key] = future
-        future.add_done_callback(partial(self._finished, {key: asked[key] for key in keys}, True))
+        future.add_done_callback(partial(self._finished, {key: asked[key] for key in keys}, True, started))
         return keys
 
     def in_flight(self, key: str) -> bool:
@@ -139,18 +143,25 @@ class CloudCalls:
         they were, and the next controller makes the calls again: launch and terminate are idempotent)."""
         self._executor.shutdown(wait=False)
 
-    def _finished(self, asked: dict[str, Any], batch: bool, future: Future) -> None:
+    def _finished(self, asked: dict[str, Any], batch: bool, started: dict[str, float], future: Future) -> None:
         error = future.exception()
+        at = started.get("at")
         if error is not None:
-            answers = [Answer(key, None, error, note) for key, note in asked.items()]
+            answers = [Answer(key, None, error, note, at) for key, note in asked.items()]
         elif not batch:
-            answers = [Answer(key, future.result(), None, note) for key, note in asked.items()]
+            answers = [Answer(key, future.result(), None, note, at) for key, note in asked.items()]
         else:
             values = future.result()
-            answers = [Answer(key, values[key], None, note) if key in values else
-                       Answer(key, None, LookupError(f"the batch call returned no answer for {key}"), note)
+            answers = [Answer(key, values[key], None, note, at) if key in values else
+                       Answer(key, None, LookupError(f"the batch call returned no answer for {key}"), note, at)
                        for key, note in asked.items()]
         with self._lock:
             self._done.extend(answers)
         if self.on_answer is not None and any(self.wakes(answer) for answer in answers):
             self.on_answer()
+
+
+def _timed(call: Callable, started: dict[str, float], *args):
+    """Make ``call``, noting in ``started`` when it began (an executor may queue it for a while first)."""
+    started["at"] = time.time()
+    return call(*args)

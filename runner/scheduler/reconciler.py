@@ -232,11 +232,13 @@ def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
         log.warning("launch failed", node=node.id, zone=offer.zone, error=str(exc))
         return
     backoff.record_success(key, time.time())
+    # Billed from the launch: the first ask of the provider (a launch asked again after a failover adopts the node).
+    launched = {"launched_at": answer.started_at or time.time()} if node.launched_at is None else {}
     with store.db.transaction() as tx:
         if store.node(node.id, tx).state != NODE_LAUNCHING:  # released while its launch was out: let it go
-            store.update_node(tx, node.id, state=NODE_TERMINATING, provider_ref=answer.value)
+            store.update_node(tx, node.id, state=NODE_TERMINATING, provider_ref=answer.value, **launched)
             return
-        store.update_node(tx, node.id, state=NODE_RUNNING, provider_ref=answer.value)
+        store.update_node(tx, node.id, state=NODE_RUNNING, provider_ref=answer.value, **launched)
         job = store.job(node.job_id, tx)
         if job.state in (PENDING, RECOVERING):
             transition(tx, job.id, PROVISIONING, now=time.time(),

@@ -10,6 +10,8 @@ import re
 
 import fsspec
 
+from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
+
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The runner's extras that install a cloud bucket's filesystem (pyproject.toml).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}

@@ -216,6 +216,18 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX jobs_created_at ON jobs(created_at)
         """,
     ),
+    (
+        11,
+        # What each preemption costs, node by node: when the provider was asked for the node (billed from then),
+        # when its agent first registered (boot: launched_at to first_registered_at; registered_at moves with
+        # each attempt of a kept gang node), and when the job's `setup` ran on it.
+        """
+        ALTER TABLE nodes ADD COLUMN launched_at REAL;
+        ALTER TABLE nodes ADD COLUMN first_registered_at REAL;
+        ALTER TABLE nodes ADD COLUMN setup_started_at REAL;
+        ALTER TABLE nodes ADD COLUMN setup_ended_at REAL
+        """,
+    ),
 ]
 
 

@@ -19,6 +19,10 @@ Row = Mapping[str, Any]
 _loads = json.loads
 
 
+def _float_or_none(value) -> float | None:
+    return None if value is None else float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     id: str
@@ -141,6 +145,10 @@ class Node:
     terminate_at: float | None
     terminated_at: float | None
     rank: int
+    launched_at: float | None = None  # when the provider was asked for it: the node exists and is billed from then
+    first_registered_at: float | None = None  # its agent's first registration (``registered_at``: the latest)
+    setup_started_at: float | None = None  # the job's `setup` on this node (None: none ran, or not yet)
+    setup_ended_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> Node:
@@ -151,7 +159,23 @@ class Node:
                    None if registered_at is None else float(registered_at),
                    None if last_heartbeat is None else float(last_heartbeat), _loads(progress) if progress else None,
                    None if terminate_at is None else float(terminate_at),
-                   None if terminated_at is None else float(terminated_at), row["rank"])
+                   None if terminated_at is None else float(terminated_at), row["rank"],
+                   _float_or_none(row["launched_at"]), _float_or_none(row["first_registered_at"]),
+                   _float_or_none(row["setup_started_at"]), _float_or_none(row["setup_ended_at"]))
+
+    @property
+    def boot_seconds(self) -> float | None:
+        """From the launch to its agent's first registration (a VM's boot and the agent's start)."""
+        if self.launched_at is None or self.first_registered_at is None:
+            return None
+        return round(max(0.0, self.first_registered_at - self.launched_at), 3)
+
+    @property
+    def setup_seconds(self) -> float | None:
+        """How long the job's `setup` took on this node (None: none ran, or it has not ended)."""
+        if self.setup_started_at is None or self.setup_ended_at is None:
+            return None
+        return round(max(0.0, self.setup_ended_at - self.setup_started_at), 3)
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,6 +291,16 @@ class Store:
         assignments = ", ".join(f"{key} = ?" for key in fields)
         tx.execute(f"UPDATE nodes SET {assignments} WHERE id = ?", (*fields.values(), node_id))
 
+    def note_first_registration(self, tx: Tx, node_id: str, now: float) -> None:
+        """The node's agent registered: the first time ends its boot (a kept gang node registers every attempt)."""
+        tx.execute("UPDATE nodes SET first_registered_at = COALESCE(first_registered_at, ?) WHERE id = ?",
+                   (now, node_id))
+
+    def record_setup(self, tx: Tx, node_id: str, started_at: float, ended_at: float | None) -> None:
+        """When the job's `setup` started on the node and (once it has) ended: the node's own clock."""
+        tx.execute("UPDATE nodes SET setup_started_at = ?, setup_ended_at = ? WHERE id = ?",
+                   (started_at, ended_at, node_id))
+
     def record_heartbeats(self, tx: Tx, beats: list[tuple[str, float, str]]) -> None:
         """Each node's newest heartbeat: (node id, when, progress as JSON text), in one statement."""
         tx.execute_many("UPDATE nodes SET last_heartbeat = ?, progress = ? WHERE id = ?",
@@ -331,6 +341,7 @@ NODE_COLUMNS: dict[str, Callable[[Any], Any]] = {
     "id": TEXT, "job_id": TEXT, "attempt": INT, "provider": TEXT, "state": TEXT, "token_hash": TEXT,
     "offer": _json_field, "spot": FLAG, "provider_ref": TEXT, "created_at": REAL, "registered_at": REAL,
     "last_heartbeat": REAL, "progress": _json_field, "terminate_at": REAL, "terminated_at": REAL, "rank": INT,
+    "launched_at": REAL, "first_registered_at": REAL, "setup_started_at": REAL, "setup_ended_at": REAL,
 }
 
 

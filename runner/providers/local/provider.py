@@ -23,6 +23,7 @@ import yaml
 from ..base import LaunchRequest, NodeStatus, Provider
 from ..errors import NoCapacityError, ProviderError
 from ..offers import Offer
+from ...local_durable import throttle_environment
 from .processes import kill_session, process_ref
 
 log = structlog.get_logger(__name__)
@@ -42,16 +43,22 @@ class LocalProvider(Provider):
     describes_in_batch = True  # so all of a tick's are one call
 
     def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0,
-                 no_capacity: list[str] | None = None, zone_capacity: int = DEFAULT_ZONE_CAPACITY):
+                 no_capacity: list[str] | None = None, zone_capacity: int = DEFAULT_ZONE_CAPACITY,
+                 boot_seconds: float = 0.0, durable_mb_per_s: float | None = None):
         self.data_dir = Path(data_dir)
         self.nodes_dir = self.data_dir / "nodes"
         self.nodes_dir.mkdir(parents=True, exist_ok=True)
         self.zones = list(zones or DEFAULT_ZONES)
-        self.time_scale = time_scale
         self.no_capacity = set(no_capacity or ())  # chaos: zones whose launches fail as a stockout would
         if isinstance(zone_capacity, bool) or not isinstance(zone_capacity, int) or zone_capacity < 1:
             raise ValueError(f"clouds.local.zone_capacity: {zone_capacity!r} is not a positive whole number of nodes")
         self.zone_capacity = zone_capacity  # live nodes a simulated zone holds at once (every job's)
+        self.time_scale = _non_negative_number("time_scale", time_scale, positive=True)
+        # As slow as a cloud: a launched node's agent starts this long after the launch (a VM's boot) ...
+        self.boot_seconds = _non_negative_number("boot_seconds", boot_seconds)
+        # ... and the default durable tier moves this many MB/s per node and direction (None: unlimited).
+        self.durable_mb_per_s = (None if durable_mb_per_s is None
+                                 else _non_negative_number("durable_mb_per_s", durable_mb_per_s, positive=True))
         self._children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
@@ -63,8 +70,10 @@ class LocalProvider(Provider):
         return local_offers(self.zones)
 
     def default_checkpoint_url(self, job_id: str) -> str:
-        """Local nodes share this machine's disk: checkpoints go under the controller's data dir."""
-        return (self.data_dir / "checkpoints" / job_id).resolve().as_uri()
+        """Local nodes share this machine's disk: checkpoints go under the controller's data dir (through the
+        bandwidth-limited ``local-durable://`` filesystem when ``durable_mb_per_s`` is set)."""
+        url = (self.data_dir / "checkpoints" / job_id).resolve().as_uri()
+        return url if self.durable_mb_per_s is None else "local-durable" + url[len("file"):]
 
     def node_dir(self, node_id: str) -> Path:
         return self.nodes_dir / node_id
@@ -136,12 +145,14 @@ class LocalProvider(Provider):
             # GCP's protocol states no deadline: tell the agent how soon this simulated node powers off.
             "gcp_spot_grace_seconds": self.grace_seconds("gcp"),
         }))
+        # The simulated VM's boot: the node process starts its agent this long after the launch.
+        (node_dir / "boot.json").write_text(json.dumps({"launched_at": time.time(), "boot_seconds": self.boot_seconds}))
         with open(node_dir / "node.log", "ab") as out:
             # The lock fd is inherited: the node holds it from its first instant until it dies.
             child = subprocess.Popen(
                 [sys.executable, "-m", "runner.providers.local.node", str(node_dir)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=(lock_fd,), env=_node_environment(),
+                start_new_session=True, pass_fds=(lock_fd,), env=_node_environment(node_dir, self.durable_mb_per_s),
             )
         self._children[request.node_id] = child
         ref = process_ref(child.pid)
@@ -213,10 +224,22 @@ def _write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def _node_environment() -> dict[str, str]:
+def _non_negative_number(key: str, value, positive: bool = False) -> float:
+    """A number of clouds.local, checked: the error names the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0 or (
+            positive and value == 0):
+        what = "a positive number" if positive else "a number of 0 or more"
+        raise ValueError(f"clouds.local.{key}: {value!r} is not {what}")
+    return float(value)
+
+
+def _node_environment(node_dir: Path | None = None, durable_mb_per_s: float | None = None) -> dict[str, str]:
     """A node starts from the controller's environment less anything that is the controller's own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "LOCAL_DURABLE_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    if durable_mb_per_s is not None and node_dir is not None:
+        # The node's share of the durable tier's bandwidth, held by every process of the node together.
+        env.update(throttle_environment(durable_mb_per_s, node_dir / "durable-bandwidth"))
     # A local node's "image" is this Python: its `python` is the one the runner is installed in.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
