@@ -17,7 +17,7 @@ import structlog
 import uvicorn
 
 from .. import sdnotify
-from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config, scheduler_settings
+from ..home import ADMIN_TOKEN_FILE, ConfigError, CONTROLLER_FILE, LAST_PORT_FILE, LOCK_FILE, NODE_SECRET_FILE, load_config, scheduler_settings
 from ..private import make_data_dir_private
 from ..providers.local import LocalProvider
 from ..providers.local.provider import DEFAULT_ZONE_CAPACITY
@@ -96,8 +96,8 @@ def build_providers(data_dir: Path, config: dict) -> dict:
                                                zone_capacity=local.get("zone_capacity", DEFAULT_ZONE_CAPACITY),
                                                boot_seconds=local.get("boot_seconds", 0),
                                                durable_mb_per_s=local.get("durable_mb_per_s"))
-        except ValueError as exc:
-            raise ServerError(f"config.yaml: {exc}") from None
+        except ValueError as exc:  # a bad value: bad input (exit 2), naming the key
+            raise ConfigError(f"config.yaml: {exc}") from None
     if "aws" in clouds:
         try:
             from ..providers.aws import AWSProvider

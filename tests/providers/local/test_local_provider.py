@@ -26,3 +26,39 @@ def test_a_zone_capacity_that_is_not_a_positive_whole_number_is_refused_naming_t
     """clouds.local.zone_capacity: 0 is refused with the key's name."""
     with pytest.raises(ValueError, match="clouds.local.zone_capacity"):
         LocalProvider(tmp_path, zone_capacity=0)
+
+
+@pytest.mark.parametrize("key, value", [("boot_seconds", -1), ("boot_seconds", "a minute"), ("boot_seconds", True),
+                                        ("durable_mb_per_s", 0), ("durable_mb_per_s", -200),
+                                        ("durable_mb_per_s", "fast"), ("time_scale", "slow")])
+def test_a_bad_number_of_the_slow_market_is_refused_naming_the_key(tmp_path, key, value):
+    """clouds.local.boot_seconds (0 or more) and durable_mb_per_s (more than 0): any other value names its key."""
+    with pytest.raises(ValueError, match=rf"clouds\.local\.{key}: .*{value!r}"):
+        LocalProvider(tmp_path, **{key: value})
+
+
+def test_the_slow_market_is_off_by_default_and_its_durable_tier_is_a_plain_folder(tmp_path):
+    """Defaults keep today's speed: no boot delay, and the default durable_url is a file:// URL."""
+    provider = LocalProvider(tmp_path)
+    assert provider.boot_seconds == 0 and provider.durable_mb_per_s is None
+    assert provider.default_checkpoint_url("job-1").startswith("file:///")
+    slow = LocalProvider(tmp_path, durable_mb_per_s=200)
+    assert slow.default_checkpoint_url("job-1") == "local-durable" + provider.default_checkpoint_url("job-1")[4:]
+
+
+def test_runner_server_refuses_a_bad_slow_market_value_with_exit_2(tmp_path):
+    """`runner server` with clouds.local.boot_seconds: -5 exits 2 with one line naming the key, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"boot_seconds": -5}}}))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}, "RUNNER_HOME": str(home)}
+    result = subprocess.run([sys.executable, "-m", "runner.cli.main", "server", "--data-dir", str(home),
+                             "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "clouds.local.boot_seconds" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,99 @@
+"""local-durable://, the local market's durable tier: the local filesystem, held to a node's bandwidth.
+
+The bounds asserted are lower bounds (N MB at R MB/s take no less than N / R seconds), true however fast or
+busy the machine is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from runner.checkpoint import Checkpointer
+from runner.local_durable import BUCKET_VARIABLE, RATE_VARIABLE, throttle_environment
+
+RATE_MB_PER_S = 4.0
+MB = 1e6
+
+
+@pytest.fixture(autouse=True)
+def _unthrottled(monkeypatch):
+    monkeypatch.delenv(RATE_VARIABLE, raising=False)
+    monkeypatch.delenv(BUCKET_VARIABLE, raising=False)
+
+
+@pytest.fixture
+def throttled(monkeypatch, tmp_path):
+    """This process is a node with RATE_MB_PER_S of durable bandwidth per direction."""
+    for key, value in throttle_environment(RATE_MB_PER_S, tmp_path / "bucket").items():
+        monkeypatch.setenv(key, value)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(1000, 1500)  # 1.5 M float32 weights: about 6 MB
+
+
+def _durable_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def test_without_a_bandwidth_the_url_is_the_local_filesystem(tmp_path):
+    """Outside a throttled node (the controller, a user's shell) local-durable:// is a plain folder."""
+    model = _model()
+    url = "local-durable://" + str(tmp_path / "durable")
+    with Checkpointer(local_dir=tmp_path / "a", durable_url=url, model=model) as ckpt:
+        ckpt.save(3)
+        assert ckpt.wait()
+    assert (tmp_path / "durable").is_dir()
+    fresh = nn.Linear(1000, 1500)
+    with Checkpointer(local_dir=tmp_path / "b", durable_url=url, model=fresh) as ckpt:
+        assert ckpt.restore() == 3
+    assert torch.equal(fresh.weight, model.weight)
+
+
+def test_an_upload_and_a_restore_each_take_at_least_their_size_over_the_bandwidth(throttled, tmp_path):
+    """A checkpoint's upload, then a new node's restore (its local tier empty), each move N MB in >= N/rate s."""
+    durable = tmp_path / "durable"
+    url = "local-durable://" + str(durable)
+    model = _model()
+    with Checkpointer(local_dir=tmp_path / "node-1", durable_url=url, model=model) as ckpt:
+        started = time.monotonic()
+        ckpt.save(7)
+        assert ckpt.wait()
+        upload_seconds = time.monotonic() - started
+    size = _durable_bytes(durable)
+    assert size > 5 * MB
+    assert upload_seconds >= size / (RATE_MB_PER_S * MB)
+
+    fresh = nn.Linear(1000, 1500)
+    with Checkpointer(local_dir=tmp_path / "node-2", durable_url=url, model=fresh) as ckpt:
+        started = time.monotonic()
+        assert ckpt.restore() == 7
+        restore_seconds = time.monotonic() - started
+    assert torch.equal(fresh.weight, model.weight)
+    assert restore_seconds >= size / (RATE_MB_PER_S * MB)
+
+
+def test_the_processes_of_one_node_share_its_bandwidth(throttled, tmp_path):
+    """Two processes of one node uploading 3 MB each at once take at least 6 MB over the node's rate."""
+    source = tmp_path / "blob"
+    source.write_bytes(b"x" * int(3 * MB))
+    upload = textwrap.dedent(f"""
+        import sys, fsspec
+        import runner.local_durable
+        fs, root = fsspec.core.url_to_fs("local-durable://{tmp_path}/durable")
+        fs.makedirs(root, exist_ok=True)
+        fs.put_file("{source}", root + "/" + sys.argv[1])
+    """)
+    started = time.monotonic()
+    uploads = [subprocess.Popen([sys.executable, "-c", upload, name]) for name in ("a", "b")]
+    assert [p.wait(timeout=120) for p in uploads] == [0, 0]
+    assert time.monotonic() - started >= 6 * MB / (RATE_MB_PER_S * MB)
+    assert (tmp_path / "durable" / "a").read_bytes() == source.read_bytes() == (tmp_path / "durable" / "b").read_bytes()
