@@ -9,14 +9,14 @@ COPY runner ./runner
 COPY agents ./agents
 # Wheels for the package and every dependency (the cloud SDKs the controller uses included).
 RUN pip wheel --no-deps --wheel-dir /wheels . \
- && pip wheel --wheel-dir /wheels "$(ls /wheels/runner-*.whl)[aws,gcp]"
+ && pip wheel --wheel-dir /wheels "$(ls /wheels/spot_runner-*.whl)[aws,gcp]"
 
 FROM python:3.11-slim
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     RUNNER_HOME=/var/lib/runner
 # The wheels are bind-mounted from the build stage, so no layer keeps a copy of them.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels "$(ls /wheels/runner-*.whl)[aws,gcp]" \
+    pip install --no-index --find-links /wheels "$(ls /wheels/spot_runner-*.whl)[aws,gcp]" \
  && useradd --uid 10001 --user-group --home-dir /var/lib/runner --no-create-home --shell /usr/sbin/nologin runner \
  && install -d -o 10001 -g 10001 -m 0700 /var/lib/runner /var/lib/runner/scratch
 COPY --chmod=0755 deploy/healthcheck.py /usr/local/bin/runner-healthcheck

@@ -10,7 +10,7 @@ import time
 
 import structlog
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..scheduler.attempts import catch_up, close_drained, end_attempt
@@ -23,6 +23,7 @@ from ..state.rows import Attempt, Job, Node
 from ..scheduler.transitions import InvalidTransition, transition
 from ..wire import EXIT_REASONS, MOVED, STOPPED_BY_PEER
 from . import gang_agent, reports
+from .agent_wheel import WheelUnavailable
 from .auth import Principal, require_node
 
 log = structlog.get_logger(__name__)
@@ -116,6 +117,17 @@ def workdir(request: Request, who: Principal = Depends(require_node)):
     if not digest or not state.workdirs.has(digest):
         raise HTTPException(404, "this job has no workdir")
     return StreamingResponse(state.workdirs.stream(digest), media_type="application/gzip")
+
+
+@router.get("/wheel")
+def agent_wheel(request: Request, who: Principal = Depends(require_node)):
+    """This controller's own wheel, which a cloud node's bootstrap script installs the runner from."""
+    try:
+        path = _state(request).agent_wheel.path()
+    except WheelUnavailable as exc:
+        log.error("agent wheel unavailable", node=who.node.id, error=str(exc))
+        raise HTTPException(503, f"this controller cannot serve its wheel: {exc}") from None
+    return FileResponse(path, media_type="application/octet-stream", filename=path.name)
 
 
 @router.get("/logs/offset")

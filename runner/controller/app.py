@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from ..scheduler.reconciler import SchedulerContext
 from ..state import Store
+from .agent_wheel import AgentWheel
 from .auth import principal
 from .heartbeat_reads import heartbeat_reads
 from .heartbeats import HeartbeatBook
@@ -32,6 +33,7 @@ class ControllerState:
     is_leader: Callable[[], bool] = lambda: True  # runs the scheduler and reconciler (runner/controller/leadership.py)
 
     workdir_archives: object | None = None  # where uploaded workdirs are kept (default: files in the data dir)
+    agent_wheel_cache: AgentWheel | None = None
 
     @property
     def workdirs(self):
@@ -40,6 +42,13 @@ class ControllerState:
         if self.workdir_archives is None:
             self.workdir_archives = FileWorkdirs(self.data_dir / "workdirs")
         return self.workdir_archives
+
+    @property
+    def agent_wheel(self) -> AgentWheel:
+        """The wheel this controller's cloud nodes install the runner from (built on first use)."""
+        if self.agent_wheel_cache is None:
+            self.agent_wheel_cache = AgentWheel(self.data_dir / "agent-wheel")
+        return self.agent_wheel_cache
 
 
 def create_app(state: ControllerState):

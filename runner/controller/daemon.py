@@ -102,14 +102,14 @@ def build_providers(data_dir: Path, config: dict) -> dict:
         try:
             from ..providers.aws import AWSProvider
         except ImportError as exc:
-            raise ServerError(f"clouds.aws is configured but boto3 is missing ({exc}); pip install 'runner[aws]'")
+            raise ServerError(f"clouds.aws is configured but boto3 is missing ({exc}); pip install 'spot-runner[aws]'")
         providers["aws"] = AWSProvider(clouds["aws"] or {})
     if "gcp" in clouds:
         try:
             from ..providers.gcp import GCPProvider
         except ImportError as exc:
             raise ServerError(f"clouds.gcp is configured but google-cloud-compute is missing ({exc}); "
-                              "pip install 'runner[gcp]'")
+                              "pip install 'spot-runner[gcp]'")
         providers["gcp"] = GCPProvider(clouds["gcp"] or {})
     unknown = set(clouds) - {"local", "aws", "gcp"}
     if unknown:

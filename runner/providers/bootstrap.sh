@@ -1,5 +1,5 @@
 #!/bin/bash
-# runner node bootstrap: install the agent, write its config, start it under systemd.
+# runner node bootstrap: install the agent from the controller's wheel, write its config, start it under systemd.
 # Rendered per node by runner.providers.bootstrap; carries the node's own token, no cloud credentials.
 set -euo pipefail
 
@@ -9,34 +9,74 @@ node_token=@NODE_TOKEN@
 cloud=@CLOUD@
 zone=@ZONE@
 package=@PACKAGE@
+wheel=@WHEEL@
+extras=@EXTRAS@
+# Where things go (the defaults; a test runs this script in a throwaway folder).
+opt_dir="${RUNNER_OPT_DIR:-/opt/runner}"
+etc_dir="${RUNNER_ETC_DIR:-/etc/runner}"
+state_dir="${RUNNER_STATE_DIR:-/var/lib/runner}"
+unit_dir="${RUNNER_UNIT_DIR:-/etc/systemd/system}"
 
-install -d -m 0755 /opt/runner /var/lib/runner/scratch
-install -d -m 0700 /etc/runner
-if [ ! -x /opt/runner/venv/bin/runner ]; then
-  if ! python3 -m venv /opt/runner/venv; then
+install -d -m 0755 "$opt_dir" "$state_dir/scratch"
+install -d -m 0700 "$etc_dir"
+if [ ! -x "$opt_dir/venv/bin/runner" ]; then
+  if ! python3 -m venv "$opt_dir/venv"; then
     # Debian and Ubuntu images ship venv (ensurepip) as a separate package.
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
-    python3 -m venv --clear /opt/runner/venv
+    python3 -m venv --clear "$opt_dir/venv"
   fi
-  /opt/runner/venv/bin/pip install --quiet "$package"
+  if [ -n "$package" ]; then
+    # clouds.CLOUD.agent_package: a requirement the node's own index serves (a private mirror, say).
+    "$opt_dir/venv/bin/pip" install --quiet "$package"
+  else
+    # The runner itself comes from the controller, never from a package index: the wheel of the controller's
+    # own version, fetched with this node's token (any of the controller URLs, until one answers). Its
+    # dependencies come from the node's configured index.
+    download=$(mktemp -d)
+    RUNNER_NODE_TOKEN="$node_token" python3 - "$controller_url" "$download/$wheel" <<'FETCH'
+import os, shutil, sys, time, urllib.error, urllib.request
+
+urls, target = [u.strip().rstrip("/") for u in sys.argv[1].split(",") if u.strip()], sys.argv[2]
+headers = {"Authorization": "Bearer " + os.environ["RUNNER_NODE_TOKEN"]}
+deadline = time.monotonic() + 600
+while True:
+    for url in urls:
+        try:
+            request = urllib.request.Request(url + "/v1/agent/wheel", headers=headers)
+            with urllib.request.urlopen(request, timeout=120) as answer, open(target, "wb") as out:
+                shutil.copyfileobj(answer, out)
+            sys.exit(0)
+        except urllib.error.HTTPError as exc:
+            print(f"runner bootstrap: {url} refused the wheel: HTTP {exc.code}", file=sys.stderr)
+            if exc.code in (401, 403, 404):
+                sys.exit(1)
+        except OSError as exc:
+            print(f"runner bootstrap: {url} not reachable yet: {exc}", file=sys.stderr)
+    if time.monotonic() > deadline:
+        sys.exit("runner bootstrap: no controller served the wheel in 10 minutes")
+    time.sleep(5)
+FETCH
+    "$opt_dir/venv/bin/pip" install --quiet "$download/$wheel$extras"
+    rm -rf "$download"
+  fi
 fi
 
 # The config holds the node's token: readable by root only.
 (
   umask 077
-  cat >/etc/runner/agent.yaml <<CONFIG
+  cat >"$etc_dir/agent.yaml" <<CONFIG
 controller_url: "$controller_url"
 node_id: "$node_id"
 token: "$node_token"
-scratch_dir: /var/lib/runner/scratch
+scratch_dir: "$state_dir/scratch"
 cloud: "$cloud"
 zone: "$zone"
 CONFIG
 )
 
 # The same unit as deploy/runner-agent.service.
-cat >/etc/systemd/system/runner-agent.service <<'UNIT'
+cat >"$unit_dir/runner-agent.service" <<'UNIT'
 # The on-node agent (`runner agent`): registers with the controller, runs the job, watches for preemption.
 # The bootstrap script (runner/providers/bootstrap.sh) installs this same unit on every cloud node.
 [Unit]

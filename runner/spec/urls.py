@@ -26,11 +26,11 @@ def check_fsspec_url(url: str) -> None:
     known = sorted(fsspec.available_protocols())
     if scheme not in known:
         raise ValueError(f"{url!r}: no installed fsspec filesystem knows the scheme {scheme}://; known schemes: "
-                         f"{', '.join(known)}. For buckets use s3:// (pip install 'runner[s3]') or gs:// "
-                         "(pip install 'runner[gcs]')")
+                         f"{', '.join(known)}. For buckets use s3:// (pip install 'spot-runner[s3]') or gs:// "
+                         "(pip install 'spot-runner[gcs]')")
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as exc:
         extra = EXTRAS.get(scheme)
-        fix = f"pip install 'runner[{extra}]'" if extra else f"install the package it needs ({exc})"
+        fix = f"pip install 'spot-runner[{extra}]'" if extra else f"install the package it needs ({exc})"
         raise ValueError(f"{url!r}: the {scheme}:// filesystem is not installed here; {fix}") from None

@@ -156,7 +156,7 @@ class PostgresDatabase(Database):
             from psycopg.rows import dict_row
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
-            raise DatabaseError(f"{redact(url)}: Postgres needs psycopg ({exc}); pip install 'runner[postgres]'") from None
+            raise DatabaseError(f"{redact(url)}: Postgres needs psycopg ({exc}); pip install 'spot-runner[postgres]'") from None
         self.url = url
         self.where = postgres_location(url)
         self._psycopg = psycopg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -53,8 +54,8 @@ def test_script_writes_a_private_config_the_agent_accepts(tmp_path: Path, contro
     assignments = "\n".join(line for line in text.splitlines() if re.match(r"^[a-z_]+=", line))
     block = re.search(r"^\(\n  umask 077\n.*?^CONFIG\n\)$", text, re.S | re.M).group(0)
     target = tmp_path / "agent.yaml"
-    subprocess.run(["bash", "-c", "set -euo pipefail\n" + assignments + "\n"
-                    + block.replace("/etc/runner/agent.yaml", str(target))], check=True, timeout=30)
+    subprocess.run(["bash", "-c", "set -euo pipefail\n" + assignments + "\n" + block], check=True, timeout=30,
+                   env={"PATH": os.environ["PATH"], "RUNNER_ETC_DIR": str(tmp_path)})
     config = load_agent_config(target)
     assert (config.controller_url, config.node_id, config.token) == (controller_url, NODE.node_id, NODE.token)
     assert (config.cloud, config.zone) == ("gcp", "us-central1-a")

@@ -91,7 +91,7 @@ def parse_config(config: dict | None) -> AWSSettings:
         raise AWSConfigError("clouds.aws.iam_instance_profile: give the instance profile's name or ARN")
     package = config.get("agent_package")
     if package is not None and not _is_text(package):
-        raise AWSConfigError("clouds.aws.agent_package: give a pip requirement, e.g. runner==0.1.0")
+        raise AWSConfigError("clouds.aws.agent_package: give a pip requirement, e.g. spot-runner==0.1.0")
     refresh = config.get("refresh_prices", True)
     if not isinstance(refresh, bool):
         raise AWSConfigError("clouds.aws.refresh_prices: must be true or false")

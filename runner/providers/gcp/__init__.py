@@ -1,4 +1,4 @@
-"""The GCP provider: Compute Engine Spot and on-demand VMs (install with ``pip install 'runner[gcp]'``)."""
+"""The GCP provider: Compute Engine Spot and on-demand VMs (install with ``pip install 'spot-runner[gcp]'``)."""
 
 from .errors import GCPConfigError
 from .provider import GCPProvider

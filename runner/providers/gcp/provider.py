@@ -46,7 +46,7 @@ class GCPProvider(Provider):
         self.config = build.parse_config(config)
         self.checkpoint_url = self.config.checkpoint_url
         if importlib.util.find_spec("google.cloud.compute_v1") is None:
-            raise GCPConfigError("clouds.gcp: needs google-cloud-compute; install it with pip install 'runner[gcp]'")
+            raise GCPConfigError("clouds.gcp: needs google-cloud-compute; install it with pip install 'spot-runner[gcp]'")
         self.endpoint = endpoint if endpoint is not None else os.environ.get(ENDPOINT_VARIABLE) or None
         if self.endpoint and not self.endpoint.startswith(("http://", "https://")):
             raise GCPConfigError(f"{ENDPOINT_VARIABLE}: {self.endpoint!r} must be an http:// or https:// URL")
