@@ -145,3 +145,34 @@ def test_a_node_cancelled_while_it_boots_is_gone_and_never_registers(tmp_path):
     finally:
         controller.stop()
         kill_nodes(home)
+
+
+def test_a_local_job_checkpoints_through_its_nodes_share_of_the_durable_bandwidth(tmp_path):
+    """With clouds.local.durable_mb_per_s, a local job's default durable tier is local-durable:// under the
+    controller's data dir, and the job's processes get the node's bandwidth."""
+    from runner.local_durable import BUCKET_VARIABLE, RATE_VARIABLE
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05,
+                                                                           "durable_mb_per_s": 50}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    try:
+        job = write_job(tmp_path / "job", f"""
+name: throttled
+run: echo "url=$RUNNER_CHECKPOINT_URL rate=${RATE_VARIABLE} bucket=${BUCKET_VARIABLE}"
+resources: {{cloud: [local]}}
+recovery: {{resume_drill: "off"}}
+""")
+        job_id = runner.json("submit", str(job))["id"]
+        runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="the job's end")
+        output = runner("logs", job_id).stdout
+        url = f"local-durable://{(home / 'checkpoints' / job_id).resolve()}"
+        node_dir, = home.glob("nodes/*")
+        assert f"url={url} rate=50.0 bucket={node_dir.resolve() / 'durable-bandwidth'}" in output \
+            or f"url={url} rate=50.0 bucket={node_dir / 'durable-bandwidth'}" in output, output
+    finally:
+        controller.stop()
+        kill_nodes(home)
