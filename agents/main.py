@@ -162,6 +162,9 @@ class Agent(AgentCore):
                 return self.stop_reason, code, None, None
             if code != 0:
                 return "failed", code, f"setup failed with exit code {code}", None
+        elif with_setup:  # a job without setup: this new node is ready at once (0 s of setup, not unknown)
+            now = time.time()
+            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(now, now).to_json())
         self.phase = "running"
         self.training_pid = None
         self.drill = ResumeDrill(self.send_control, lambda: self.current, timeout=self.config.drill_timeout_seconds)

@@ -117,7 +117,7 @@ class _ThrottledFile(LocalFileOpener):
 
     def write(self, data, *args, **kwargs):
         if self._up is not None:
-            self._up.take(len(memoryview(data).cast("B")))
+            self._up.take(len(data.encode()) if isinstance(data, str) else memoryview(data).nbytes)
         return super().write(data, *args, **kwargs)
 
 

@@ -61,7 +61,8 @@ REPORT_MANIFEST = "manifest"
 
 # An agent's report (POST /v1/agent/events) of the job's `setup` on its node, as a SetupReport: once when it
 # starts (``ended_at`` null) and once when it ends. Setup runs on every new node, before `run`; a node kept for
-# a gang's next attempt, or a drill's restart on the same node, does not run it again.
+# a gang's next attempt, or a drill's restart on the same node, does not run it again. A new node of a job
+# without setup reports one of 0 s: ``setup_ended_at`` set means the node is ready to run the job.
 REPORT_SETUP = "setup"
 
 

@@ -147,7 +147,7 @@ class Node:
     rank: int
     launched_at: float | None = None  # when the provider was asked for it: the node exists and is billed from then
     first_registered_at: float | None = None  # its agent's first registration (``registered_at``: the latest)
-    setup_started_at: float | None = None  # the job's `setup` on this node (None: none ran, or not yet)
+    setup_started_at: float | None = None  # the job's `setup` on this node (0 s long for a job without one)
     setup_ended_at: float | None = None
 
     @classmethod
@@ -172,7 +172,7 @@ class Node:
 
     @property
     def setup_seconds(self) -> float | None:
-        """How long the job's `setup` took on this node (None: none ran, or it has not ended)."""
+        """How long the job's `setup` took on this node (0 for a job without one; None: not ended, or unknown)."""
         if self.setup_started_at is None or self.setup_ended_at is None:
             return None
         return round(max(0.0, self.setup_ended_at - self.setup_started_at), 3)

@@ -176,3 +176,24 @@ recovery: {{resume_drill: "off"}}
     finally:
         controller.stop()
         kill_nodes(home)
+
+
+def test_a_new_node_of_a_job_without_setup_reports_a_setup_of_0_seconds(tmp_path):
+    """setup_seconds is 0, not unknown, on a node whose job has no setup: the node is ready once registered."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    store = Store(open_database(f"sqlite:///{home / 'runner.db'}"))
+    try:
+        job = write_job(tmp_path / "job", 'name: no-setup\nrun: sleep 600\nrecovery: {resume_drill: "off"}\n')
+        job_id = runner.json("submit", str(job))["id"]
+        node, = _wait_for_nodes(store, job_id, lambda ns: len(ns) == 1 and _set_up(ns[0]), "the setup report")
+        assert node.setup_seconds == 0 and node.first_registered_at <= node.setup_started_at
+        assert node.boot_seconds is not None and node.boot_seconds >= 0
+    finally:
+        controller.stop()
+        kill_nodes(home)
+        store.db.close()
