@@ -176,8 +176,6 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
     _write_controller_file(data_dir, url)
     watchdog = sdnotify.start_watchdog()  # also takes NOTIFY_SOCKET out of the environment nodes inherit
     leader.start()
-    if set(providers) - {"local"}:  # cloud nodes will ask for the wheel: have it ready before the first boots
-        threading.Thread(target=_prepare_agent_wheel, args=(state,), name="agent-wheel", daemon=True).start()
     log.info("controller serving", url=url, data_dir=str(data_dir), db=redact(db_url), pid=os.getpid(),
              leader=leader.leading)
     try:
@@ -192,15 +190,6 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
         if lock is not None:
             lock.close()
         log.info("controller stopped")
-
-
-def _prepare_agent_wheel(state: ControllerState) -> None:
-    from .agent_wheel import WheelUnavailable
-
-    try:
-        state.agent_wheel.path()
-    except WheelUnavailable as exc:
-        log.error("agent wheel unavailable: cloud nodes cannot install the runner", error=str(exc))
 
 
 def migrate(db_url: str) -> str:
