@@ -150,11 +150,15 @@ class Agent(AgentCore):
         setup = self.assignment.get("setup")
         if setup and with_setup:
             self.phase = "setup"
+            started = time.monotonic()
             code = self._run_command(setup, workdir, env)
+            self.reporter.event(wire.REPORT_SETUP, {"seconds": round(time.monotonic() - started, 3)})
             if self.cancelled.is_set():
                 return self.stop_reason, code, None, None
             if code != 0:
                 return "failed", code, f"setup failed with exit code {code}", None
+        else:  # no setup ran for this attempt: the ledger counts none
+            self.reporter.event(wire.REPORT_SETUP, {"seconds": 0.0})
         self.phase = "running"
         self.training_pid = None
         self.drill = ResumeDrill(self.send_control, lambda: self.current, timeout=self.config.drill_timeout_seconds)

@@ -28,7 +28,8 @@ REGISTER_PATIENCE_SECONDS = 300.0
 REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that has ended: retrying cannot help
 # Events a resume depends on: retried, flushed before the exit report, delivered in the order they were sent.
 # The attempt's telemetry too: its final report comes just before the exit.
-RELIABLE = frozenset({"checkpoint", "notice", wire.HANDOVER, wire.REPORT_TELEMETRY, wire.REPORT_MANIFEST})
+RELIABLE = frozenset({"checkpoint", "notice", wire.HANDOVER, wire.REPORT_TELEMETRY, wire.REPORT_MANIFEST,
+                      wire.REPORT_SETUP})
 FLUSH_SECONDS = 30.0  # how long the exit report waits for reliable events still being retried
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
+from . import ledger
+
 
 def iso(ts: float | None) -> str | None:
     """Unix seconds as ISO-8601 UTC with a trailing Z."""
@@ -57,6 +59,9 @@ NODE_RELEASED = "released"  # was healthy, but given up because the whole gang m
 # (steps, steps/s, NaN steps, peak memory; batched by the library) and the run manifest (once per attempt).
 REPORT_TELEMETRY = "telemetry"
 REPORT_MANIFEST = "manifest"
+# How long the job's ``setup`` took on the node for its attempt (``{"seconds"}``; 0 when none ran: no setup, or
+# the node had run it for an earlier attempt). Restart-log rows show it as ``setup_seconds``.
+REPORT_SETUP = "setup"
 
 # POST /v1/agent/register answers {"status": REGISTER_WAITING, "message": ...} to a gang node while the
 # gang's attempt is not complete (or not planned yet); the agent asks again shortly.
@@ -75,12 +80,19 @@ def attempt_cost(attempt: Attempt, now: float | None = None) -> float:
 def node_rows(attempt: Attempt) -> list[dict]:
     """The restart-log ``nodes`` of a multi-node attempt: one object per node rank."""
     return [{"rank": n.rank, "node": n.node_id, "zone": n.zone, "instance_type": n.instance_type,
-             "price_per_hour": n.price_per_hour, "spot": n.spot, "end_reason": n.end_reason}
+             "price_per_hour": n.price_per_hour, "spot": n.spot, "end_reason": n.end_reason,
+             "boot_seconds": n.boot_seconds, "setup_seconds": n.setup_seconds, "restore_seconds": n.restore_seconds}
             for n in attempt.nodes]
 
 
-def restart_row(attempt: Attempt, now: float | None = None) -> dict:
-    """One row of the restart log."""
+def restart_rows(attempts: list[Attempt], now: float | None = None) -> list[dict]:
+    """The restart log: the job's attempts in order, each with its gap from the training before it."""
+    gap = ledger.gaps(attempts)
+    return [restart_row(a, now, gap_seconds=gap[a.attempt]) for a in attempts]
+
+
+def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float | None = None) -> dict:
+    """One row of the restart log (``gap_seconds`` needs the attempts before it: see :func:`restart_rows`)."""
     row = {
         "attempt": attempt.attempt,
         "node": attempt.node_id,
@@ -103,6 +115,10 @@ def restart_row(attempt: Attempt, now: float | None = None) -> dict:
         "steps": attempt.steps,
         "peak_memory_gb": attempt.peak_memory_gb,
         "nan_steps": attempt.nan_steps,
+        "gap_seconds": gap_seconds,
+        "boot_seconds": attempt.boot_seconds,
+        "setup_seconds": attempt.setup_seconds,
+        "restore_seconds": attempt.restore_seconds,
     }
     if attempt.drill is not None:
         row["drill"] = attempt.drill
@@ -126,6 +142,7 @@ def job_summary(job: Job, attempts: list[Attempt], now: float | None = None) -> 
     """A job as ``runner jobs --json`` and ``runner status --json`` show it."""
     now = now or time.time()
     current = attempts[-1] if attempts and attempts[-1].end_reason == "running" else None
+    current_gap = ledger.gaps(attempts)[current.attempt] if current else None
     cost = round(sum(attempt_cost(a, now) for a in attempts), 6)
     return {
         "id": job.id,
@@ -144,6 +161,6 @@ def job_summary(job: Job, attempts: list[Attempt], now: float | None = None) -> 
         "age_seconds": round(now - job.created_at, 1),
         "message": job.message,
         "checkpoint": job.checkpoint,
-        "current_attempt": restart_row(current, now) if current else None,
+        "current_attempt": restart_row(current, now, gap_seconds=current_gap) if current else None,
         "cancel_requested": bool(job.cancel_requested),
     }

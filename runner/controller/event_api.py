@@ -1,5 +1,5 @@
-"""The agent's reports (POST /v1/agent/events): notices, durable checkpoints, restores, telemetry, the
-handover, messages. Answered by the front door (runner/controller/front_door.py) on a thread: each is a
+"""The agent's reports (POST /v1/agent/events): notices, durable checkpoints, restores, telemetry, setup
+timing, the handover, messages. Answered by the front door (runner/controller/front_door.py) on a thread: each is a
 write transaction, and waiting for the write lock must not hold up the event loop's heartbeats."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from fastapi import HTTPException
 
 from ..scheduler.attempts import hand_over
-from ..wire import HANDOVER, REPORT_MANIFEST, REPORT_TELEMETRY
+from ..wire import HANDOVER, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY
 from . import metrics, reports, telemetry
 from .auth import node_caller
 from .front_door import ON_A_THREAD, LeanRoute, json_object
@@ -30,7 +30,10 @@ def agent_event(state, authorization: str, body: bytes) -> dict:
         return {"accepted": new_state is not None}
     with state.store.db.transaction() as tx:
         if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
-            telemetry.record_report(tx, job_id, attempt, data)
+            telemetry.record_report(tx, job_id, attempt, data, rank=node.rank)
+            return {"accepted": True}
+        if kind == REPORT_SETUP:  # the ledger's setup phase: stored on the attempt, never as an event
+            telemetry.record_setup(tx, job_id, attempt, data, rank=node.rank)
             return {"accepted": True}
         if kind == REPORT_MANIFEST:
             return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}
@@ -63,7 +66,7 @@ ROUTE = LeanRoute(agent_event, max_body=1 << 20, runs=ON_A_THREAD)
 
 
 def _event(body: dict) -> tuple[str, dict]:
-    """``kind`` (notice | checkpoint | restored | telemetry | manifest | handover | message) and ``data``,
+    """``kind`` (notice | checkpoint | restored | telemetry | manifest | setup | handover | message) and ``data``,
     refused (422) naming the field as FastAPI would."""
     kind, data = body.get("kind"), body.get("data", {})
     if kind is None:
