@@ -63,8 +63,8 @@ class Goodput:
         return round(self.training_seconds / self.paid_seconds, 4) if self.paid_seconds > 0 else None
 
     def to_json(self) -> dict:
-        return {"paid_seconds": round(self.paid_seconds, 1), "training_seconds": round(self.training_seconds, 1),
-                "redone_seconds": round(self.redone_seconds, 1), "ratio": self.ratio}
+        return {"paid_seconds": round(self.paid_seconds, 3), "training_seconds": round(self.training_seconds, 3),
+                "redone_seconds": round(self.redone_seconds, 3), "ratio": self.ratio}
 
 
 def steps_kept_and_redone(attempts: Sequence[AttemptTimes]) -> dict[int, tuple[int, int]]:
