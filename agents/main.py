@@ -148,17 +148,23 @@ class Agent(AgentCore):
     def _run_job(self, workdir: Path, with_setup: bool) -> tuple[str, int | None, str | None, dict | None]:
         env = self._environment()
         setup = self.assignment.get("setup")
-        if setup and with_setup:
+        if setup and with_setup:  # once per node: a kept gang node or a drill's restart does not run it again
             self.phase = "setup"
-            started = time.monotonic()
-            code = self._run_command(setup, workdir, env)
-            self.reporter.event(wire.REPORT_SETUP, {"seconds": round(time.monotonic() - started, 3)})
+            started = time.time()
+            self.reporter.event(wire.REPORT_SETUP, {"started_at": started, "ended_at": None, "exit_code": None})
+            code = None
+            try:
+                code = self._run_command(setup, workdir, env)
+            finally:
+                self.reporter.event(wire.REPORT_SETUP, {"started_at": started, "ended_at": max(started, time.time()),
+                                                        "exit_code": code})
             if self.cancelled.is_set():
                 return self.stop_reason, code, None, None
             if code != 0:
                 return "failed", code, f"setup failed with exit code {code}", None
-        else:  # no setup ran for this attempt: the ledger counts none
-            self.reporter.event(wire.REPORT_SETUP, {"seconds": 0.0})
+        elif with_setup:  # a new node of a job without setup: 0 s of it, not unknown
+            now = time.time()
+            self.reporter.event(wire.REPORT_SETUP, {"started_at": now, "ended_at": now, "exit_code": None})
         self.phase = "running"
         self.training_pid = None
         self.drill = ResumeDrill(self.send_control, lambda: self.current, timeout=self.config.drill_timeout_seconds)

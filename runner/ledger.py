@@ -34,10 +34,10 @@ class AttemptTimes(Protocol):
     last_step_at: float | None
 
 
-def boot_seconds(launched_at: float, registered_before: bool, now: float) -> float:
-    """A node's boot for the attempt it registers for: its launch to now, its first registration; 0 for a
-    node that was already up (an agent registering again, a gang's node kept from the previous attempt)."""
-    return 0.0 if registered_before else round(max(0.0, now - launched_at), 3)
+def boot_seconds(launched_at: float, registered_before: bool, now: float) -> float | None:
+    """A node's boot: its launch to now, its first registration; None for a node that was already up (an agent
+    registering again, a gang's node kept from the previous attempt), which booted 0 s for this attempt."""
+    return None if registered_before else round(max(0.0, now - launched_at), 3)
 
 
 def gaps(attempts: Sequence[AttemptTimes]) -> dict[int, float | None]:

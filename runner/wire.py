@@ -59,8 +59,10 @@ NODE_RELEASED = "released"  # was healthy, but given up because the whole gang m
 # (steps, steps/s, NaN steps, peak memory; batched by the library) and the run manifest (once per attempt).
 REPORT_TELEMETRY = "telemetry"
 REPORT_MANIFEST = "manifest"
-# How long the job's ``setup`` took on the node for its attempt (``{"seconds"}``; 0 when none ran: no setup, or
-# the node had run it for an earlier attempt). Restart-log rows show it as ``setup_seconds``.
+# The job's ``setup`` on a new node, ``{"started_at", "ended_at", "exit_code"}`` (unix seconds, the node's clock):
+# once as it starts (``ended_at`` null), once as it ends; a new node of a job without setup reports 0 s. A node
+# kept for a gang's next attempt, or a drill's restart on the same node, runs no setup and reports none.
+# Restart-log rows show it as ``setup_seconds``.
 REPORT_SETUP = "setup"
 
 # POST /v1/agent/register answers {"status": REGISTER_WAITING, "message": ...} to a gang node while the

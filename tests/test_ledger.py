@@ -94,6 +94,6 @@ def test_nothing_paid_yet_has_no_ratio():
 
 
 def test_boot_is_counted_from_the_launch_to_the_first_registration_only():
-    """A node registering for the first time booted since its launch; one that registered before did not boot."""
+    """A node registering for the first time booted since its launch; one that registered before was up."""
     assert ledger.boot_seconds(T0, registered_before=False, now=T0 + 42.25) == 42.25
-    assert ledger.boot_seconds(T0, registered_before=True, now=T0 + 42.25) == 0.0
+    assert ledger.boot_seconds(T0, registered_before=True, now=T0 + 42.25) is None

@@ -65,8 +65,8 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
         raise HTTPException(409, "this node's attempt has ended; shut down")
     now = time.time()
     with state.store.db.transaction() as tx:
-        boot = boot_seconds(who.node.created_at, who.node.registered_at is not None, now)
-        ledger.record_start_phase(tx, job.id, attempt.attempt, who.node.rank, "boot_seconds", boot, keep_first=True)
+        ledger.record_registration(tx, job.id, attempt.attempt, who.node.rank,
+                                   boot_seconds(who.node.created_at, who.node.registered_at is not None, now))
         state.store.update_node(tx, who.node.id, registered_at=now, last_heartbeat=now)
         state.store.mark_attempt_running(tx, job.id, attempt.attempt, now)
         # PENDING or RECOVERING still when the launch's answer has not been applied yet: the node is up all the same

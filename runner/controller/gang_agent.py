@@ -46,8 +46,8 @@ def register(state, node: Node, address: str) -> tuple[int, dict | None]:
     now = time.time()
     with store.db.transaction() as tx:
         gangs.register(tx, job.id, current.attempt, mine.rank, address, now)
-        boot = boot_seconds(node.created_at, node.registered_at is not None, now)
-        ledger.record_start_phase(tx, job.id, current.attempt, mine.rank, "boot_seconds", boot, keep_first=True)
+        ledger.record_registration(tx, job.id, current.attempt, mine.rank,
+                                   boot_seconds(node.created_at, node.registered_at is not None, now))
         store.update_node(tx, node.id, registered_at=now, last_heartbeat=now, attempt=current.attempt)
         ranks = gangs.nodes_of(job.id, current.attempt, tx)
         missing = [r.rank for r in ranks if r.registered_at is None]

@@ -2,7 +2,7 @@
 
 A ``telemetry`` report: ``{"steps", "steps_per_second", "nan_steps", "peak_memory_bytes", "restore_seconds",
 "first_step", "first_step_at", "last_step", "last_step_at"}``, each optional (a step with its time).
-A ``setup`` report: ``{"seconds"}``, the job's setup on the node for this attempt.
+A ``setup`` report: ``{"started_at", "ended_at"}``, the job's setup on a new node (``ended_at`` null while it runs).
 A ``manifest`` report: ``{"manifest": {...}}``; only the contract's keys are kept, with bounded sizes, so
 a node cannot fill the database through it. A value of the wrong kind is a 422 naming the field.
 The job's figures derived from them (steps/s, $/1000 steps) are computed in runner/wire.py.
@@ -65,11 +65,15 @@ def record_report(tx, job_id: str, attempt: int, data: dict, rank: int = 0) -> N
 
 
 def record_setup(tx, job_id: str, attempt: int, data: dict, rank: int = 0) -> None:
-    """Store how long the job's ``setup`` took on node ``rank`` for the attempt (0: none ran)."""
-    seconds = _rate(data.get("seconds"), "data.seconds")
-    if seconds is None:
-        raise HTTPException(422, "data.seconds: required, the setup's duration in seconds")
-    ledger.record_start_phase(tx, job_id, attempt, rank, "setup_seconds", round(seconds, 3))
+    """Store how long the job's ``setup`` took on node ``rank`` for the attempt, once it has ended."""
+    started = _rate(data.get("started_at"), "data.started_at")
+    ended = _rate(data.get("ended_at"), "data.ended_at")
+    if started is None:
+        raise HTTPException(422, "data.started_at: required, when the setup started (unix seconds)")
+    if ended is not None and ended < started:
+        raise HTTPException(422, "data.ended_at: not before data.started_at (or null while the setup runs)")
+    if ended is not None:
+        ledger.record_start_phase(tx, job_id, attempt, rank, "setup_seconds", round(ended - started, 3))
 
 
 def _text(value) -> str | None:

@@ -33,6 +33,15 @@ def record_start_phase(tx: Tx, job_id: str, attempt: int, rank: int, phase: str,
                    (*values, job_id, attempt))
 
 
+def record_registration(tx: Tx, job_id: str, attempt: int, rank: int, boot_seconds: float | None) -> None:
+    """A node joins an attempt: its boot (launch to this, its first registration; the first value recorded for
+    the attempt stays). None: the node was up already (a drill's restart, a gang's kept node, an agent that
+    registers again): it booted 0 s for this attempt, and runs no setup for it either."""
+    record_start_phase(tx, job_id, attempt, rank, "boot_seconds", boot_seconds or 0.0, keep_first=True)
+    if boot_seconds is None:
+        record_start_phase(tx, job_id, attempt, rank, "setup_seconds", 0.0)  # the largest stays: a setup that ran
+
+
 def record_steps(tx: Tx, job_id: str, attempt: int, *, first: tuple[int, float] | None = None,
                  last: tuple[int, float] | None = None) -> None:
     """The attempt's first and last training step, each ``(step, unix time)``: the earliest first and the

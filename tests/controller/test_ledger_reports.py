@@ -38,7 +38,11 @@ def test_the_nodes_boot_and_its_agents_setup_report_are_on_the_first_row(server)
     assert row["boot_seconds"] is not None and row["boot_seconds"] >= 0
     assert row["setup_seconds"] == 0.0
     assert row["gap_seconds"] is None  # the first attempt
-    assert post(server, wire.REPORT_SETUP, {"seconds": 12.5}).status_code == 200
+    started = time.time() - 20
+    assert post(server, wire.REPORT_SETUP, {"started_at": started, "ended_at": None}).status_code == 200
+    assert _row(server)["setup_seconds"] == 0.0  # a setup under way counts once it has ended
+    assert post(server, wire.REPORT_SETUP, {"started_at": started, "ended_at": started + 12.5,
+                                            "exit_code": 0}).status_code == 200
     assert _row(server)["setup_seconds"] == 12.5
 
 
@@ -76,7 +80,11 @@ def test_a_step_without_its_time_or_a_bad_value_is_422_naming_it(server, data, f
     assert _row(server)["restore_seconds"] == 0.75
 
 
-@pytest.mark.parametrize("data", [{}, {"seconds": "long"}, {"seconds": -1}])
-def test_a_setup_report_without_a_duration_is_422(server, data):
+@pytest.mark.parametrize("data, field", [
+    ({}, "data.started_at"), ({"started_at": "noon"}, "data.started_at"),
+    ({"started_at": 1.0e9, "ended_at": -1}, "data.ended_at"),
+    ({"started_at": 1.0e9, "ended_at": 0.9e9}, "data.ended_at"),
+])
+def test_a_setup_report_without_its_times_is_422_naming_the_field(server, data, field):
     answer = post(server, wire.REPORT_SETUP, data)
-    assert answer.status_code == 422 and "data.seconds" in answer.text
+    assert answer.status_code == 422 and field in answer.text
