@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from . import ledger
+
 
 def iso(ts: float | None) -> str | None:
     """Unix seconds as ISO-8601 UTC with a trailing Z."""
@@ -58,11 +60,11 @@ NODE_RELEASED = "released"  # was healthy, but given up because the whole gang m
 # (steps, steps/s, NaN steps, peak memory; batched by the library) and the run manifest (once per attempt).
 REPORT_TELEMETRY = "telemetry"
 REPORT_MANIFEST = "manifest"
-
 # An agent's report (POST /v1/agent/events) of the job's `setup` on its node, as a SetupReport: once when it
 # starts (``ended_at`` null) and once when it ends. Setup runs on every new node, before `run`; a node kept for
 # a gang's next attempt, or a drill's restart on the same node, does not run it again. A new node of a job
-# without setup reports one of 0 s: ``setup_ended_at`` set means the node is ready to run the job.
+# without setup reports one of 0 s: ``setup_ended_at`` set means the node is ready to run the job. Restart-log
+# rows show it as ``setup_seconds``.
 REPORT_SETUP = "setup"
 
 
@@ -109,12 +111,19 @@ def attempt_cost(attempt: Attempt, now: float | None = None) -> float:
 def node_rows(attempt: Attempt) -> list[dict]:
     """The restart-log ``nodes`` of a multi-node attempt: one object per node rank."""
     return [{"rank": n.rank, "node": n.node_id, "zone": n.zone, "instance_type": n.instance_type,
-             "price_per_hour": n.price_per_hour, "spot": n.spot, "end_reason": n.end_reason}
+             "price_per_hour": n.price_per_hour, "spot": n.spot, "end_reason": n.end_reason,
+             "boot_seconds": n.boot_seconds, "setup_seconds": n.setup_seconds, "restore_seconds": n.restore_seconds}
             for n in attempt.nodes]
 
 
-def restart_row(attempt: Attempt, now: float | None = None) -> dict:
-    """One row of the restart log."""
+def restart_rows(attempts: list[Attempt], now: float | None = None) -> list[dict]:
+    """The restart log: the job's attempts in order, each with its gap from the training before it."""
+    gap = ledger.gaps(attempts)
+    return [restart_row(a, now, gap_seconds=gap[a.attempt]) for a in attempts]
+
+
+def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float | None = None) -> dict:
+    """One row of the restart log (``gap_seconds`` needs the attempts before it: see :func:`restart_rows`)."""
     row = {
         "attempt": attempt.attempt,
         "node": attempt.node_id,
@@ -137,6 +146,10 @@ def restart_row(attempt: Attempt, now: float | None = None) -> dict:
         "steps": attempt.steps,
         "peak_memory_gb": attempt.peak_memory_gb,
         "nan_steps": attempt.nan_steps,
+        "gap_seconds": gap_seconds,
+        "boot_seconds": attempt.boot_seconds,
+        "setup_seconds": attempt.setup_seconds,
+        "restore_seconds": attempt.restore_seconds,
     }
     if attempt.drill is not None:
         row["drill"] = attempt.drill
@@ -160,6 +173,7 @@ def job_summary(job: Job, attempts: list[Attempt], now: float | None = None) -> 
     """A job as ``runner jobs --json`` and ``runner status --json`` show it."""
     now = now or time.time()
     current = attempts[-1] if attempts and attempts[-1].end_reason == "running" else None
+    current_gap = ledger.gaps(attempts)[current.attempt] if current else None
     cost = round(sum(attempt_cost(a, now) for a in attempts), 6)
     return {
         "id": job.id,
@@ -178,6 +192,6 @@ def job_summary(job: Job, attempts: list[Attempt], now: float | None = None) -> 
         "age_seconds": round(now - job.created_at, 1),
         "message": job.message,
         "checkpoint": job.checkpoint,
-        "current_attempt": restart_row(current, now) if current else None,
+        "current_attempt": restart_row(current, now, gap_seconds=current_gap) if current else None,
         "cancel_requested": bool(job.cancel_requested),
     }

@@ -125,6 +125,7 @@ class Checkpointer:
         self._jobs: list[SaveJob] = []
         self._last_job: SaveJob | None = None
         self._stop_deadline: float | None = None  # monotonic
+        self._restore_started: float | None = None  # monotonic: restore_folder() began, report_restored() not yet
         self._should_stop = False
         self._closed = False
         # Requests from the signal handler are set without a lock (a handler must never wait on one).
@@ -151,6 +152,7 @@ class Checkpointer:
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
         self._check_open("restore")
+        started = time.monotonic()
         if self._agreement is not None:
             self._agreement.drain()
         # Under the runner, the controller names the newest checkpoint it knows was committed by an
@@ -160,6 +162,7 @@ class Checkpointer:
         leader = self._ranks.folder_leader if self._ranks is not None else True
         restored = restore_into(self.local, self.durable, comm, leader, self.objects, self.extra, self._apply,
                                 max_step=handed_over)
+        self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
         self.telemetry.send_manifest()  # once per process: what this attempt runs with
         self._report_restored(restored, handed_over)
         return restored.step if restored is not None else 0
@@ -312,6 +315,7 @@ class Checkpointer:
         accepts (it raises RestoreError otherwise), materialised in the local tier; None when there is none.
         Nothing is reported: the integration calls ``report_restored`` once the framework has loaded it."""
         self._check_open("restore_folder")
+        self._restore_started = time.monotonic()  # until report_restored(): the framework loads it in between
         if self._agreement is not None:
             self._agreement.drain()
         comm = self._ranks.steps if self._ranks is not None else Solo()
@@ -323,6 +327,9 @@ class Checkpointer:
 
     def report_restored(self, restored: Restored | None) -> None:
         """Tell the agent where the training resumed from (``restored``), as ``restore()`` does."""
+        if self._restore_started is not None:
+            self.telemetry.restore_seconds = round(time.monotonic() - self._restore_started, 4)
+            self._restore_started = None
         self._report_restored(restored, _env_int("RUNNER_RESUME_STEP"))
 
     # ------------------------------------------------------------------ hooks
@@ -459,6 +466,12 @@ class Checkpointer:
                         "the local copy only", step=step, path=str(self.local.folder(step)), url=self.durable.url)
         self._stop_deadline = deadline
         self._should_stop = True
+        # The last step's time reaches the agent before ``stopping``: the attempt may end at the handover,
+        # before close() sends the final report.
+        try:
+            self.telemetry.report()
+        except Exception as exc:  # a failed device must not keep the emergency from saying it is done
+            log.warning("telemetry report before stopping failed", error=f"{type(exc).__name__}: {exc}")
         self._send({"op": "stopping", "step": step, "durable": bool(durable and self.durable is not None),
                     "reason": request.reason, "origin": origin})
 

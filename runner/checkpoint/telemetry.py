@@ -1,4 +1,6 @@
-"""Job telemetry from the training side (CONTRACT §9): steps, steps/s, NaN steps, peak memory, the run manifest.
+"""Job telemetry from the training side: steps, steps/s, NaN steps, peak memory, the run manifest, and the
+ledger's timings: the wall-clock time (unix seconds) of the attempt's first and last step and how long
+``restore()`` took.
 
 ``StepTelemetry`` is fed once per training step and reports to the agent over the control channel, batched:
 at most one ``telemetry`` message every ``report_every_s`` seconds, one soon after each checkpoint commit
@@ -132,11 +134,12 @@ class StepTelemetry:
     rank 0 and the peak memory over its ranks).
 
     Call ``on_step(step, loss=None)`` once per training step, ``send_manifest()`` at the first restore,
-    ``report_soon()`` when a checkpoint has committed (from any thread), and ``close()`` at the end.
+    ``report_soon()`` when a checkpoint has committed (from any thread), ``report()`` before an emergency
+    stop (so the last step's time is known before the attempt ends), and ``close()`` at the end.
     """
 
     def __init__(self, control=None, *, rank: int | None = None, attempt: int | None = None,
-                 report_every_s: float = REPORT_EVERY_S, clock=time.monotonic) -> None:
+                 report_every_s: float = REPORT_EVERY_S, clock=time.monotonic, wall=time.time) -> None:
         self.control = control
         self.rank = rank
         self.attempt = attempt
@@ -144,7 +147,11 @@ class StepTelemetry:
         self.nan = NonFiniteCounter()
         self.steps = 0  # distinct steps this process trained
         self.steps_per_second: float | None = None
+        self.restore_seconds: float | None = None  # how long restore() took (set by the Checkpointer)
         self._clock = clock
+        self._wall = wall  # unix seconds: the controller compares the steps of attempts on different processes
+        self._first: tuple[int, float] | None = None  # (step, unix time) of this process's first step
+        self._latest: tuple[int, float] | None = None  # (step, unix time) of its newest step
         self._last_step: int | None = None
         self._window: tuple[float, int] | None = None  # (time, steps) where the current rate window began
         self._next_report = 0.0
@@ -165,6 +172,9 @@ class StepTelemetry:
             return
         self._last_step = step
         self.steps += 1
+        self._latest = (step, self._wall())
+        if self._first is None:
+            self._first = self._latest
         now = self._clock()
         if self._window is None:
             self._window = (now, self.steps)
@@ -186,9 +196,12 @@ class StepTelemetry:
                 self._window = (now, self.steps)
         peak, memory = peak_memory()
         nan_steps = (self.nan.exact() if final else self.nan.poll()) if self.nan.seen else None
+        first, latest = self._first or (None, None), self._latest or (None, None)
         message = {"op": "telemetry", "attempt": self.attempt, "steps": self.steps,
                    "steps_per_second": None if self.steps_per_second is None else round(self.steps_per_second, 4),
-                   "nan_steps": nan_steps, "peak_memory_bytes": peak, "memory": memory, "final": final}
+                   "nan_steps": nan_steps, "peak_memory_bytes": peak, "memory": memory, "final": final,
+                   "first_step": first[0], "first_step_at": first[1], "last_step": latest[0],
+                   "last_step_at": latest[1], "restore_seconds": self.restore_seconds}
         self._report_soon = False
         self._next_report = now + self.report_every_s
         self._send(message)
@@ -212,7 +225,7 @@ class StepTelemetry:
         if self._closed:
             return None
         self._closed = True
-        if self.steps == 0 and not self.nan.seen:
+        if self.steps == 0 and not self.nan.seen and self.restore_seconds is None:
             return None
         try:
             return self.report(final=True)

@@ -103,6 +103,7 @@ def status(job_id: str, as_json: bool):
         ("attempts", job["attempts"]), ("preemptions", job["preemptions"]), ("failures", job["failures"]),
         ("step", job["step"]), ("cost", money(job["cost_usd"])),
         ("steps/s", rate(job.get("steps_per_second"))), ("$/1k steps", money(job.get("cost_per_1000_steps"))),
+        ("goodput", _goodput(job.get("goodput"))),
         ("age", format_duration(job["age_seconds"])),
         ("attempt", current.get("attempt")),
         ("where", " ".join(str(current.get(k)) for k in ("cloud", "zone", "instance_type")) if current else None),
@@ -169,6 +170,14 @@ def _manifest(manifest: dict | None) -> str | None:
     if gpus:
         parts.append(f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''} ({', '.join(sorted(set(gpus)))})")
     return ", ".join(parts)
+
+
+def _goodput(goodput: dict | None) -> str | None:
+    """``82.0% (training 41m of 50m paid, 2m redone)``: node time spent on kept steps, of all paid for."""
+    if not goodput or goodput.get("ratio") is None:
+        return None
+    return (f"{goodput['ratio']:.1%} (training {format_duration(goodput['training_seconds'])} of "
+            f"{format_duration(goodput['paid_seconds'])} paid, {format_duration(goodput['redone_seconds'])} redone)")
 
 
 def _notice(row: dict) -> str | None:

@@ -19,6 +19,8 @@ from ..scheduler import failures
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING
 from ..spec import RecoverySpec
+from ..ledger import boot_seconds
+from ..state import ledger
 from ..state.rows import Attempt, Job, Node
 from ..scheduler.transitions import InvalidTransition, transition
 from ..wire import EXIT_REASONS, MOVED, STOPPED_BY_PEER
@@ -64,6 +66,8 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
         raise HTTPException(409, "this node's attempt has ended; shut down")
     now = time.time()
     with state.store.db.transaction() as tx:
+        ledger.record_registration(tx, job.id, attempt.attempt, who.node.rank,
+                                   boot_seconds(who.node.created_at, who.node.registered_at is not None, now))
         state.store.update_node(tx, who.node.id, registered_at=now, last_heartbeat=now)
         state.store.note_first_registration(tx, who.node.id, now)
         state.store.mark_attempt_running(tx, job.id, attempt.attempt, now)

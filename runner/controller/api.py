@@ -11,11 +11,11 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from .. import wire
+from .. import ledger, wire
 from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import ALLOWED, TERMINAL
 from ..spec import SpecError, validate_job
-from ..state import telemetry
+from ..state import ledger as stored_ledger, telemetry
 from ..state.rows import Job
 from ..state.store import NODE_RUNNING
 from .auth import Principal, require_admin, require_job_access
@@ -188,7 +188,10 @@ def _states(names: list[str] | None) -> tuple[str, ...] | None:
 def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_access)):
     state = _state(request)
     job = _job_or_404(state, job_id)
-    summary = wire.job_summary(job, state.store.attempts(job_id))
+    attempts = state.store.attempts(job_id)
+    summary = wire.job_summary(job, attempts)
+    spans = stored_ledger.node_spans(state.store.db, job_id)
+    summary["goodput"] = ledger.goodput(attempts, spans, time.time()).to_json()
     summary["spec"] = {k: v for k, v in job.spec.items() if k != "env"}  # env may hold secrets
     summary["spec"]["env"] = sorted(job.spec.get("env", {}))
     failure = state.store.last_event(job_id, "checkpoint_failed")
@@ -225,9 +228,10 @@ def restarts(job_id: str, request: Request, who: Principal = Depends(require_job
                 {"kind": event.kind, "time": wire.iso(event.time), "message": event.message})
         elif event.kind == PLACEMENT_EVENT:
             placed[event.attempt] = event.message
-    return [{**_placement_first(wire.restart_row(a), placed.get(a.attempt)),
+    attempts = state.store.attempts(job_id)
+    return [{**_placement_first(row, placed.get(a.attempt)),
              "launch_failures": failures.get(a.attempt, []),
-             "events": notable.get(a.attempt, [])} for a in state.store.attempts(job_id)]
+             "events": notable.get(a.attempt, [])} for a, row in zip(attempts, wire.restart_rows(attempts))]
 
 
 def _placement_first(row: dict, reason: str | None) -> dict:

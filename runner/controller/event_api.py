@@ -1,5 +1,5 @@
-"""The agent's reports (POST /v1/agent/events): notices, durable checkpoints, restores, telemetry, the
-handover, messages. Answered by the front door (runner/controller/front_door.py) on a thread: each is a
+"""The agent's reports (POST /v1/agent/events): notices, durable checkpoints, restores, telemetry, setup
+timing, the handover, messages. Answered by the front door (runner/controller/front_door.py) on a thread: each is a
 write transaction, and waiting for the write lock must not hold up the event loop's heartbeats."""
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def agent_event(state, authorization: str, body: bytes) -> dict:
         return {"accepted": new_state is not None}
     with state.store.db.transaction() as tx:
         if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
-            telemetry.record_report(tx, job_id, attempt, data)
+            telemetry.record_report(tx, job_id, attempt, data, rank=node.rank)
             return {"accepted": True}
-        if kind == REPORT_SETUP:
+        if kind == REPORT_SETUP:  # on the node's row (when it is ready) and the ledger's setup phase of the attempt
             return {"accepted": _record_setup(state, tx, node, data)}
         if kind == REPORT_MANIFEST:
             return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}
@@ -65,7 +65,7 @@ ROUTE = LeanRoute(agent_event, max_body=1 << 20, runs=ON_A_THREAD)
 
 
 def _event(body: dict) -> tuple[str, dict]:
-    """``kind`` (notice | checkpoint | restored | telemetry | manifest | handover | message) and ``data``,
+    """``kind`` (notice | checkpoint | restored | telemetry | manifest | setup | handover | message) and ``data``,
     refused (422) naming the field as FastAPI would."""
     kind, data = body.get("kind"), body.get("data", {})
     if kind is None:
@@ -95,6 +95,7 @@ def _record_setup(state, tx, node, data: dict) -> bool:
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     state.store.record_setup(tx, node.id, report.started_at, report.ended_at)
+    telemetry.record_setup(tx, node.job_id, node.attempt, report.to_json(), rank=node.rank)
     if report.ended_at is not None:
         how = "" if report.exit_code in (0, None) else f", exit code {report.exit_code}"
         state.store.add_event(tx, node.job_id, "setup", f"setup on node {node.id} took "

@@ -21,6 +21,8 @@ from ..scheduler.gang import gang_outcome, gpus_per_node
 from ..scheduler.states import PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from ..scheduler.transitions import AttemptEnd, transition
 from ..spec import Resources
+from ..ledger import boot_seconds
+from ..state import ledger
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, AttemptNode, Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
@@ -44,6 +46,8 @@ def register(state, node: Node, address: str) -> tuple[int, dict | None]:
     now = time.time()
     with store.db.transaction() as tx:
         gangs.register(tx, job.id, current.attempt, mine.rank, address, now)
+        ledger.record_registration(tx, job.id, current.attempt, mine.rank,
+                                   boot_seconds(node.created_at, node.registered_at is not None, now))
         store.update_node(tx, node.id, registered_at=now, last_heartbeat=now, attempt=current.attempt)
         store.note_first_registration(tx, node.id, now)
         ranks = gangs.nodes_of(job.id, current.attempt, tx)

@@ -1,6 +1,8 @@
 """The agent's telemetry reports, checked and stored (CONTRACT §9).
 
-A ``telemetry`` report: ``{"steps", "steps_per_second", "nan_steps", "peak_memory_bytes"}``, each optional.
+A ``telemetry`` report: ``{"steps", "steps_per_second", "nan_steps", "peak_memory_bytes", "restore_seconds",
+"first_step", "first_step_at", "last_step", "last_step_at"}``, each optional (a step with its time).
+A ``setup`` report: ``{"started_at", "ended_at"}``, the job's setup on a new node (``ended_at`` null while it runs).
 A ``manifest`` report: ``{"manifest": {...}}``; only the contract's keys are kept, with bounded sizes, so
 a node cannot fill the database through it. A value of the wrong kind is a 422 naming the field.
 The job's figures derived from them (steps/s, $/1000 steps) are computed in runner/wire.py.
@@ -12,7 +14,7 @@ import math
 
 from fastapi import HTTPException
 
-from ..state import telemetry as stored
+from ..state import ledger, telemetry as stored
 from .reports import MAX_INT
 
 BYTES_PER_GB = 1e9
@@ -37,15 +39,41 @@ def _rate(value, key: str) -> float | None:
     return float(value)
 
 
-def record_report(tx, job_id: str, attempt: int, data: dict) -> None:
-    """Store one ``telemetry`` report on the attempt."""
+def _step_at(data: dict, which: str) -> tuple[int, float] | None:
+    """``(step, unix time)`` of the report's ``{which}_step`` and ``{which}_step_at``, both or neither."""
+    step = _count(data.get(f"{which}_step"), f"data.{which}_step")
+    at = _rate(data.get(f"{which}_step_at"), f"data.{which}_step_at")
+    if (step is None) != (at is None):
+        raise HTTPException(422, f"data.{which}_step and data.{which}_step_at: send both or neither")
+    return None if step is None else (step, at)
+
+
+def record_report(tx, job_id: str, attempt: int, data: dict, rank: int = 0) -> None:
+    """Store one ``telemetry`` report of node ``rank`` on the attempt."""
     peak = _count(data.get("peak_memory_bytes"), "data.peak_memory_bytes")
+    restore = _rate(data.get("restore_seconds"), "data.restore_seconds")
+    first, last = _step_at(data, "first"), _step_at(data, "last")
     stored.record_telemetry(
         tx, job_id, attempt,
         steps=_count(data.get("steps"), "data.steps"),
         steps_per_second=_rate(data.get("steps_per_second"), "data.steps_per_second"),
         nan_steps=_count(data.get("nan_steps"), "data.nan_steps"),
         peak_memory_gb=None if peak is None else round(peak / BYTES_PER_GB, 3))
+    ledger.record_steps(tx, job_id, attempt, first=first, last=last)
+    if restore is not None:
+        ledger.record_start_phase(tx, job_id, attempt, rank, "restore_seconds", round(restore, 3))
+
+
+def record_setup(tx, job_id: str, attempt: int, data: dict, rank: int = 0) -> None:
+    """Store how long the job's ``setup`` took on node ``rank`` for the attempt, once it has ended."""
+    started = _rate(data.get("started_at"), "data.started_at")
+    ended = _rate(data.get("ended_at"), "data.ended_at")
+    if started is None:
+        raise HTTPException(422, "data.started_at: required, when the setup started (unix seconds)")
+    if ended is not None and ended < started:
+        raise HTTPException(422, "data.ended_at: not before data.started_at (or null while the setup runs)")
+    if ended is not None:
+        ledger.record_start_phase(tx, job_id, attempt, rank, "setup_seconds", round(ended - started, 3))
 
 
 def _text(value) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ..state import Store
+from ..state import Store, ledger
 from ..state.rows import Attempt, Node
 from .attempts import end_attempt
 from .states import FAILED, PROVISIONING, RECOVERING, RUNNING
@@ -38,6 +38,7 @@ def restart_after_drill(store: Store, node: Node, checkpoint_step: int, seconds:
         resumed = (store.job(job_id, tx).checkpoint or {}).get("step", 0)
         attempt = store.insert_attempt(tx, job_id, node.id, node.offer, node.spot, resumed, now)
         store.mark_attempt_running(tx, job_id, attempt, now)
+        ledger.record_registration(tx, job_id, attempt, node.rank, None)  # the same node: up, and set up, already
         store.update_node(tx, node.id, attempt=attempt)
         transition(tx, job_id, PROVISIONING, now=now, message=f"resume drill: attempt {attempt} on the same node")
         transition(tx, job_id, RUNNING, now=now, message=f"attempt {attempt} running (resume drill)")

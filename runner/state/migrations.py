@@ -228,6 +228,24 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE nodes ADD COLUMN setup_ended_at REAL
         """,
     ),
+    (
+        12,
+        # The ledger: where an attempt's time went. Its first and last training step and when (unix seconds,
+        # the training's own clock), and how long its start took on its node(s): the boot (launch to the agent's
+        # first registration), the job's setup, the training's restore(). A gang's per node rank as well.
+        """
+        ALTER TABLE attempts ADD COLUMN first_step INTEGER;
+        ALTER TABLE attempts ADD COLUMN first_step_at REAL;
+        ALTER TABLE attempts ADD COLUMN last_step INTEGER;
+        ALTER TABLE attempts ADD COLUMN last_step_at REAL;
+        ALTER TABLE attempts ADD COLUMN boot_seconds REAL;
+        ALTER TABLE attempts ADD COLUMN setup_seconds REAL;
+        ALTER TABLE attempts ADD COLUMN restore_seconds REAL;
+        ALTER TABLE attempt_nodes ADD COLUMN boot_seconds REAL;
+        ALTER TABLE attempt_nodes ADD COLUMN setup_seconds REAL;
+        ALTER TABLE attempt_nodes ADD COLUMN restore_seconds REAL
+        """,
+    ),
 ]
 
 

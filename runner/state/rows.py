@@ -70,6 +70,9 @@ class AttemptNode:
     exit_reason: str | None
     exit_code: int | None
     end_reason: str
+    boot_seconds: float | None = None  # the ledger: this node's start for the attempt (0: kept from the last)
+    setup_seconds: float | None = None
+    restore_seconds: float | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> AttemptNode:
@@ -77,7 +80,8 @@ class AttemptNode:
         return cls(row["job_id"], row["attempt"], row["rank"], row["node_id"], row["zone"], row["instance_type"],
                    bool(row["spot"]), float(row["price_per_hour"]), row["address"],
                    None if registered_at is None else float(registered_at), row["exit_reason"], row["exit_code"],
-                   row["end_reason"])
+                   row["end_reason"], _float_or_none(row["boot_seconds"]), _float_or_none(row["setup_seconds"]),
+                   _float_or_none(row["restore_seconds"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,13 @@ class Attempt:
     steps_per_second: float | None
     peak_memory_gb: float | None
     nan_steps: int | None
+    first_step: int | None  # the ledger (runner/ledger.py): the attempt's first and last training step and when
+    first_step_at: float | None
+    last_step: int | None
+    last_step_at: float | None
+    boot_seconds: float | None  # its start: a gang's slowest node's (each node's in ``nodes``)
+    setup_seconds: float | None
+    restore_seconds: float | None
     nodes: tuple[AttemptNode, ...] = ()
 
     @classmethod
@@ -124,7 +135,9 @@ class Attempt:
                    row["resumed_from_step"], None if lost is None else float(lost), row["exit_code"],
                    _loads(drill) if drill else None, row["message"], row["num_nodes"], row["master_port"],
                    row["steps"], None if rate is None else float(rate), None if memory is None else float(memory),
-                   row["nan_steps"], nodes)
+                   row["nan_steps"], row["first_step"], _float_or_none(row["first_step_at"]), row["last_step"],
+                   _float_or_none(row["last_step_at"]), _float_or_none(row["boot_seconds"]), _float_or_none(row["setup_seconds"]),
+                   _float_or_none(row["restore_seconds"]), nodes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,22 @@ class Marker:
 
 
 @dataclass
+class Segment:
+    kind: str    # "boot", "setup" or "restore": a phase of the attempt's start on this lane's node
+    x: float
+    width: float
+    title: str
+
+
+@dataclass
+class Gap:
+    """From the last training step before an attempt to its first: drawn above its (first) lane."""
+    x: float
+    width: float
+    title: str
+
+
+@dataclass
 class Lane:
     attempt: int
     label: str          # "#2 local-b · sim-t4", or "#2 node 1 · local-b · sim-t4" for a gang's lane
@@ -48,6 +64,8 @@ class Lane:
     lost_x: float | None = None     # the lost work: from lost_x to the end of the bar
     lost_width: float = 0.0
     markers: list[Marker] = field(default_factory=list)
+    phases: list[Segment] = field(default_factory=list)
+    gap: Gap | None = None
 
 
 @dataclass
@@ -69,8 +87,9 @@ class Timeline:
 def layout(attempts: list[dict], notices: dict[int, list[dict]], commits: list[dict],
            now: float | None = None) -> Timeline | None:
     """Lay out ``attempts`` (restart-log rows with ``started`` and ``ended`` as unix seconds, ``ended`` None
-    while running); ``notices``: per attempt, ``{"time", "title", "node_rank"}``; ``commits``: ``{"attempt",
-    "step", "time"}``. None when there is no attempt to draw."""
+    while running; for the ledger, optionally ``first_step_at``, ``last_step_at`` and ``restored_at``, unix
+    seconds, besides the rows' ``gap_seconds`` and start phases); ``notices``: per attempt, ``{"time", "title",
+    "node_rank"}``; ``commits``: ``{"attempt", "step", "time"}``. None when there is no attempt to draw."""
     if not attempts:
         return None
     now = now if now is not None else time.time()
@@ -100,6 +119,8 @@ def layout(attempts: list[dict], notices: dict[int, list[dict]], commits: list[d
                            if n.get("node_rank") in (None, lane["rank"])]
             if lane["rank"] in (None, 0):  # a gang's checkpoint is one for every node: marked on node 0's lane
                 bar.markers += checkpoint_marks
+                bar.gap = _gap(row, x_of)
+            bar.phases = _phases(row, lane["phases"], x_of)
             lanes.append(bar)
             y += LANE
         y += ATTEMPT_GAP
@@ -112,14 +133,46 @@ def _lanes_of(row: dict) -> list[dict]:
     where = f"{row['zone']} · {row['instance_type']}"
     nodes = row.get("nodes") or []
     if not nodes:
-        return [{"rank": None, "label": f"#{row['attempt']} {where}", "reason": row["end_reason"], "ended_it": True}]
+        return [{"rank": None, "label": f"#{row['attempt']} {where}", "reason": row["end_reason"], "ended_it": True,
+                 "phases": {phase: row.get(f"{phase}_seconds") for phase in PHASES}}]
     lanes = []
     for node in nodes:
         reason = node["end_reason"] if node["end_reason"] in LEGEND else row["end_reason"]
         lanes.append({"rank": node["rank"], "reason": reason,
                       "label": f"#{row['attempt']} node {node['rank']} · {node['zone']} · {node['instance_type']}",
-                      "ended_it": node["end_reason"] not in (wire.NODE_KEPT, wire.NODE_RELEASED)})
+                      "ended_it": node["end_reason"] not in (wire.NODE_KEPT, wire.NODE_RELEASED),
+                      "phases": {phase: node.get(f"{phase}_seconds") for phase in PHASES}})
     return lanes
+
+
+PHASES = ("boot", "setup", "restore")
+
+
+def _phases(row: dict, seconds: dict, x_of) -> list[Segment]:
+    """The start of an attempt on one node: its boot from the launch, then its setup; the restore ends when the
+    training reported it (``restored_at``), else follows the setup. A phase that took no time is not drawn."""
+    at = row["started"]
+    segments = []
+    for phase in PHASES:
+        length = seconds.get(phase)
+        if not length:
+            continue
+        if phase == "restore" and row.get("restored_at"):
+            at = max(at, row["restored_at"] - length)
+        x, right = x_of(at), x_of(at + length)
+        segments.append(Segment(phase, round(x, 1), round(max(1.0, right - x), 1), f"{phase} {length:.1f} s"))
+        at += length
+    return segments
+
+
+def _gap(row: dict, x_of) -> Gap | None:
+    """The training's pause before this attempt: from the last step before it to its first step."""
+    gap, first = row.get("gap_seconds"), row.get("first_step_at")
+    if gap is None or first is None:
+        return None
+    x, right = x_of(first - gap), x_of(first)
+    return Gap(round(x, 1), round(max(1.0, right - x), 1),
+               f"gap {gap:.1f} s: from the last training step before attempt {row['attempt']} to its first")
 
 
 def _title(row: dict, lane: dict) -> str:

@@ -19,12 +19,16 @@ def job_page(store, status: dict, now: float | None = None) -> dict:
     now = now or time.time()
     job_id = status["id"]
     attempts = store.attempts(job_id)
-    rows = [{**wire.restart_row(a, now), "started": a.started_at, "ended": a.ended_at} for a in attempts]
+    events = store.events(job_id)
+    restored = _restored_at(events)
+    rows = [{**row, "started": a.started_at, "ended": a.ended_at, "first_step_at": a.first_step_at,
+             "last_step_at": a.last_step_at, "restored_at": restored.get(a.attempt)}
+            for a, row in zip(attempts, wire.restart_rows(attempts, now))]
     return {
         "job": status,
         "terminal": status["state"] in TERMINAL,
         "rows": rows,
-        "timeline": timeline.layout(rows, _notices(store, job_id, attempts),
+        "timeline": timeline.layout(rows, _notices(events, attempts),
                                     web_sessions.checkpoint_commits(store.db, job_id), now),
         "legend": timeline.LEGEND,
         "drills": [drill_verdict(r) for r in rows if r.get("drill")],
@@ -63,11 +67,20 @@ def drill_verdict(row: dict) -> dict:
     return {"attempt": row["attempt"], "outcome": outcome, "detail": detail}
 
 
-def _notices(store, job_id: str, attempts: list[Attempt]) -> dict[int, list[dict]]:
+def _restored_at(events) -> dict[int, float]:
+    """Per attempt, when its training first reported its restore (where the restore phase ends)."""
+    restored: dict[int, float] = {}
+    for event in events:
+        if event.kind == "restored" and event.attempt is not None:
+            restored.setdefault(event.attempt, event.time)
+    return restored
+
+
+def _notices(events, attempts: list[Attempt]) -> dict[int, list[dict]]:
     """Per attempt, the notices it received (a gang's at the rank that received it)."""
     ranks = {a.attempt: (a.notice or {}).get("node_rank") for a in attempts}
     notices: dict[int, list[dict]] = {}
-    for event in store.events(job_id):
+    for event in events:
         if event.kind in NOTICE_KINDS and event.attempt is not None:
             notices.setdefault(event.attempt, []).append(
                 {"time": event.time, "title": event.message, "node_rank": ranks.get(event.attempt)})

@@ -45,3 +45,20 @@ def test_a_new_attempt_starts_from_nothing():
     relay = TelemetryRelay()
     relay.update(report(pid=1, peak_memory_bytes=8000))
     assert relay.update(report(pid=9, attempt=2, peak_memory_bytes=10))["peak_memory_bytes"] == 10
+
+
+def test_rank_zeros_step_times_and_the_nodes_slowest_restore_are_forwarded():
+    """The ledger's fields: the first and last step (with their times) of rank 0, the slowest local restore."""
+    relay = TelemetryRelay()
+    timing = {"first_step": 41, "first_step_at": 100.0, "last_step": 90, "last_step_at": 125.0}
+    assert relay.update(report(pid=2, rank=1, local_rank=1, restore_seconds=3.5, first_step=7,
+                               first_step_at=1.0, last_step=7, last_step_at=1.0)) is None
+    forwarded = relay.update(report(pid=1, rank=0, local_rank=0, restore_seconds=1.25, **timing))
+    assert {key: forwarded[key] for key in timing} == timing and forwarded["restore_seconds"] == 3.5
+
+
+def test_a_node_without_rank_zero_forwards_its_restore_but_no_step_times():
+    relay = TelemetryRelay()
+    forwarded = relay.update(report(pid=5, rank=2, local_rank=0, restore_seconds=0.5, first_step=1,
+                                    first_step_at=1.0, last_step=2, last_step_at=2.0))
+    assert forwarded == {"peak_memory_bytes": 100, "memory": "gpu", "restore_seconds": 0.5}

@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -211,3 +212,50 @@ def test_without_a_loss_nan_steps_is_null(setup, tmp_path, agent):
     agent.wait_for("closed")
     final = [m for m in agent.messages if m["op"] == "telemetry"][-1]
     assert (final["steps"], final["nan_steps"]) == (3, None)
+
+
+def test_reports_carry_the_wall_clock_time_of_the_first_and_the_newest_step():
+    """first_step/first_step_at stay the first step's; last_step/last_step_at follow the newest distinct step."""
+    sent, clock, wall = Sent(), Clock(), Clock()
+    wall.now = 1_790_000_000.0
+    telemetry = StepTelemetry(sent, report_every_s=5.0, clock=clock, wall=wall)
+    for step in range(41, 61):
+        telemetry.on_step(step)
+        telemetry.on_step(step)  # the same step again (a loop waiting for its notice): its time stays the first
+        clock.now += 0.5
+        wall.now += 0.5
+    final = telemetry.close()
+    assert (final["first_step"], final["first_step_at"]) == (41, 1_790_000_000.0)
+    assert (final["last_step"], final["last_step_at"]) == (60, 1_790_000_000.0 + 19 * 0.5)
+    assert all(r["first_step"] == 41 and r["first_step_at"] == 1_790_000_000.0 for r in sent.ops("telemetry"))
+
+
+def test_restore_seconds_is_reported_and_a_restore_alone_still_gets_its_final_report(setup, tmp_path, agent):
+    """restore() is timed; a process that restored and then stopped before its first step reports it at close."""
+    with setup.checkpointer(tmp_path / "ckpt", interval="1h") as ckpt:
+        ckpt.restore()
+    agent.wait_for("closed")
+    final = [m for m in agent.messages if m["op"] == "telemetry"][-1]
+    assert final["final"] and final["restore_seconds"] >= 0 and final["steps"] == 0
+    assert (final["first_step"], final["last_step_at"]) == (None, None)
+
+
+def test_an_emergency_reports_the_last_step_before_it_says_stopping(setup, tmp_path, agent):
+    """The attempt may end at the handover, before close(): the step it stopped at, with its time, comes first."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", interval="1h")
+    ckpt.restore()
+    agent.wait_for("hello")
+    before = time.time()
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": time.time() + 60, "stop": True})
+    step = 0
+    while not ckpt.should_stop and step < 100_000:  # the request is served at the step after it arrives
+        step += 1
+        setup.train(1)
+        ckpt.step(step)
+        time.sleep(0.002)
+    agent.wait_for("stopping")
+    ops = [m["op"] for m in agent.messages]
+    report = [m for m in agent.messages[:ops.index("stopping")] if m["op"] == "telemetry"][-1]
+    assert report["last_step"] == step and before <= report["last_step_at"] <= time.time()
+    assert not report["final"]
+    ckpt.close()

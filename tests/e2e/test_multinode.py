@@ -119,6 +119,25 @@ def test_a_notice_to_node_1_keeps_node_0_and_replaces_node_1_in_its_zone(preempt
         <= 2 * first["price_per_hour"] * (_hours(first) + second_h)  # both nodes are billed
 
 
+def test_the_ledger_shows_each_nodes_start_and_the_gap_at_each_restart(preempted_gang):
+    """Per node: a fresh node's boot, 0 for a node already up (after the drill, node 0 after the preemption);
+    every node's ranks restored; the row shows the slowest node's; each restart has a gap in training."""
+    runner, job_id, _, job = preempted_gang
+    drilled, resumed, replaced = runner.json("restarts", job_id)
+    boots = [[n["boot_seconds"] for n in row["nodes"]] for row in (drilled, resumed, replaced)]
+    assert all(boot > 0 for boot in boots[0]) and boots[1] == [0.0, 0.0]
+    assert boots[2][0] == 0.0 and boots[2][1] > 0 and replaced["boot_seconds"] == boots[2][1]
+    for row in (resumed, replaced):
+        restores = [n["restore_seconds"] for n in row["nodes"]]
+        assert all(r is not None and r >= 0 for r in restores) and row["restore_seconds"] == max(restores)
+        assert [n["setup_seconds"] for n in row["nodes"]] == [0.0, 0.0]  # the job has no setup
+        assert row["gap_seconds"] > 0
+    assert drilled["gap_seconds"] is None
+    goodput = job["goodput"]
+    assert 0 < goodput["ratio"] < 1 and goodput["redone_seconds"] == 0  # every restart resumed at its last step
+    assert goodput["paid_seconds"] >= goodput["training_seconds"]
+
+
 def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
     """All four ranks stop at the step of the emergency checkpoint, and all four resume from it."""
     runner, job_id, _, _ = preempted_gang

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from html.parser import HTMLParser
 
 import pytest
 
-from runner.state import Store, open_database
+from runner.state import Store, ledger, open_database
 from runner.state.gangs import GangStore
 from runner.web import render, views
 
@@ -131,3 +132,19 @@ def test_a_multi_node_attempt_has_a_lane_and_a_log_per_node(store):
         ("#1 node 0 · local-a · sim-t4", "kept"), ("#1 node 1 · local-a · sim-t4", "preempted")]
     assert [(s["node"], s["label"]) for s in view["logs"]] == [
         (0, "attempt 1 · node 0 · local-a · kept"), (1, "attempt 1 · node 1 · local-a · preempted")]
+
+
+def test_the_summary_shows_the_goodput_and_each_attempts_gap_and_start_phases(store):
+    """The goodput ratio and its parts in the facts; each row's gap and boot · setup · restore in the table."""
+    status = {**_job(store), "goodput": {"paid_seconds": 600.0, "training_seconds": 450.0, "redone_seconds": 30.0,
+                                         "ratio": 0.75}}
+    with store.db.transaction() as tx:
+        ledger.record_start_phase(tx, "web-1", 1, 0, "boot_seconds", 12.5, keep_first=True)
+        ledger.record_start_phase(tx, "web-1", 1, 0, "setup_seconds", 3.0)
+    text = _summary(store, status)
+    assert re.search(r'id="fact-goodput">75.0 %<', text)
+    assert re.search(r'id="fact-goodput-parts">10m · 7m · 30s<', text)
+    assert "12.5 s · 3.0 s · -" in text  # boot · setup · restore (not reported yet)
+    assert 'class="phase boot"' in text and 'class="phase setup"' in text
+    bare = _summary(store, {**status, "goodput": {**status["goodput"], "ratio": None}})
+    assert "fact-goodput" not in bare

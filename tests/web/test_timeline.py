@@ -85,3 +85,32 @@ def test_ticks_are_round_clock_times_inside_the_axis():
     assert 2 <= len(labels) <= timeline.MAX_TICKS
     assert all(label.endswith(":00") or label.endswith(":30") for label in labels)
     assert all(timeline.GUTTER <= t.x <= timeline.WIDTH - timeline.RIGHT for t in drawn.ticks)
+
+
+def test_the_gap_spans_from_the_last_step_before_an_attempt_to_its_first_and_its_start_phases_follow_the_launch():
+    """The next attempt's lane has a gap bracket from the previous attempt's last step to its first step, and
+    segments for its node's boot (from the launch), setup (after it) and restore (ending when it was reported)."""
+    rows = [_row(1, T0, T0 + 60, "preempted", last_step_at=T0 + 58.0, gap_seconds=None, first_step_at=T0 + 5),
+            _row(2, T0 + 59, T0 + 160, "succeeded", first_step_at=T0 + 80.0, gap_seconds=22.0,
+                 boot_seconds=10.0, setup_seconds=5.0, restore_seconds=2.0, restored_at=T0 + 78.0)]
+    drawn = timeline.layout(rows, {}, [], now=T0 + 200)
+    first, second = drawn.lanes
+    scale = (timeline.WIDTH - timeline.GUTTER - timeline.RIGHT) / 160
+    assert first.gap is None and first.phases == []  # nothing before the first attempt; its start unknown
+    assert abs(second.gap.x - (timeline.GUTTER + 58 * scale)) < 0.2
+    assert abs(second.gap.width - 22 * scale) < 0.2 and "gap 22.0 s" in second.gap.title
+    boot, setup, restore = second.phases
+    assert [p.kind for p in second.phases] == ["boot", "setup", "restore"]
+    assert abs(boot.x - second.x) < 0.2 and abs(boot.width - 10 * scale) < 0.2
+    assert abs(setup.x - (boot.x + boot.width)) < 0.2 and abs(setup.width - 5 * scale) < 0.2
+    assert abs(restore.x - (timeline.GUTTER + 76 * scale)) < 0.2 and restore.title == "restore 2.0 s"
+
+
+def test_a_gangs_phases_are_each_nodes_own_and_a_phase_of_no_time_is_not_drawn():
+    """Each node lane shows its own boot; a node kept from the last attempt (0 s) has no boot segment."""
+    nodes = [{"rank": 0, "zone": "local-a", "instance_type": "sim-t4", "end_reason": "running", "boot_seconds": 0.0,
+              "setup_seconds": 0.0, "restore_seconds": None},
+             {"rank": 1, "zone": "local-a", "instance_type": "sim-t4", "end_reason": "running", "boot_seconds": 30.0,
+              "setup_seconds": 0.0, "restore_seconds": None}]
+    lanes = timeline.layout([_row(1, T0, None, "running", nodes=nodes)], {}, [], now=T0 + 100).lanes
+    assert lanes[0].phases == [] and [p.kind for p in lanes[1].phases] == ["boot"]
