@@ -1,0 +1,65 @@
+"""Two controllers on one Postgres; the leader is SIGKILLed, twice, while a job prints a line every half
+second: every line the job printed is in `runner logs`, once, in order.
+
+The second time, the newest stored chunks are also taken out of the database before the kill, as a database
+failover that loses its last commits would (an asynchronous replica promoted): the controller then has less
+than it had acknowledged, and the agent, which asks where the controller stands after a failed send, sends
+the missing bytes again from the node's own copy of the output."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import psycopg
+
+from conftest import kill_nodes, write_job
+from test_failover import cli_for, start_team
+
+LINES = 40
+JOB = f"""
+name: ticking
+run: for i in $(seq 1 {LINES}); do echo "line $i"; sleep 0.5; done
+resources: {{cloud: [local]}}
+recovery: {{max_preemptions: 0, max_failures: 0, resume_drill: "off"}}
+"""
+
+
+def _printed(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"^line (\d+)$", text, re.M)]
+
+
+def _kill_leader(team) -> None:
+    leader = team.leader()
+    team.members[leader].kill(signal.SIGKILL)
+    team.leader(exclude=leader)  # the other one took over
+    team.start(leader)
+
+
+def _lose_newest_chunks(db_url: str, job_id: str) -> int:
+    """Delete the newer half of the job's stored output chunks; how many went."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        starts = [row[0] for row in conn.execute("SELECT start FROM log_chunks WHERE job_id = %s ORDER BY start",
+                                                 (job_id,))]
+        lost = starts[len(starts) // 2:]
+        conn.execute("DELETE FROM log_chunks WHERE job_id = %s AND start >= %s", (job_id, lost[0]))
+    return len(lost)
+
+
+def test_every_line_printed_around_leader_kills_is_stored_once_in_order(tmp_path, postgres):
+    team = start_team(tmp_path, postgres, size=2)
+    cli = cli_for(team)
+    try:
+        job_id = cli.json("submit", str(write_job(tmp_path / "job", JOB)))["id"]
+        cli.wait_for_output(job_id, r"^line 6$", timeout=180)
+        _kill_leader(team)
+        cli.wait_for_output(job_id, r"^line 16$", timeout=180)
+        assert _lose_newest_chunks(team.db_url, job_id) >= 2
+        _kill_leader(team)
+        job = cli.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=240,
+                           what="the end of the job")
+        assert job["state"] == "SUCCEEDED" and job["attempts"] == 1, job
+        assert _printed(cli("logs", job_id).stdout) == list(range(1, LINES + 1))
+    finally:
+        team.stop()
+        kill_nodes(team.home)
