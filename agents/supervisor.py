@@ -91,12 +91,14 @@ class Supervisor:
             signal_all(members(self.process.pid, self.mark), signum)
 
     def wait_or_stop(self, grace: float) -> None:
-        """Give the process ``grace`` seconds to exit by itself, then stop it."""
-        deadline = time.monotonic() + grace
+        """Give the process ``grace`` seconds in all: to exit by itself, then (the last part of it, up to 2 s)
+        after SIGTERM; SIGKILL at the end."""
+        after_sigterm = min(2.0, grace / 2)
+        deadline = time.monotonic() + grace - after_sigterm
         while time.monotonic() < deadline and self.process.poll() is None:
             time.sleep(0.02)
         if self.process.poll() is None:
-            self.stop(min(2.0, grace))
+            self.stop(after_sigterm)
 
     def stop(self, grace: float) -> None:
         """SIGTERM the group; SIGKILL whatever is left after ``grace`` seconds."""
