@@ -13,6 +13,8 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
 from conftest import write_job
 from job_processes import attempt_processes, wait_until_gone
@@ -26,6 +28,8 @@ run: >-
 resources: {cloud: [local], num_nodes: 2}
 recovery: {max_preemptions: 3, max_failures: 0, resume_drill: "off"}
 """
+
+pytestmark = pytest.mark.timeout(900)  # torch on four ranks and two attempts, on a busy machine
 
 
 def test_a_hung_rank_ends_the_attempt_by_the_deadline_naming_it_and_leaving_no_process(runner, controller,

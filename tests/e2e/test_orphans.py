@@ -12,6 +12,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
 from conftest import REPO, write_job
 from job_processes import agent_pid, attempt_processes, wait_until_gone
@@ -25,6 +27,8 @@ recovery: {max_preemptions: 0, max_failures: 0, resume_drill: "off"}
 """
 # Ample: a job ends within the agent-loss grace (30 s) after the agent's death; this machine may be slow.
 GONE_TIMEOUT_SECONDS = 180.0
+
+pytestmark = pytest.mark.timeout(900)  # torch on several ranks, on a busy machine
 
 
 def _wait_for_workers(home: Path, timeout: float = 240) -> None:
