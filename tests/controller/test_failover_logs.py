@@ -8,8 +8,11 @@ the missing bytes again from the node's own copy of the output."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import time
+from pathlib import Path
 
 import psycopg
 
@@ -37,13 +40,32 @@ def _kill_leader(team) -> None:
 
 
 def _lose_newest_chunks(db_url: str, job_id: str) -> int:
-    """Delete the newer half of the job's stored output chunks; how many went."""
+    """Delete the newer half of the job's stored output chunks, as a failover that lost its last commits would;
+    how many went. No append is under way meanwhile: the node's agent is stopped (SIGSTOP) and any append it
+    had sent has finished, so what is lost is the stream's end, never a hole in it."""
     with psycopg.connect(db_url, autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while conn.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                           "pid <> pg_backend_pid() AND state <> 'idle' AND query ILIKE '%log_chunks%'").fetchone()[0]:
+            assert time.monotonic() < deadline, "an append never finished"
+            time.sleep(0.05)
         starts = [row[0] for row in conn.execute("SELECT start FROM log_chunks WHERE job_id = %s ORDER BY start",
                                                  (job_id,))]
         lost = starts[len(starts) // 2:]
         conn.execute("DELETE FROM log_chunks WHERE job_id = %s AND start >= %s", (job_id, lost[0]))
     return len(lost)
+
+
+def _agent_pid(home: Path) -> int:
+    """The pid of the (only) local node's agent."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if b"agent" in argv and any(arg.startswith(str(home / "nodes").encode()) for arg in argv):
+            return int(entry.name)
+    raise AssertionError("no agent process")
 
 
 def test_every_line_printed_around_leader_kills_is_stored_once_in_order(tmp_path, postgres):
@@ -54,8 +76,13 @@ def test_every_line_printed_around_leader_kills_is_stored_once_in_order(tmp_path
         cli.wait_for_output(job_id, r"^line 6$", timeout=180)
         _kill_leader(team)
         cli.wait_for_output(job_id, r"^line 16$", timeout=180)
-        assert _lose_newest_chunks(team.db_url, job_id) >= 2
-        _kill_leader(team)
+        agent = _agent_pid(team.home)
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            assert _lose_newest_chunks(team.db_url, job_id) >= 2
+            _kill_leader(team)
+        finally:
+            os.kill(agent, signal.SIGCONT)
         job = cli.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=240,
                            what="the end of the job")
         assert job["state"] == "SUCCEEDED" and job["attempts"] == 1, job
