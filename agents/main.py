@@ -211,14 +211,15 @@ class Agent(AgentCore):
             self.current.stop(self.config.stop_grace_seconds)
 
     def _run_command(self, command: str, workdir: Path, env: dict) -> int:
-        self._start_command(command, workdir, env)
+        """The node's setup: what it leaves running is left for the attempts that follow on this node."""
+        self._start_command(command, workdir, env, end_leftovers=False)
         code = self.current.wait()
         log.info("process exited", code=code, phase=self.phase)
         return code
 
-    def _start_command(self, command: str, workdir: Path, env: dict) -> None:
+    def _start_command(self, command: str, workdir: Path, env: dict, end_leftovers: bool = True) -> None:
         self.output_tail = OutputTail(self.shipper)  # its last lines tell a failure no relaunch can fix
-        self.current = Supervisor(command, str(workdir), env, self.output_tail)
+        self.current = Supervisor(command, str(workdir), env, self.output_tail, end_leftovers=end_leftovers)
         try:
             self.current.start()
         except (OSError, ValueError) as exc:  # E2BIG, a NUL byte, a missing bash: no process to wait for

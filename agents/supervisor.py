@@ -36,8 +36,10 @@ class Supervisor:
     """One child process group; ``stop()`` sends SIGTERM to the group, then SIGKILL after a grace. ``wait()``
     returns once the command has exited and every process it started is gone."""
 
-    def __init__(self, command: str, cwd: str, env: dict[str, str], sink):
+    def __init__(self, command: str, cwd: str, env: dict[str, str], sink, end_leftovers: bool = True):
         self.command = command
+        # False for the node's ``setup``: what it leaves running (a daemon the job uses) serves later attempts.
+        self.ends_leftovers = end_leftovers
         self.cwd = cwd
         self.env = env
         self.sink = sink  # .write(bytes)
@@ -65,7 +67,8 @@ class Supervisor:
 
     def wait(self) -> int:
         code = self.process.wait()
-        self.end_leftovers()
+        if self.ends_leftovers or self.stopped_by_agent:
+            self.end_leftovers()
         self._pump.join(10)  # every byte the group printed is in the sink before we report the exit
         return code
 
