@@ -63,9 +63,17 @@ def _agent_pid(home: Path) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
         except OSError:
             continue
-        if b"agent" in argv and any(arg.startswith(str(home / "nodes").encode()) for arg in argv):
+        if b"agent" in argv and any(str(home / "nodes").encode() in arg for arg in argv):
             return int(entry.name)
-    raise AssertionError("no agent process")
+    seen = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and b"agent" in _argv(p)]
+    raise AssertionError(f"no agent process under {home}: {[_argv(Path('/proc') / pid) for pid in seen]}")
+
+
+def _argv(entry: Path) -> list[bytes]:
+    try:
+        return (entry / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def test_every_line_printed_around_leader_kills_is_stored_once_in_order(tmp_path, postgres):
