@@ -20,9 +20,10 @@ from conftest import kill_nodes, write_job
 from test_failover import cli_for, start_team
 
 LINES = 40
-JOB = f"""
+# After line 20 the job waits for the test's go-ahead (a file), so a slow machine cannot let it finish first.
+JOB = """
 name: ticking
-run: for i in $(seq 1 {LINES}); do echo "line $i"; sleep 0.5; done
+run: for i in $(seq 1 {lines}); do echo "line $i"; sleep 0.5; if [ $i = 20 ]; then while [ ! -e {go} ]; do sleep 0.1; done; fi; done
 resources: {{cloud: [local]}}
 recovery: {{max_preemptions: 0, max_failures: 0, resume_drill: "off"}}
 """
@@ -80,7 +81,8 @@ def test_every_line_printed_around_leader_kills_is_stored_once_in_order(tmp_path
     team = start_team(tmp_path, postgres, size=2)
     cli = cli_for(team)
     try:
-        job_id = cli.json("submit", str(write_job(tmp_path / "job", JOB)))["id"]
+        go = tmp_path / "go"
+        job_id = cli.json("submit", str(write_job(tmp_path / "job", JOB.format(lines=LINES, go=go))))["id"]
         cli.wait_for_output(job_id, r"^line 6$", timeout=180)
         _kill_leader(team)
         cli.wait_for_output(job_id, r"^line 16$", timeout=180)
@@ -91,6 +93,7 @@ def test_every_line_printed_around_leader_kills_is_stored_once_in_order(tmp_path
             _kill_leader(team)
         finally:
             os.kill(agent, signal.SIGCONT)
+            go.touch()
         job = cli.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=240,
                            what="the end of the job")
         assert job["state"] == "SUCCEEDED" and job["attempts"] == 1, job
