@@ -160,7 +160,7 @@ class EmergencyStop:
                 log.error("no acknowledgement before the deadline margin", margin=round(margin, 2))
             elif delivered:
                 log.warning("the training process went away without acknowledging the emergency checkpoint")
-            grace = max(0.2, min(2.0, deadline - time.monotonic()))
+            grace = max(0.2, min(2.0, deadline - margin / 2 - time.monotonic()))  # the exit report before the deadline
         try:
             self.trainee.finish(grace)
         finally:

@@ -29,6 +29,7 @@ from .handover import Handover
 from .gang import GangRanks, gang_environment, node_address, register_for_attempt
 from .logship import LogShipper
 from .failure_kind import OutputTail, classify
+from .stop_progress import StopProgress
 from .supervisor import Supervisor
 from .watchers import Notice
 
@@ -65,6 +66,7 @@ class Agent(AgentCore):
         self.training_pid: int | None = None
         self.drill: ResumeDrill | None = None
         self.gang = GangRanks()  # what this node's ranks said about a gang's stop and restore
+        self.stop_progress = StopProgress()  # how far each local rank got toward a stop asked for
         self.cancel_stop: CancelStop | None = None
         self.stop_reason = "cancelled"  # the exit reason of a stop the controller asked for: cancelled or moved
         self.output_tail: OutputTail | None = None
@@ -105,6 +107,7 @@ class Agent(AgentCore):
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
+            self.stop_progress.reset()
             reason, code, message, drill = self._run_job_or_why_not(with_setup=first)
             first = False
             if self.control is not None:
@@ -183,7 +186,7 @@ class Agent(AgentCore):
             log.warning("resume drill skipped", why=self.drill.skipped)
             self.reporter.drill({"passed": None, "message": self.drill.skipped})
         if self.emergency.active:
-            return "preempted", code, self.emergency.summary(), None
+            return "preempted", code, self._stop_summary(), None
         if self.cancelled.is_set():
             return self.stop_reason, code, None, None
         if self.drill.triggered:
@@ -195,6 +198,16 @@ class Agent(AgentCore):
         if failure:
             log.error("the job failed in a way no relaunch can fix", kind=failure[0], why=failure[1])
         return "failed", code, failure[1] if failure else None, None
+
+    def _stop_summary(self) -> str:
+        """The emergency's line for the restart log, naming the local ranks that never reached the stop step."""
+        text = self.emergency.summary()
+        laggards = self.stop_progress.laggards()
+        if laggards:
+            checkpoint = self.progress.get("checkpoint_step")
+            text += f"; {laggards}; the next attempt resumes from the last committed checkpoint" + (
+                f" (step {checkpoint})" if checkpoint else "")
+        return text
 
     def _verify_drill(self, expected: int, started: float) -> None:
         result = self.drill.verify_resume(expected, started)
@@ -208,14 +221,15 @@ class Agent(AgentCore):
             self.current.stop(self.config.stop_grace_seconds)
 
     def _run_command(self, command: str, workdir: Path, env: dict) -> int:
-        self._start_command(command, workdir, env)
+        """The node's setup: what it leaves running is left for the attempts that follow on this node."""
+        self._start_command(command, workdir, env, end_leftovers=False)
         code = self.current.wait()
         log.info("process exited", code=code, phase=self.phase)
         return code
 
-    def _start_command(self, command: str, workdir: Path, env: dict) -> None:
+    def _start_command(self, command: str, workdir: Path, env: dict, end_leftovers: bool = True) -> None:
         self.output_tail = OutputTail(self.shipper)  # its last lines tell a failure no relaunch can fix
-        self.current = Supervisor(command, str(workdir), env, self.output_tail)
+        self.current = Supervisor(command, str(workdir), env, self.output_tail, end_leftovers=end_leftovers)
         try:
             self.current.start()
         except (OSError, ValueError) as exc:  # E2BIG, a NUL byte, a missing bash: no process to wait for
@@ -252,6 +266,7 @@ class Agent(AgentCore):
         })
         if self.control is not None:
             env["RUNNER_CONTROL"] = str(self.control.path)
+            env[wire.ENV_AGENT_LOSS_GRACE] = str(wire.AGENT_LOSS_GRACE_SECONDS)  # a job outlives its agent this long
         env.update(gang_environment(self.assignment))
         if checkpoint.get("interval") and checkpoint["interval"] != "auto":
             env["RUNNER_CHECKPOINT_INTERVAL"] = str(checkpoint["interval"])
@@ -278,6 +293,7 @@ class Agent(AgentCore):
 
     def on_control(self, message: dict) -> None:
         op = message.get("op")
+        self.stop_progress.on_message(message)
         if op == "stopping" and self.cancel_stop is not None:
             self.cancel_stop.on_ack(message)
         if op == "hello":

@@ -24,6 +24,10 @@ ENV_NODE_IPS = "RUNNER_NODE_IPS"            # one address per line, in rank orde
 ENV_MASTER_ADDR = "RUNNER_MASTER_ADDR"      # node 0's address: it hosts the rendezvous
 ENV_MASTER_PORT = "RUNNER_MASTER_PORT"      # fresh for each attempt
 ENV_GPUS_PER_NODE = "RUNNER_GPUS_PER_NODE"  # the accelerator count of resources.accelerators (1 for CPU-only)
+# Set by the agent in supervise mode: how long the training process lives on once its agent is gone
+# (runner/checkpoint/agent_loss.py reads it, by the same name).
+ENV_AGENT_LOSS_GRACE = "RUNNER_AGENT_LOSS_GRACE_SECONDS"
+AGENT_LOSS_GRACE_SECONDS = 30.0
 
 # Exit reasons an agent reports (POST /v1/agent/exit). STOPPED_BY_PEER: the job's processes on this node
 # stopped because another node of the gang was preempted or drilled (they learned it through the process

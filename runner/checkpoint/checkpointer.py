@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 from . import job_settings, rng
+from .agent_loss import AgentLoss
+from .agent_loss import grace_from_env as agent_loss_grace
 from .agreement import Decision, StepAgreement
 from .control import CheckpointRequest, ControlClient, describe_deadline
 from .durable import DurableTier
@@ -132,13 +134,16 @@ class Checkpointer:
         self._signal_request: CheckpointRequest | None = None
         self._control_request: CheckpointRequest | None = None
         self._control_lock = threading.Lock()
+        self._last_step: int | None = None  # the last step() call's, and whether it is under way, for
+        self._in_step = False               # ``request_seen`` (a rank that never reaches the stop step)
         self._signals = SignalNotices(self._on_signal)
         self._signals.install()
         control_path = os.environ.get("RUNNER_CONTROL")
         who = {} if self._ranks is None else {"rank": self._ranks.rank, "local_rank": self._ranks.local_rank,
                                                "world_size": self._ranks.world_size}
-        self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who) \
-            if control_path else None
+        self._agent_loss = AgentLoss(agent_loss_grace(), self._queue_request)  # agent_loss.py
+        self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who,
+                                      on_lost=self._agent_loss.on_lost) if control_path else None
         self.telemetry = StepTelemetry(self._control, rank=None if self._ranks is None else self._ranks.rank,
                                        attempt=self.attempt)
 
@@ -193,8 +198,13 @@ class Checkpointer:
         ``loss`` (optional, a float or a tensor on any device) counts toward the job's NaN steps without a
         device sync (telemetry.py)."""
         self.telemetry.on_step(step, loss)
+        self._last_step = step
         if self._agreement is not None:
-            self._step_together(step)
+            self._in_step = True
+            try:
+                self._step_together(step)
+            finally:
+                self._in_step = False
             return
         if self._signal_request is None and self._control_request is None:
             if self._should_stop or self._closed:
@@ -478,9 +488,15 @@ class Checkpointer:
     def _on_signal(self, request: CheckpointRequest) -> None:
         self._signal_request = request.merge(self._signal_request)
 
-    def _on_control(self, request: CheckpointRequest) -> None:
+    def _queue_request(self, request: CheckpointRequest) -> None:
         with self._control_lock:
             self._control_request = request.merge(self._control_request)
+
+    def _on_control(self, request: CheckpointRequest) -> None:
+        self._queue_request(request)
+        if request.stop:  # on the reader thread: answered even while the training thread hangs
+            self._send({"op": "request_seen", "reason": request.reason, "step": self._last_step,
+                        "in_step": self._in_step})
 
     def _on_local(self, job: SaveJob) -> None:
         self.telemetry.report_soon()

@@ -33,6 +33,10 @@ Library -> agent:
   when no loss was reported. Every rank sends its own.
 * ``{"op": "manifest", "manifest": {"git_commit", "git_dirty", "python", "torch", "cuda", "gpus",
   "packages_sha256", "argv"}}`` - once, at the first ``restore()`` (rank 0 only); unknown values are null.
+* ``{"op": "request_seen", "reason": str, "step": int|null, "in_step": bool}`` - sent at once (by the
+  library's reader thread, whatever the training thread is doing) for each ``checkpoint`` request with
+  ``stop``: ``step`` is the last step passed to ``step()``, ``in_step`` whether the training thread is inside
+  ``step()`` now (waiting for its peers). A rank that never says ``stopping`` is then known by how far it got.
 * ``{"op": "closed", "step": int|null, "error": bool}`` - ``close()`` is done: the training is over (a
   sidecar agent cannot see the process exit). ``step`` is the last checkpoint's step; ``error`` is true
   when the Checkpointer's ``with`` block ended with an exception (the training failed).
@@ -60,7 +64,8 @@ from .log import get_logger
 
 log = get_logger()
 
-OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "closed")
+OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
+                "closed")
 OPS_FROM_AGENT = ("checkpoint",)
 REASONS = ("notice", "rebalance", "drill", "cancel")
 
@@ -120,9 +125,10 @@ class ControlClient:
     """Connects to the agent, says hello, sends events, and hands requests to ``on_request``."""
 
     def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None,
-                 hello: dict | None = None) -> None:
+                 hello: dict | None = None, on_lost=None) -> None:
         self.path = path
         self._on_request = on_request
+        self._on_lost = on_lost  # called once when the agent closes the channel before close()
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -176,6 +182,8 @@ class ControlClient:
                     log.debug("control message ignored", line=line[:200].decode(errors="replace"))
         if not self._closed:
             log.warning("control channel closed by the agent; relying on signals only", path=self.path)
+            if self._on_lost is not None:
+                self._on_lost()
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None

@@ -124,6 +124,9 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
             rank, why = gone
             return end_attempt(store, job_id, attempt, "preempted" if why == "preempted" else "lost", ranks=(rank,),
                                message=f"node of rank {rank} is gone ({why}); its peers stopped")
+        noticed = (current.notice or {}).get("node_rank")
+        if noticed is not None and not any(r.rank == noticed and r.exit_reason for r in ranks):
+            return None  # a peer failed after another node's notice: that node's report (or its loss) explains it
     codes = {r.rank: r.exit_code for r in ranks}
     blamed = ", ".join(f"rank {r} (exit code {codes[r]})" for r in outcome.ranks)
     text = message if outcome.reason != "failed" else (

@@ -77,11 +77,11 @@ class Team:
             ctl.stop()
 
 
-def start_team(folder, postgres):
+def start_team(folder, postgres, size: int = 3):
     home = folder / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    return Team(home, postgres.new_database())
+    return Team(home, postgres.new_database(), size=size)
 
 
 @pytest.fixture(scope="module")

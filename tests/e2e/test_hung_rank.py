@@ -1,0 +1,66 @@
+"""A 2-node x 2-rank gang (torchrun, gloo, CPU) with one rank hung, then a notice to its node.
+
+Rank 3 (node 1) stops making progress after step 35 of the first attempt, outside step(), ignoring SIGTERM;
+the other three wait for it at the next step's agreement. Then node 1 gets an AWS notice. No emergency
+checkpoint can be taken, but the stop is bounded by the notice's deadline: the attempt ends preempted with
+the last committed checkpoint (step 30), its restart-log message names rank 3 as the rank that never
+reached the stop step, every process of the attempt on either node is gone by the time the next attempt
+trains (torchrun's workers lead sessions of their own), and the next attempt resumes from step 30."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
+from conftest import write_job
+from job_processes import attempt_processes, wait_until_gone
+
+SCRIPT = Path(__file__).with_name("hung_rank_train.py")
+JOB = """
+name: hung
+run: >-
+  torchrun --nnodes=$RUNNER_NUM_NODES --node-rank=$RUNNER_NODE_RANK --nproc-per-node=2
+  --master-addr=$RUNNER_MASTER_ADDR --master-port=$RUNNER_MASTER_PORT train.py 60 3 35
+resources: {cloud: [local], num_nodes: 2}
+recovery: {max_preemptions: 3, max_failures: 0, resume_drill: "off"}
+"""
+
+pytestmark = pytest.mark.timeout(900)  # torch on four ranks and two attempts, on a busy machine
+
+
+def test_a_hung_rank_ends_the_attempt_by_the_deadline_naming_it_and_leaving_no_process(runner, controller,
+                                                                                        tmp_path):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    shutil.copy(SCRIPT, folder / "train.py")
+    job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
+    try:
+        _wait_for_line(runner, job_id, ["--node", "1"], "rank 3: hanging after step 35")
+        assert runner("preempt", job_id, "--node", "1", "--notice", "aws").returncode == 0
+        _wait_for_line(runner, job_id, ["--attempt", "2"], "rank 0: resumed from step")
+        assert attempt_processes(job_id, 1) == []  # gone, on both nodes, before the next attempt trains
+        job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
+        first = runner.json("restarts", job_id)[0]
+        assert first["end_reason"] == "preempted", first
+        assert first["checkpoint_step"] == 30, first
+        assert "rank 3 never reached the stop step (its last step was 34" in (first.get("message") or ""), first
+        assert job["state"] == "SUCCEEDED", job
+        second = runner.json("restarts", job_id)[1]
+        assert second["resumed_from_step"] == 30, second
+    finally:  # a failing test leaves nothing behind
+        for attempt in (1, 2):
+            wait_until_gone(job_id, attempt, timeout=0)
+
+
+def _wait_for_line(runner, job_id: str, args: list[str], line: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        output = runner("logs", job_id, *args).stdout
+        if line in output:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"never printed {line!r}: {output[-2000:]}")
