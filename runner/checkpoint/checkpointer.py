@@ -224,23 +224,46 @@ class Checkpointer:
         self._jobs = [j for j in self._jobs if not j.finished]
         return ok
 
-    def close(self, _error: bool = False) -> None:
-        """Wait for saves and uploads in flight (no later than an emergency's deadline), then release everything."""
+    def close(self, timeout: float | None = None, _error: bool = False) -> None:
+        """Wait for saves and uploads in flight, then release everything.
+
+        The wait is bounded: ``timeout`` seconds (default: as long as one upload may take, at least
+        ``UPLOAD_TIMEOUT_FLOOR_S``), and never past an emergency's deadline. A checkpoint still not on the durable
+        tier then is named in a warning; its local copy is kept, and the threads left on a hung store end with
+        the process."""
         if self._closed:
             return
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"Checkpointer.close(timeout={timeout!r}): use a number of seconds from 0, or None")
         if self._agreement is not None:
             self._agreement.drain()
-        timeout = None if self._stop_deadline is None else max(0.0, self._stop_deadline - time.monotonic())
-        self.wait(timeout)
+        end = time.monotonic() + (self._persister.upload_timeout_s if timeout is None else float(timeout))
+        if self._stop_deadline is not None:
+            end = min(end, self._stop_deadline)
+        left = lambda: max(0.0, end - time.monotonic())  # noqa: E731
+        if not self.wait(left()):
+            self._report_abandoned(timeout)
         self._closed = True
-        # An emergency's deadline bounds the wait for our threads too (an upload to a stalled store may hang).
-        left = None if self._stop_deadline is None else max(0.0, self._stop_deadline - time.monotonic())
-        self._persister.stop(10.0 if left is None else min(10.0, left))
+        # Our threads are given what is left, and at most 10 s (an upload to a stalled store may hang).
+        self._persister.stop(min(10.0, left()))
         self._signals.uninstall()
         self.telemetry.close()
         self._send({"op": "closed", "step": self._last_job.step if self._last_job else None, "error": _error})
         if self._control is not None:
             self._control.close()
+
+    def _report_abandoned(self, timeout: float | None) -> None:
+        """Name each checkpoint ``close()`` stopped waiting for: its step, its files, where the local copy is."""
+        for job in self._jobs:
+            if job.durable_done.is_set():
+                continue
+            folder = self.local.folder(job.step)
+            log.warning("close() gave up waiting: this checkpoint did not reach the durable tier; its local copy "
+                        "is kept", step=job.step, files=sorted(job.own_files) or None,
+                        local=str(folder) if job.local_manifest is not None else None,
+                        url=self.durable.location(job.step) if self.durable is not None else None,
+                        waited_s=None if timeout is None else round(float(timeout), 1),
+                        local_committed=job.local_manifest is not None)
 
     def __enter__(self) -> "Checkpointer":
         return self

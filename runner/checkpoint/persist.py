@@ -250,10 +250,13 @@ class Persister:
     def _upload_loop(self) -> None:
         _lower_priority()
         while (job := self._next_upload()) is not None:
+            committed = False
             try:
-                self._upload(job)
+                committed = self._upload(job)
             finally:
                 job.durable_done.set()
+            if committed and self.uploader.rank == 0:  # housekeeping, after the commit is announced: a store
+                self._safely(self._prune_durable, job)  # that hangs here holds up no wait() and no close()
 
     def _next_upload(self) -> SaveJob | None:
         """The newest pending job, the same on every rank; older pending ones are superseded."""
@@ -280,7 +283,8 @@ class Persister:
         with self._pending_cond:
             return any(j.emergency for j in self._pending)
 
-    def _upload(self, job: SaveJob) -> None:
+    def _upload(self, job: SaveJob) -> bool:
+        """Upload one checkpoint and commit it (manifest last); True when committed."""
         started = time.monotonic()
         if self.uploader.rank == 0:
             self._safely(lambda j: self.durable.uncommit(j.step), job)
@@ -302,13 +306,16 @@ class Persister:
                         url=self.durable.location(job.step), error=f"{type(error).__name__}: {error}")
             if self.uploader.rank == 0:
                 self._safely(lambda j: self._on_failed(j, "durable", error), job)
-            return
+            return False
         job.durable_manifest = self.durable.location(job.step, MANIFEST_NAME)
         seconds = time.monotonic() - started
         self.upload_timeout_s = max(UPLOAD_TIMEOUT_FLOOR_S, UPLOAD_TIMEOUT_FACTOR * seconds)
         if self.uploader.rank == 0:
             self._safely(self._on_durable, job)
-            self._safely(self.durable.prune, self.keep)
+        return True
+
+    def _prune_durable(self, job: SaveJob) -> None:
+        self.durable.prune(self.keep)
 
     def _put_files(self, job: SaveJob) -> BaseException | None:
         """Upload this process's files; give up at the deadline, or for an emergency checkpoint waiting."""
