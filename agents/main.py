@@ -173,7 +173,7 @@ class Agent(AgentCore):
             log.warning("resume drill skipped", why=self.drill.skipped)
             self.reporter.drill({"passed": None, "message": self.drill.skipped})
         if self.emergency.active:
-            return "preempted", code, self.emergency.summary(), None
+            return "preempted", code, self.gang.preempted_summary(self.emergency.ack, self.emergency.summary()), None
         if self.cancelled.is_set():
             return self.stop_reason, code, None, None
         if self.drill.triggered:

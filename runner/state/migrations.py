@@ -216,6 +216,17 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX jobs_created_at ON jobs(created_at)
         """,
     ),
+    (
+        11,
+        # Controllers sharing a database: the URL nodes reach each at, and when it last said it was serving,
+        # so a node is launched knowing every live controller, not only the one that launched it.
+        """
+        CREATE TABLE controllers (
+            url TEXT PRIMARY KEY,
+            seen_at REAL NOT NULL
+        )
+        """,
+    ),
 ]
 
 
