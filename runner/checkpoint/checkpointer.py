@@ -235,7 +235,7 @@ class Checkpointer:
         if self.attempt is None or self.durable is None or (self._ranks is not None and self._ranks.rank != 0):
             return
         try:
-            self.durable.mark_attempt(self.attempt)
+            self.durable.mark_attempt(self.attempt, self.job_id)
         except Exception as exc:  # noqa: BLE001 - the store may be down now; uploads will say so too
             log.warning("could not mark this attempt on the durable tier; an older attempt still running is not "
                         "fenced off", attempt=self.attempt, url=self.durable.url,

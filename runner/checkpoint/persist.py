@@ -329,7 +329,7 @@ class Persister:
 
     def _prune_durable(self, job: SaveJob) -> None:
         self.durable.prune(self.keep, attempt=job.attempt, protect=self.retention.protected(),
-                           stale_above=self.retention.stale_above())
+                           stale_above=self.retention.stale_above(), job_id=job.job_id)
 
     def _prune_local(self, job: SaveJob) -> None:
         self.local.prune(self.keep, protect=self.retention.protected())
@@ -340,7 +340,7 @@ class Persister:
             return None
         if self._superseded_by is None:
             try:
-                newest = self.durable.newest_attempt()
+                newest = self.durable.newest_attempt(job.job_id)
             except Exception:  # noqa: BLE001 - an unreadable marker folder fences nothing; the upload may fail too
                 newest = None
             if newest is not None and newest > job.attempt:
