@@ -210,6 +210,7 @@ recovery: {max_preemptions: 3, max_failures: 0, resume_drill: "off"}
 """
 
 
+@pytest.mark.timeout(900)
 def test_a_node_reports_to_the_other_controller_when_the_one_that_launched_it_dies_for_good(tmp_path, postgres):
     """Two controllers on one database, neither given --advertise-url: the node is launched knowing both (each
     records its URL in the database), so when the leader that launched it is killed and never comes back, the
