@@ -76,6 +76,17 @@ class AgentCore:
             log.info("opportunistic checkpoint requested", source=notice.source, kind=notice.kind, delivered_to=sent)
 
     # --- what the training library says -------------------------------------------
+    def _recorded_by_controller(self, fields: dict):
+        """Tell the library which durable checkpoint the controller has recorded (retention keeps it)."""
+        step = fields.get("step")
+        if not fields.get("durable") or not isinstance(step, int):
+            return None
+
+        def on_delivered(reply: dict) -> None:
+            if reply.get("accepted"):
+                self.send_control({"op": "recorded", "step": step})
+        return on_delivered
+
     def on_control(self, message: dict) -> None:
         op = message.get("op")
         if op == "stopping":
@@ -84,7 +95,7 @@ class AgentCore:
             fields = {k: message.get(k) for k in ("step", "manifest", "durable", "emergency", "seconds", "bytes")}
             log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
             self.progress["checkpoint_step"] = message.get("step")
-            self.reporter.event("checkpoint", fields)
+            self.reporter.event("checkpoint", fields, on_delivered=self._recorded_by_controller(fields))
             if self.handover is not None:  # after the checkpoint's report: the controller learns of it first
                 self.handover.on_committed(message)
         elif op == "failed":

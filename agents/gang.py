@@ -102,6 +102,17 @@ class GangRanks:
                          reason=message.get("reason"))
         return True
 
+    def preempted_summary(self, ack: dict | None, own_summary: str) -> str:
+        """The restart log's line for this node's preemption. When the node's own notice came after its ranks
+        had already stopped with the gang (a peer's notice first), they never answered the node's request, but
+        the gang's emergency checkpoint was taken: say that, not that nothing was acknowledged."""
+        peer = self.peer_stop
+        if ack is not None or not peer or not isinstance(peer.get("step"), int):
+            return own_summary
+        where = "durable" if peer.get("durable") else "local only (not durable before the deadline)"
+        return (f"preempted: emergency checkpoint at step {peer['step']}, {where}, taken when the gang stopped "
+                f"for a peer's notice, before this node's own")
+
     def on_stop_for_peer(self) -> bool:
         """The controller says the gang's attempt ended elsewhere; True the first time (stop the job then)."""
         with self._lock:

@@ -31,7 +31,7 @@ REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that 
 # tell when a new node is ready to train.
 RELIABLE = frozenset({"checkpoint", "notice", wire.HANDOVER, wire.REPORT_TELEMETRY, wire.REPORT_MANIFEST,
                       wire.REPORT_SETUP})
-FLUSH_SECONDS = 30.0  # how long the exit report waits for reliable events still being retried
+FLUSH_SECONDS = 30.0  # the least the exit report waits for reliable events still being retried
 
 
 class Reporter:
@@ -39,7 +39,8 @@ class Reporter:
         self.client = client
         self.patience = patience
         self.retry_every = retry_every
-        self._outbox: queue.Queue[tuple[str, dict]] = queue.Queue()
+        # (kind, data, on_delivered, when queued): each is retried until ``patience`` after it was queued
+        self._outbox: queue.Queue[tuple[str, dict, Callable[[dict], None] | None, float]] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._worker_lock = threading.Lock()
 
@@ -81,13 +82,14 @@ class Reporter:
                 log.warning("controller not reachable; retrying", what=what, error=str(exc))
                 time.sleep(2)
 
-    def event(self, kind: str, data: dict) -> None:
-        """Report an event; checkpoints and notices go through the retrying outbox, in order."""
+    def event(self, kind: str, data: dict, on_delivered: Callable[[dict], None] | None = None) -> None:
+        """Report an event; checkpoints and notices go through the retrying outbox, in order. ``on_delivered``
+        (reliable events) is given the controller's answer once it has one."""
         if self.client is None:
             return
         if kind in RELIABLE:
             self._start_worker()
-            self._outbox.put((kind, data))
+            self._outbox.put((kind, data, on_delivered, time.monotonic()))
             return
         try:
             self.client.post("/v1/agent/events", {"kind": kind, "data": data})
@@ -112,22 +114,26 @@ class Reporter:
 
     def _deliver(self) -> None:
         while True:
-            kind, data = self._outbox.get()
+            kind, data, on_delivered, queued = self._outbox.get()
             try:
-                self._post_until_delivered(kind, data)
+                reply = self._post_until_delivered(kind, data, queued)
+                if reply is not None and on_delivered is not None:
+                    on_delivered(reply)
+            except Exception:  # noqa: BLE001 - a callback's bug must not stop the outbox
+                log.exception("handling a delivered event failed", kind=kind)
             finally:
                 self._outbox.task_done()
 
-    def _post_until_delivered(self, kind: str, data: dict) -> None:
-        deadline = time.monotonic() + self.patience
+    def _post_until_delivered(self, kind: str, data: dict, queued: float) -> dict | None:
+        deadline = queued + self.patience
         while True:
             try:
-                self.client.post("/v1/agent/events", {"kind": kind, "data": data})
-                return
+                reply = self.client.post("/v1/agent/events", {"kind": kind, "data": data})
+                return reply if isinstance(reply, dict) else {}
             except ClientError as exc:
                 if (exc.status is not None and exc.status < 500) or time.monotonic() > deadline:
                     log.error("event not delivered", kind=kind, error=str(exc), step=data.get("step"))
-                    return
+                    return None
                 log.warning("event not delivered yet; retrying", kind=kind, error=str(exc))
                 time.sleep(self.retry_every)
 
@@ -154,7 +160,10 @@ class Reporter:
         """End the attempt at the controller; its reply (a drill's next attempt), or None."""
         if self.client is None:
             return None
-        self.flush()  # the checkpoints and the notice of this attempt first: the exit ends the attempt
+        # The checkpoints, the notice and the final telemetry of this attempt first: the exit ends the attempt,
+        # and a report that arrives after it is refused. So while the controller (or its database) is away the
+        # exit waits for them, as long as they are retried at all (``patience`` from when each was queued).
+        self.flush(max(FLUSH_SECONDS, self.patience))
         body = {"reason": reason, "exit_code": code, "message": message, "drill": drill}
         if failure_kind:  # only when known (a controller without failure kinds ignores the field)
             body["failure_kind"] = failure_kind

@@ -27,6 +27,7 @@ from .local import LocalTier
 from .log import get_logger
 from .persist import DcpFormat, Persister, SaveJob
 from .restore import Restored, restore_into
+from .retention import Retention
 from .signals import SignalNotices
 from .staging import Stager
 from .telemetry import StepTelemetry
@@ -100,6 +101,11 @@ class Checkpointer:
         url = durable_url if durable_url is not None else os.environ.get("RUNNER_CHECKPOINT_URL")
         self.durable = DurableTier(url) if url else None
         self.stop_margin_s = STOP_MARGIN_S
+        # Under the runner, the controller names the newest checkpoint it knows was committed by an
+        # earlier attempt; anything newer was written by an attempt that has since been superseded.
+        self._handed_over = _env_int("RUNNER_RESUME_STEP")
+        self._retention = Retention(self.attempt, self._handed_over)
+        self._refused_after_stop = False
 
         self._policy = IntervalPolicy(fixed_s, mtbf_from_env())
         self._next_due = time.monotonic() + self._policy.period()
@@ -109,7 +115,7 @@ class Checkpointer:
             self._stager = Stager()
             self._agreement = None
             self._persister = Persister(self.local, self.durable, keep, self._on_local, self._on_durable,
-                                        on_failed=self._on_failed)
+                                        on_failed=self._on_failed, retention=self._retention)
         else:
             from .dcp_format import Stager as DcpStager
 
@@ -122,7 +128,8 @@ class Checkpointer:
             self._persister = Persister(self.local, self.durable, keep, self._on_local, self._on_durable,
                                         on_failed=self._on_failed, writer=self._ranks.writer,
                                         uploader=self._ranks.uploader, fmt=DcpFormat(self._ranks.writer),
-                                        folder_leader=self._ranks.folder_leader)
+                                        folder_leader=self._ranks.folder_leader, retention=self._retention)
+        self._mark_attempt()
         self._folder_format = FolderFormat(self._ranks.writer if self._ranks is not None else None)
         self._jobs: list[SaveJob] = []
         self._last_job: SaveJob | None = None
@@ -143,7 +150,8 @@ class Checkpointer:
                                                "world_size": self._ranks.world_size}
         self._agent_loss = AgentLoss(agent_loss_grace(), self._queue_request)  # agent_loss.py
         self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who,
-                                      on_lost=self._agent_loss.on_lost) if control_path else None
+                                      on_lost=self._agent_loss.on_lost,
+                                      on_recorded=self._retention.recorded) if control_path else None
         self.telemetry = StepTelemetry(self._control, rank=None if self._ranks is None else self._ranks.rank,
                                        attempt=self.attempt)
 
@@ -160,15 +168,14 @@ class Checkpointer:
         started = time.monotonic()
         if self._agreement is not None:
             self._agreement.drain()
-        # Under the runner, the controller names the newest checkpoint it knows was committed by an
-        # earlier attempt; anything newer was written by an attempt that has since been superseded.
-        handed_over = _env_int("RUNNER_RESUME_STEP")
+        handed_over = self._handed_over
         comm = self._ranks.steps if self._ranks is not None else Solo()
         leader = self._ranks.folder_leader if self._ranks is not None else True
         restored = restore_into(self.local, self.durable, comm, leader, self.objects, self.extra, self._apply,
                                 max_step=handed_over)
         self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
         self.telemetry.send_manifest()  # once per process: what this attempt runs with
+        self._retention.restored(restored.step if restored is not None else None)
         self._report_restored(restored, handed_over)
         return restored.step if restored is not None else 0
 
@@ -221,10 +228,32 @@ class Checkpointer:
         self._serve_request(step)
 
     def save(self, step: int) -> None:
-        """Take a checkpoint now; returns once the state is staged (the training may go on)."""
+        """Take a checkpoint now; returns once the state is staged (the training may go on).
+
+        Once ``should_stop`` is true this attempt's emergency checkpoint has been handed to the job's next
+        attempt, so a later ``save`` is refused (a warning, once): this process is being replaced."""
         self._check_open("save")
         self._check_step(step)
+        if self._should_stop:
+            if not self._refused_after_stop:
+                self._refused_after_stop = True
+                log.warning("save() after should_stop is ignored: the emergency checkpoint was handed over and "
+                            "this process is being replaced; exit the training loop when should_stop is true",
+                            step=step, emergency_step=self._last_job.step if self._last_job else None)
+            return
         self._save(step, emergency=False)
+
+    def _mark_attempt(self) -> None:
+        """Leave this attempt's marker on the durable tier (one process of the job does): from now on an older
+        attempt still running commits nothing there (durable.py)."""
+        if self.attempt is None or self.durable is None or (self._ranks is not None and self._ranks.rank != 0):
+            return
+        try:
+            self.durable.mark_attempt(self.attempt, self.job_id)
+        except Exception as exc:  # noqa: BLE001 - the store may be down now; uploads will say so too
+            log.warning("could not mark this attempt on the durable tier; an older attempt still running is not "
+                        "fenced off", attempt=self.attempt, url=self.durable.url,
+                        error=f"{type(exc).__name__}: {exc}")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every save in flight is committed on both tiers; False if one failed or time ran out."""
@@ -237,23 +266,46 @@ class Checkpointer:
         self._jobs = [j for j in self._jobs if not j.finished]
         return ok
 
-    def close(self, _error: bool = False) -> None:
-        """Wait for saves and uploads in flight (no later than an emergency's deadline), then release everything."""
+    def close(self, timeout: float | None = None, _error: bool = False) -> None:
+        """Wait for saves and uploads in flight, then release everything.
+
+        The wait is bounded: ``timeout`` seconds (default: as long as one upload may take, at least
+        ``UPLOAD_TIMEOUT_FLOOR_S``), and never past an emergency's deadline. A checkpoint still not on the durable
+        tier then is named in a warning; its local copy is kept, and the threads left on a hung store end with
+        the process."""
         if self._closed:
             return
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"Checkpointer.close(timeout={timeout!r}): use a number of seconds from 0, or None")
         if self._agreement is not None:
             self._agreement.drain()
-        timeout = None if self._stop_deadline is None else max(0.0, self._stop_deadline - time.monotonic())
-        self.wait(timeout)
+        end = time.monotonic() + (self._persister.upload_timeout_s if timeout is None else float(timeout))
+        if self._stop_deadline is not None:
+            end = min(end, self._stop_deadline)
+        left = lambda: max(0.0, end - time.monotonic())  # noqa: E731
+        if not self.wait(left()):
+            self._report_abandoned(timeout)
         self._closed = True
-        # An emergency's deadline bounds the wait for our threads too (an upload to a stalled store may hang).
-        left = None if self._stop_deadline is None else max(0.0, self._stop_deadline - time.monotonic())
-        self._persister.stop(10.0 if left is None else min(10.0, left))
+        # Our threads are given what is left, and at most 10 s (an upload to a stalled store may hang).
+        self._persister.stop(min(10.0, left()))
         self._signals.uninstall()
         self.telemetry.close()
         self._send({"op": "closed", "step": self._last_job.step if self._last_job else None, "error": _error})
         if self._control is not None:
             self._control.close()
+
+    def _report_abandoned(self, timeout: float | None) -> None:
+        """Name each checkpoint ``close()`` stopped waiting for: its step, its files, where the local copy is."""
+        for job in self._jobs:
+            if job.durable_done.is_set():
+                continue
+            folder = self.local.folder(job.step)
+            log.warning("close() gave up waiting: this checkpoint did not reach the durable tier; its local copy "
+                        "is kept", step=job.step, files=sorted(job.own_files) or None,
+                        local=str(folder) if job.local_manifest is not None else None,
+                        url=self.durable.location(job.step) if self.durable is not None else None,
+                        waited_s=None if timeout is None else round(float(timeout), 1),
+                        local_committed=job.local_manifest is not None)
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -331,7 +383,8 @@ class Checkpointer:
         comm = self._ranks.steps if self._ranks is not None else Solo()
         leader = self._ranks.folder_leader if self._ranks is not None else True
         restored = restore_into(self.local, self.durable, comm, leader, {}, {}, None,
-                                max_step=_env_int("RUNNER_RESUME_STEP"), apply_folder=check)
+                                max_step=self._handed_over, apply_folder=check)
+        self._retention.restored(restored.step if restored is not None else None)
         self._next_due = time.monotonic() + self._policy.period()
         return restored
 
@@ -340,7 +393,7 @@ class Checkpointer:
         if self._restore_started is not None:
             self.telemetry.restore_seconds = round(time.monotonic() - self._restore_started, 4)
             self._restore_started = None
-        self._report_restored(restored, _env_int("RUNNER_RESUME_STEP"))
+        self._report_restored(restored, self._handed_over)
 
     # ------------------------------------------------------------------ hooks
 
@@ -463,6 +516,7 @@ class Checkpointer:
                     job = self._save(step, emergency=True)
             elif job is None or job.step != step or job.error is not None:
                 job = self._save(step, emergency=True)
+        self._retention.emergency(step)  # what this attempt's handover names: retention keeps it
         remaining = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
         estimate = self._policy.commit_s
         if self.durable is not None and estimate and deadline is not None and estimate > remaining():

@@ -47,6 +47,9 @@ Agent -> library:
   - ``deadline`` is in unix seconds. ``stop: true`` is the emergency path: the next ``step()`` saves,
   waits until the checkpoint is durable (or until the deadline minus a margin), sends ``stopping`` and
   sets ``should_stop``. ``stop: false`` asks for an opportunistic checkpoint; training goes on.
+* ``{"op": "recorded", "step": int}`` - the controller has recorded this durable checkpoint: it is the one the
+  controller would hand the job's next attempt, so retention keeps it (retention.py) until a newer one is
+  recorded. A node cut off from every controller gets none, and keeps what the controller knows.
 
 The reader thread only records requests; all work happens in the training thread's ``step()``.
 """
@@ -66,7 +69,7 @@ log = get_logger()
 
 OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
                 "closed")
-OPS_FROM_AGENT = ("checkpoint",)
+OPS_FROM_AGENT = ("checkpoint", "recorded")
 REASONS = ("notice", "rebalance", "drill", "cancel")
 
 
@@ -125,10 +128,11 @@ class ControlClient:
     """Connects to the agent, says hello, sends events, and hands requests to ``on_request``."""
 
     def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None,
-                 hello: dict | None = None, on_lost=None) -> None:
+                 hello: dict | None = None, on_lost=None, on_recorded=None) -> None:
         self.path = path
         self._on_request = on_request
         self._on_lost = on_lost  # called once when the agent closes the channel before close()
+        self._on_recorded = on_recorded
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -178,6 +182,10 @@ class ControlClient:
                 request = parse_request(message) if message else None
                 if request is not None:
                     self._on_request(request)
+                elif message and message["op"] == "recorded" and self._on_recorded is not None:
+                    step = message.get("step")
+                    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                        self._on_recorded(step)
                 elif line.strip():
                     log.debug("control message ignored", line=line[:200].decode(errors="replace"))
         if not self._closed:

@@ -3,11 +3,17 @@
 Object stores have no atomic folder rename, so a checkpoint here is committed when its ``manifest.json``
 object exists; the data parts are uploaded in parallel before it and nothing is ever renamed. A
 restore downloads a checkpoint into the local tier and verifies it there.
+
+Attempts of one job share this folder. Each attempt, when its Checkpointer starts, leaves a marker
+(``attempts/JOB/attempt-00000007``); an attempt that sees a newer attempt's marker of its job is superseded:
+it commits nothing more here and prunes nothing (retention.py). Another job's markers and checkpoints (a
+job submitted again with the same URL) are not its attempts: they are ranked by step as any checkpoint.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +24,13 @@ from .errors import CheckpointConfigError, CorruptCheckpointError
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
 
 UPLOAD_THREADS = 16
+ATTEMPTS_FOLDER = "attempts"  # the attempt markers, beside the step folders (whose names it never matches)
+_ATTEMPT_MARKER = re.compile(r"^attempt-(\d+)$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _job_folder(job_id: str | None) -> str:
+    return _UNSAFE.sub("_", job_id) if job_id else "_"
 _BUCKET_STORES = ("s3", "s3a", "gs", "gcs")
 _DRIVERS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
             "abfss": "adlfs", "hf": "huggingface_hub", "sftp": "paramiko", "ssh": "paramiko"}
@@ -166,17 +179,68 @@ class DurableTier:
                 except FileNotFoundError as exc:
                     raise CorruptCheckpointError(f"{self.location(step)}: a file is missing ({exc})") from exc
 
-    def prune(self, keep: int) -> list[int]:
-        """Keep the ``keep`` newest committed checkpoints; drop older ones (manifest first) and uncommitted
-        leftovers older than the newest committed one. The newest committed one is never removed."""
+    # ------------------------------------------------------------------ attempts sharing the folder
+
+    def mark_attempt(self, attempt: int, job_id: str | None) -> None:
+        """Record that ``attempt`` of the job has started: its older attempts stop committing here from now on."""
+        folder = posixpath.join(self.root, ATTEMPTS_FOLDER, _job_folder(job_id))
+        self.fs.makedirs(folder, exist_ok=True)
+        self.fs.pipe_file(posixpath.join(folder, f"attempt-{attempt:08d}"), b"")
+
+    def newest_attempt(self, job_id: str | None) -> int | None:
+        """The job's newest attempt that has started on this folder (None when none left a marker)."""
+        folder = posixpath.join(self.root, ATTEMPTS_FOLDER, _job_folder(job_id))
+        self.fs.invalidate_cache(folder)
+        try:
+            names = self.fs.ls(folder, detail=False)
+        except FileNotFoundError:
+            return None
+        found = [int(m.group(1)) for m in (_ATTEMPT_MARKER.match(n.rstrip("/").rsplit("/", 1)[-1]) for n in names) if m]
+        return max(found) if found else None
+
+    def writer_attempt(self, step: int, job_id: str | None) -> int | None:
+        """The attempt of the job that committed ``step`` (from its manifest); None when another job (or no
+        job) wrote it, or its manifest is unreadable."""
+        try:
+            manifest = self.read_manifest(step)
+        except Exception:  # noqa: BLE001 - a damaged manifest counts as written by no known attempt
+            return None
+        if manifest.job_id != job_id:
+            return None
+        attempt = manifest.attempt
+        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
+
+    def prune(self, keep: int, attempt: int | None = None, protect: frozenset[int] = frozenset(),
+              stale_above: int | None = None, job_id: str | None = None) -> list[int]:
+        """Keep the ``keep`` newest committed checkpoints, and every step in ``protect``; drop older ones
+        (manifest first) and uncommitted leftovers older than the newest kept one.
+
+        With ``attempt`` of ``job_id`` (under the runner): a superseded attempt prunes nothing; checkpoints
+        written by a newer attempt are never touched; an earlier attempt's above ``stale_above`` (a superseded
+        attempt's, written after the job moved on) neither count as the newest nor stay (retention.py)."""
         committed = self.committed()
         if not committed:
             return []
-        keep_steps = set(committed[:max(keep, 1)])
+        newer_attempts: set[int] = set()
+        stale: set[int] = set()
+        if attempt is not None:
+            newest_attempt = self.newest_attempt(job_id)
+            if newest_attempt is not None and newest_attempt > attempt:
+                return []  # the newer attempt's retention decides now
+            writers = {step: self.writer_attempt(step, job_id) for step in committed}
+            newer_attempts = {s for s, w in writers.items() if w is not None and w > attempt}
+            if stale_above is not None:
+                stale = {s for s, w in writers.items() if w is not None and w < attempt and s > stale_above}
+        stale -= protect
+        counted = [s for s in committed if s not in newer_attempts and s not in stale]
+        keep_steps = set(counted[:max(keep, 1)]) | set(protect) | newer_attempts
+        newest = counted[0] if counted else None
         removed = []
         for step in self.steps():
-            if step in keep_steps or step >= committed[0]:
+            if step in keep_steps:
                 continue
+            if step not in stale and (newest is None or step >= newest):
+                continue  # an upload in flight, or nothing of ours to rank it against
             self.uncommit(step)
             self.fs.rm(self._path(step), recursive=True)
             removed.append(step)

@@ -17,3 +17,7 @@ class CorruptCheckpointError(CheckpointError):
 
 class RestoreError(CheckpointError):
     """A verified checkpoint does not fit the registered objects (for example, the model changed shape)."""
+
+
+class SupersededError(CheckpointError):
+    """A newer attempt of the same job has started: this process no longer commits where that attempt reads."""

@@ -152,13 +152,14 @@ class LocalTier:
         except FileNotFoundError as exc:
             raise CorruptCheckpointError(f"{path} is missing") from exc
 
-    def prune(self, keep: int) -> list[Path]:
-        """Keep the ``keep`` newest committed folders; drop older ones and uncommitted leftovers older than
-        the newest committed one. The newest committed folder is never removed."""
+    def prune(self, keep: int, protect: frozenset[int] = frozenset()) -> list[Path]:
+        """Keep the ``keep`` newest committed folders and every step in ``protect`` (retention.py); drop older
+        ones and uncommitted leftovers older than the newest committed one. The newest committed folder is
+        never removed."""
         committed = self.committed()
         if not committed:
             return []
-        keep_steps = {s for s, _ in committed[:max(keep, 1)]}
+        keep_steps = {s for s, _ in committed[:max(keep, 1)]} | set(protect)
         newest = committed[0][0]
         removed = []
         for step, folder in self.folders():

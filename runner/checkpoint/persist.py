@@ -30,9 +30,11 @@ from pathlib import Path
 
 from .checksum import DEFAULT_ALGORITHM, digest
 from .durable import DurableTier
+from .errors import SupersededError
 from .local import LocalTier, fsync_file, write_file
 from .log import get_logger
 from .manifest import FLAT, MANIFEST_NAME, STATE_NAME, Manifest
+from .retention import Retention
 
 log = get_logger()
 
@@ -113,10 +115,13 @@ class Persister:
     """Runs SaveJobs through the writer and the uploader; reports through the callbacks."""
 
     def __init__(self, local: LocalTier, durable: DurableTier | None, keep: int, on_local, on_durable,
-                 *, on_failed=None, writer=None, uploader=None, fmt=None, folder_leader: bool = True) -> None:
+                 *, on_failed=None, writer=None, uploader=None, fmt=None, folder_leader: bool = True,
+                 retention: Retention | None = None) -> None:
         from .group import Solo
 
         self.local, self.durable, self.keep = local, durable, keep
+        self.retention = retention or Retention(None, None)
+        self._superseded_by: int | None = None  # the newer attempt that has started (it only ever grows)
         self._on_local, self._on_durable = on_local, on_durable
         self._on_failed = on_failed or (lambda job, tier, error: None)
         self.writer = writer or Solo()
@@ -211,7 +216,7 @@ class Persister:
         if self.writer.rank == 0:
             self._safely(self._on_local, job)
         if self.folder_leader:
-            self._safely(self.local.prune, self.keep)
+            self._safely(self._prune_local, job)
 
     def _local_failed(self, job: SaveJob, folder: Path, error: BaseException) -> None:
         job.error = error
@@ -250,10 +255,13 @@ class Persister:
     def _upload_loop(self) -> None:
         _lower_priority()
         while (job := self._next_upload()) is not None:
+            committed = False
             try:
-                self._upload(job)
+                committed = self._upload(job)
             finally:
                 job.durable_done.set()
+            if committed and self.uploader.rank == 0:  # housekeeping, after the commit is announced: a store
+                self._safely(self._prune_durable, job)  # that hangs here holds up no wait() and no close()
 
     def _next_upload(self) -> SaveJob | None:
         """The newest pending job, the same on every rank; older pending ones are superseded."""
@@ -280,18 +288,27 @@ class Persister:
         with self._pending_cond:
             return any(j.emergency for j in self._pending)
 
-    def _upload(self, job: SaveJob) -> None:
+    def _upload(self, job: SaveJob) -> bool:
+        """Upload one checkpoint and commit it (manifest last); True when committed."""
         started = time.monotonic()
-        if self.uploader.rank == 0:
-            self._safely(lambda j: self.durable.uncommit(j.step), job)
-        self.uploader.barrier()  # the old manifest of this step is gone before any file is replaced
-        error = self._put_files(job)
-        ok = self.uploader.all_true(error is None)
-        if ok and self.uploader.rank == 0:
-            try:
-                self.durable.write_manifest(job.manifest)
-            except Exception as exc:  # noqa: BLE001
-                error = exc
+        # A superseded attempt touches nothing of the folder: not even this step's files, which the newer
+        # attempt may have written. Checked again just before the manifest, which is the commit.
+        error = self._fenced(job) if self.uploader.rank == 0 else None
+        if self.uploader.all_true(error is None):
+            if self.uploader.rank == 0:
+                self._safely(lambda j: self.durable.uncommit(j.step), job)
+            self.uploader.barrier()  # the old manifest of this step is gone before any file is replaced
+            error = self._put_files(job)
+            ok = self.uploader.all_true(error is None)
+            if ok and self.uploader.rank == 0:
+                error = self._fenced(job)
+                if error is None:
+                    try:
+                        self.durable.write_manifest(job.manifest)
+                    except Exception as exc:  # noqa: BLE001
+                        error = exc
+        else:
+            error = error or SupersededError("a newer attempt of this job has started")
         committed = self.uploader.all_true(error is None)
         if not committed:
             error = error or OSError("another rank's files did not reach the durable tier")
@@ -302,13 +319,39 @@ class Persister:
                         url=self.durable.location(job.step), error=f"{type(error).__name__}: {error}")
             if self.uploader.rank == 0:
                 self._safely(lambda j: self._on_failed(j, "durable", error), job)
-            return
+            return False
         job.durable_manifest = self.durable.location(job.step, MANIFEST_NAME)
         seconds = time.monotonic() - started
         self.upload_timeout_s = max(UPLOAD_TIMEOUT_FLOOR_S, UPLOAD_TIMEOUT_FACTOR * seconds)
         if self.uploader.rank == 0:
             self._safely(self._on_durable, job)
-            self._safely(self.durable.prune, self.keep)
+        return True
+
+    def _prune_durable(self, job: SaveJob) -> None:
+        self.durable.prune(self.keep, attempt=job.attempt, protect=self.retention.protected(),
+                           stale_above=self.retention.stale_above(), job_id=job.job_id)
+
+    def _prune_local(self, job: SaveJob) -> None:
+        self.local.prune(self.keep, protect=self.retention.protected())
+
+    def _fenced(self, job: SaveJob) -> SupersededError | None:
+        """A SupersededError when a newer attempt of the job has started on the durable tier (rank 0 asks)."""
+        if job.attempt is None:
+            return None
+        if self._superseded_by is None:
+            try:
+                newest = self.durable.newest_attempt(job.job_id)
+            except Exception:  # noqa: BLE001 - an unreadable marker folder fences nothing; the upload may fail too
+                newest = None
+            if newest is not None and newest > job.attempt:
+                self._superseded_by = newest
+                log.warning("a newer attempt of this job has started: this process commits nothing more to the "
+                            "durable tier (its local copies are kept)", attempt=job.attempt, newer_attempt=newest,
+                            url=self.durable.url)
+        if self._superseded_by is None:
+            return None
+        return SupersededError(f"attempt {self._superseded_by} of this job has started; attempt {job.attempt} "
+                               f"no longer commits to the durable tier")
 
     def _put_files(self, job: SaveJob) -> BaseException | None:
         """Upload this process's files; give up at the deadline, or for an emergency checkpoint waiting."""

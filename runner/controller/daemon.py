@@ -31,6 +31,7 @@ from ..state.workdirs import DatabaseWorkdirs
 from ..state.secrets import ADMIN_TOKEN, NODE_SECRET, shared_secret
 from .app import ControllerState, create_app
 from .auth import hash_token, node_token, write_secret
+from .discovery import ControllerDirectory
 from .leadership import LeaderLoop
 from .logstore import LogStore
 
@@ -162,7 +163,9 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
     node_secret = shared_secret(db, NODE_SECRET, adopt=_read_secret(data_dir / NODE_SECRET_FILE))
     if providers is None:
         providers = build_providers(data_dir, config)
+    directory = ControllerDirectory(db, node_url)  # nodes learn every live controller of the database
     scheduler = SchedulerContext(store=store, providers=providers, controller_url=node_url,
+                                 controller_urls=directory.node_urls,
                                  node_token=lambda node_id: node_token(node_secret, node_id),
                                  token_hasher=hash_token, **threaded_calls(),
                                  **scheduler_settings(config))
@@ -175,6 +178,7 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
                                            timeout_graceful_shutdown=5))
     _write_controller_file(data_dir, url)
     watchdog = sdnotify.start_watchdog()  # also takes NOTIFY_SOCKET out of the environment nodes inherit
+    directory.start()
     leader.start()
     log.info("controller serving", url=url, data_dir=str(data_dir), db=redact(db_url), pid=os.getpid(),
              leader=leader.leading)
@@ -182,6 +186,7 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
         server.run(sockets=[sock])
     finally:
         leader.stop()
+        directory.stop()
         if watchdog is not None:
             watchdog.stop()
         if (_read_controller_file(data_dir) or {}).get("pid") == os.getpid():  # a shared data dir: only our own

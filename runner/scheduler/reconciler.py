@@ -54,7 +54,7 @@ CANCEL_GRACE_SECONDS = 20.0
 class SchedulerContext:
     store: Store
     providers: dict[str, Provider]
-    controller_url: str
+    controller_url: str  # the URL(s) nodes reach the controller at, comma-separated
     node_token: Callable[[str], str]  # node id -> that node's token (derived, so a restart can re-derive it)
     token_hasher: Callable[[str], str]
     nudge: threading.Event = field(default_factory=threading.Event)
@@ -69,6 +69,9 @@ class SchedulerContext:
     describes: CloudCalls = field(default_factory=lambda: CloudCalls(wakes=describe_wakes))
     terminates: CloudCalls = field(default_factory=lambda: CloudCalls(wakes=terminate_wakes))
     clock: Callable[[], float] = time.time  # unix seconds now (a test moves its own through the cancel grace)
+    # Every live controller of a shared database, this one first (runner/controller/discovery.py); else
+    # ``controller_url`` alone
+    controller_urls: Callable[[], str] | None = None
     spot_checked_at: dict[str, float] = field(default_factory=dict)  # job id -> last weighed for a move to spot
     guard: UnitGuard = field(default_factory=UnitGuard)  # one job's failure is logged and backed off, never the tick's
 
@@ -187,7 +190,8 @@ def _launch(ctx: SchedulerContext, node: Node) -> None:
     provider = ctx.providers[node.provider]
     gang_size = ctx.store.job(node.job_id).num_nodes
     request = LaunchRequest(node.id, node.job_id, node.attempt, Offer(**node.offer), node.spot,
-                            NodeBootstrap(ctx.controller_url, node.id, ctx.node_token(node.id)),
+                            NodeBootstrap(ctx.controller_urls() if ctx.controller_urls else ctx.controller_url,
+                                          node.id, ctx.node_token(node.id)),
                             gang_size=gang_size)
     ctx.launches.request(node.id, lambda: provider.launch(request))
 

@@ -246,6 +246,17 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE attempt_nodes ADD COLUMN restore_seconds REAL
         """,
     ),
+    (
+        13,
+        # Controllers sharing a database: the URL nodes reach each at, and when it last said it was serving,
+        # so a node is launched knowing every live controller, not only the one that launched it.
+        """
+        CREATE TABLE controllers (
+            url TEXT PRIMARY KEY,
+            seen_at REAL NOT NULL
+        )
+        """,
+    ),
 ]
 
 

@@ -1,8 +1,9 @@
 """Reads and writes of job telemetry (CONTRACT §9): per-attempt training figures and run manifests.
 
-An attempt's ``steps``, ``steps_per_second`` and ``nan_steps`` are the newest report's (the training's
-counters only grow within an attempt); ``peak_memory_gb`` keeps the largest reported, so the nodes of a
-multi-node attempt each report their own and the row shows the largest. A field a report leaves out stays.
+An attempt's ``steps`` and ``nan_steps`` only grow (the training's counters do, within an attempt): a report
+that arrives late, after a newer one, never takes them back, and ``steps_per_second`` is taken only from a
+report at least as far along as the stored one. ``peak_memory_gb`` keeps the largest reported, so the nodes of
+a multi-node attempt each report their own and the row shows the largest. A field a report leaves out stays.
 """
 
 from __future__ import annotations
@@ -15,12 +16,17 @@ from .db import Database, Tx
 def record_telemetry(tx: Tx, job_id: str, attempt: int, *, steps: int | None = None,
                      steps_per_second: float | None = None, nan_steps: int | None = None,
                      peak_memory_gb: float | None = None) -> None:
+    # Every column on the right is the row's value before this update (both databases).
     tx.execute(
-        """UPDATE attempts SET steps = COALESCE(?, steps), steps_per_second = COALESCE(?, steps_per_second),
-               nan_steps = COALESCE(?, nan_steps),
+        """UPDATE attempts SET
+               steps_per_second = CASE WHEN COALESCE(?, steps, 0) >= COALESCE(steps, 0)
+                                       THEN COALESCE(?, steps_per_second) ELSE steps_per_second END,
+               steps = CASE WHEN steps IS NULL OR steps < ? THEN ? ELSE steps END,
+               nan_steps = CASE WHEN nan_steps IS NULL OR nan_steps < ? THEN ? ELSE nan_steps END,
                peak_memory_gb = CASE WHEN peak_memory_gb IS NULL OR peak_memory_gb < ? THEN ? ELSE peak_memory_gb END
            WHERE job_id = ? AND attempt = ?""",
-        (steps, steps_per_second, nan_steps, peak_memory_gb, peak_memory_gb, job_id, attempt),
+        (steps, steps_per_second, steps, steps, nan_steps, nan_steps, peak_memory_gb, peak_memory_gb,
+         job_id, attempt),
     )
 
 

@@ -82,3 +82,44 @@ def test_waiting_for_the_local_ranks_restores_ends_when_each_has_reported():
     assert ranks.wait_restored(2, timeout=60)
     later.join()
     assert not GangRanks().wait_restored(1, timeout=0.01)
+
+
+class _Exited:
+    """A training process that has already exited (it stopped with its gang)."""
+
+    def running(self) -> bool:
+        return False
+
+    def unreachable(self) -> None:
+        pass
+
+    def finish(self, grace: float) -> None:
+        pass
+
+
+def test_a_node_whose_notice_came_after_its_gang_stopped_says_the_checkpoint_was_taken():
+    """Both nodes preempted, node 0's notice first: node 1's ranks stop with the gang (a peer's stop, step 40,
+    durable) and have exited when node 1's own notice asks them; nothing answers it. The restart log's line
+    says the emergency checkpoint of step 40 was taken, not that the job did not acknowledge one."""
+    from agents.emergency import EmergencyStop
+    from agents.watchers import Notice
+
+    ranks = GangRanks()
+    assert ranks.on_stopping({"op": "stopping", "step": 40, "durable": True, "reason": "notice", "origin": "peer"})
+    emergency = EmergencyStop(send=lambda message: 0, trainee=_Exited())
+    emergency.start(Notice.create("aws", "termination", "terminate", terminal=True, grace=5))
+    assert emergency.finished.wait(60)
+    line = ranks.preempted_summary(emergency.ack, emergency.summary())
+    assert "did not acknowledge" not in line
+    assert line.startswith("preempted: emergency checkpoint at step 40, durable")
+
+
+def test_a_node_preempted_alone_keeps_its_own_line():
+    """No peer stop: the node's own summary stands (acknowledged or not)."""
+    ranks = GangRanks()
+    assert ranks.preempted_summary(None, "preempted: the job did not acknowledge") == \
+        "preempted: the job did not acknowledge"
+    ranks.on_stopping({"op": "stopping", "step": 40, "durable": True, "origin": "peer"})
+    own = {"op": "stopping", "step": 41, "durable": True}
+    assert ranks.preempted_summary(own, "preempted: emergency checkpoint at step 41, durable") == \
+        "preempted: emergency checkpoint at step 41, durable"

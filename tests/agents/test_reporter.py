@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -68,3 +69,72 @@ def test_best_effort_events_are_sent_once(flaky):
     reporter = Reporter(Client(flaky.url, "node-token", timeout=5), patience=30, retry_every=0.05)
     reporter.event("message", {"message": "hello"})
     assert flaky.received == [] and flaky.failures == 2
+
+
+class DatabaseOutage:
+    """A controller whose database is away until ``back`` is set: every request is a 500 then. Every request is
+    recorded as it arrives; once the exit report is in, the node's token no longer works (401), as when the
+    controller has released the node."""
+
+    def __init__(self):
+        self.back = threading.Event()
+        self.arrived: list[tuple[str, dict]] = []
+        self.stored_steps: int | None = None
+        self.exited = False
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                outer.arrived.append((self.path, body))
+                if not outer.back.is_set():
+                    return self._send(500, {"detail": "Internal Server Error"})
+                if outer.exited:
+                    return self._send(401, {"detail": "invalid token"})
+                if self.path == "/v1/agent/exit":
+                    outer.exited = True
+                elif body.get("kind") == "telemetry":
+                    outer.stored_steps = body["data"]["steps"]
+                self._send(200, {"accepted": True})
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self.url = "http://%s:%d" % self.server.server_address[:2]
+
+
+def test_the_exit_report_waits_out_a_long_outage_behind_the_final_telemetry():
+    """The run ends while the controller's database is away for longer than the exit's usual wait (30 s): the
+    exit report is not sent before the telemetry queued ahead of it, so the attempt's steps are the final
+    report's (500), not the last one stored before the outage (the row said 70)."""
+    outage = DatabaseOutage()
+    try:
+        reporter = Reporter(Client(outage.url, "node-token", timeout=5), patience=120, retry_every=0.2)
+        reporter.event("telemetry", {"steps": 70})
+        reporter.event("telemetry", {"steps": 500, "final": True})
+        done = threading.Event()
+        threading.Thread(target=lambda: (reporter.report_exit("succeeded", 0, None), done.set()),
+                         daemon=True).start()
+        # Longer than the exit used to wait: poll the arrivals for 35 s, then bring the database back.
+        deadline = time.monotonic() + 35
+        while time.monotonic() < deadline and not any(p == "/v1/agent/exit" for p, _ in outage.arrived):
+            time.sleep(0.1)
+        outage.back.set()
+        assert done.wait(120), "the exit report was never sent"
+        assert outage.stored_steps == 500
+        first_exit = next(i for i, (path, _) in enumerate(outage.arrived) if path == "/v1/agent/exit")
+        last_event = max(i for i, (path, _) in enumerate(outage.arrived) if path == "/v1/agent/events")
+        assert last_event < first_exit, "the exit report was sent while telemetry was still undelivered"
+    finally:
+        outage.server.shutdown()
+        outage.server.server_close()

@@ -29,8 +29,8 @@ recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: "off"}}
 class Team:
     """Three `runner server` processes on one Postgres database and one shared data dir."""
 
-    def __init__(self, home, db_url: str, size: int = 3):
-        self.home, self.db_url = home, db_url
+    def __init__(self, home, db_url: str, size: int = 3, advertise: bool = True):
+        self.home, self.db_url, self.advertise = home, db_url, advertise
         self.ports = [free_port() for _ in range(size)]
         self.urls = [f"http://127.0.0.1:{port}" for port in self.ports]
         self.members: dict[int, Controller] = {}
@@ -38,7 +38,8 @@ class Team:
             self.start(port)
 
     def start(self, port: int) -> Controller:
-        ctl = Controller(self.home, db_url=self.db_url, extra_args=("--advertise-url", ",".join(self.urls)))
+        listed = ("--advertise-url", ",".join(self.urls)) if self.advertise else ()  # else each its own URL
+        ctl = Controller(self.home, db_url=self.db_url, extra_args=listed)
         self.members[port] = ctl.start(port)
         return ctl
 
@@ -77,11 +78,11 @@ class Team:
             ctl.stop()
 
 
-def start_team(folder, postgres, size: int = 3):
+def start_team(folder, postgres, **options):
     home = folder / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    return Team(home, postgres.new_database(), size=size)
+    return Team(home, postgres.new_database(), **options)
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +200,35 @@ def test_leader_killed_mid_launch_mid_transition_and_mid_recovery_loses_and_dupl
     team.stop()
     assert PASSWORD not in team.output()
     assert PASSWORD not in (team.home / "controller.jsonl").read_text()
+
+
+LONG_JOB = """
+name: outlives-its-controller
+run: for i in $(seq 1 80); do echo "line $i"; sleep 0.25; done
+resources: {cloud: [local]}
+recovery: {max_preemptions: 3, max_failures: 0, resume_drill: "off"}
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_node_reports_to_the_other_controller_when_the_one_that_launched_it_dies_for_good(tmp_path, postgres):
+    """Two controllers on one database, neither given --advertise-url: the node is launched knowing both (each
+    records its URL in the database), so when the leader that launched it is killed and never comes back, the
+    node's output, checkpoints and exit still reach the other one and the job ends SUCCEEDED there."""
+    team = start_team(tmp_path, postgres, size=2, advertise=False)
+    try:
+        cli = cli_for(team)
+        job_id = cli.json("submit", str(write_job(tmp_path / "job", LONG_JOB)))["id"]
+        cli.wait_for_output(job_id, "line 5", timeout=180)
+        launcher = team.leader()
+        survivor = next(port for port in team.ports if port != launcher)
+        team.members[launcher].kill(signal.SIGKILL)  # for good
+        cli.env["RUNNER_SERVER"] = f"http://127.0.0.1:{survivor}"
+        cli.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=300,
+                     what="the job to end, reported to the surviving controller")
+        job = cli.json("status", job_id)
+        assert job["state"] == "SUCCEEDED" and job["attempts"] == 1, job
+        assert "line 80" in cli("logs", job_id).stdout
+    finally:
+        team.stop()
+        kill_nodes(team.home)

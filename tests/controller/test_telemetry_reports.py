@@ -108,3 +108,15 @@ def test_the_tables_show_the_figures(server):
     restarts = server.runner("restarts", server.job_id).stdout.splitlines()
     header, row = restarts[0].split(), restarts[-1]
     assert header[-3:] == ["PEAK", "MEM", "NAN"] and "3.00 GB" in row
+
+
+def test_a_late_report_never_takes_the_steps_back(server):
+    """Reports retried through an outage may land late: the attempt keeps the furthest steps (and NaN steps),
+    and the steps/s of the report that got that far, not those of an older report arriving after it."""
+    assert post(server, wire.REPORT_TELEMETRY, {"steps": 500_000, "steps_per_second": 9.0,
+                                                "nan_steps": 7}).status_code == 200
+    assert post(server, wire.REPORT_TELEMETRY, {"steps": 70, "steps_per_second": 20.0,
+                                                "nan_steps": 1}).status_code == 200
+    row = server.runner.json("restarts", server.job_id)[-1]
+    assert (row["steps"], row["nan_steps"]) == (500_000, 7)
+    assert server.runner.json("status", server.job_id)["steps_per_second"] == 9.0
