@@ -1,4 +1,4 @@
-"""Checkpointer: the training loop's one object for saving, restoring and stopping in time (CONTRACT §3).
+"""Checkpointer: the training loop's one object for saving, restoring and stopping in time (docs/checkpointing.md).
 
 Public methods check their arguments and state, then hand the work to the pieces beside this module:
 ``staging`` (phase one, in the caller's thread), ``persist`` (phase two, in the background), ``restore``,
@@ -61,7 +61,7 @@ class Checkpointer:
     ``RUNNER_CHECKPOINT_INTERVAL``/``RUNNER_CHECKPOINT_KEEP``) and then to ``./checkpoints`` with no
     durable tier, ``interval="auto"`` and ``keep=3``.
 
-    When torch.distributed is initialised the Checkpointer is collective (CONTRACT §7): every rank builds it
+    When torch.distributed is initialised the Checkpointer is collective (docs/multinode.md): every rank builds it
     with its own objects and calls ``restore``, ``step``, ``save`` and ``close`` at the same steps; the
     checkpoint is one torch.distributed.checkpoint folder for the whole job, and a notice reaching any rank
     stops every rank at the same step (agreement.py).

@@ -1,4 +1,4 @@
-"""The runner's checkpoints for Lightning (CONTRACT §8, docs/integrations.md).
+"""The runner's checkpoints for Lightning (docs/integrations.md).
 
 ```python
 from runner.integrations.lightning import RunnerCallback, last_checkpoint

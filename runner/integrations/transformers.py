@@ -1,4 +1,4 @@
-"""The runner's checkpoints for the Hugging Face Trainer (CONTRACT §8, docs/integrations.md).
+"""The runner's checkpoints for the Hugging Face Trainer (docs/integrations.md).
 
 ```python
 from runner.integrations.transformers import RunnerCallback, last_checkpoint

@@ -146,7 +146,7 @@ MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         5,
-        # Job telemetry (CONTRACT §9): what each attempt trained, and the run manifest it reported.
+        # Job telemetry (docs/restart-log.md): what each attempt trained, and the run manifest it reported.
         """
         ALTER TABLE attempts ADD COLUMN steps INTEGER;
         ALTER TABLE attempts ADD COLUMN steps_per_second REAL;
@@ -176,7 +176,7 @@ MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         8,
-        # Teams (CONTRACT §10): the secrets every controller of one database shares (the admin token, the
+        # Teams (docs/operations.md): the secrets every controller of one database shares (the admin token, the
         # node secret), and job output and uploaded workdirs, kept in the database when several controllers
         # serve it.
         """

@@ -1,4 +1,4 @@
-"""Reads and writes of job telemetry (CONTRACT §9): per-attempt training figures and run manifests.
+"""Reads and writes of job telemetry (docs/restart-log.md): per-attempt training figures and run manifests.
 
 An attempt's ``steps``, ``steps_per_second`` and ``nan_steps`` are the newest report's (the training's
 counters only grow within an attempt); ``peak_memory_gb`` keeps the largest reported, so the nodes of a
