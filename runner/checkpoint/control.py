@@ -43,10 +43,12 @@ Library -> agent:
 
 Agent -> library:
 
-* ``{"op": "checkpoint", "reason": "notice"|"rebalance"|"drill"|"cancel", "deadline": float|null, "stop": bool}``
+* ``{"op": "checkpoint", "reason": "notice"|"rebalance"|"drill"|"cancel"|"move", "deadline": float|null,
+  "stop": bool}``
   - ``deadline`` is in unix seconds. ``stop: true`` is the emergency path: the next ``step()`` saves,
   waits until the checkpoint is durable (or until the deadline minus a margin), sends ``stopping`` and
-  sets ``should_stop``. ``stop: false`` asks for an opportunistic checkpoint; training goes on.
+  sets ``should_stop``. ``stop: false`` asks for an opportunistic checkpoint; training goes on. The library
+  hands ``reason`` to the training script as ``Checkpointer.stop_reason``.
 
 The reader thread only records requests; all work happens in the training thread's ``step()``.
 """
@@ -67,7 +69,7 @@ log = get_logger()
 OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
                 "closed")
 OPS_FROM_AGENT = ("checkpoint",)
-REASONS = ("notice", "rebalance", "drill", "cancel")
+REASONS = ("notice", "rebalance", "drill", "cancel", "move")
 
 
 def encode(message: dict) -> bytes:

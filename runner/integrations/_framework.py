@@ -180,7 +180,8 @@ class FrameworkCheckpoints:
             self.stop_reason = decision.request.reason
 
     def say_stopping(self, step: int) -> None:
-        why = {"drill": "the resume drill", "cancel": "a cancellation"}.get(self.stop_reason, "a preemption")
+        why = {"drill": "the resume drill", "cancel": "a cancellation", "move": "a move to spot"}.get(self.stop_reason,
+                                                                                                     "a preemption")
         log.info(f"stopping at step {step} for {why}; the checkpoint is committed")
 
     def exit_after_stop(self, step: int) -> None:
