@@ -87,4 +87,6 @@ def _error(response: requests.Response) -> ClientError:
         return NotFound(detail, status)
     if status in (400, 413, 422):
         return BadRequest(detail, status)
+    if status == 409:  # the job's state does not allow it now: the controller's reason says why, plainly
+        return ClientError(detail, status)
     return ClientError(f"controller error {status}: {detail}", status)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..client import BadRequest, ClientError
 from ..spec import format_duration, load_job_file
 from .connect import connect
 from .follow import follow_job, follow_logs
@@ -40,9 +41,19 @@ def submit(job_file: Path, follow: bool, as_json: bool):
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 def validate(job_file: Path):
-    """Check a job file without submitting it."""
+    """Check a job file, and that a configured cloud can run it, without submitting it."""
     spec = load_job_file(job_file)
-    click.echo(f"{job_file}: valid (job {spec.name!r})")
+    body = spec.model_dump()
+    body.pop("workdir")
+    try:
+        connect().post("/v1/jobs/check", {"spec": body})  # what submit checks: the offers, a gang's zone, the tiers
+    except BadRequest:
+        raise  # the controller's reason, exit 2, as submit would say it
+    except ClientError as exc:
+        click.echo(f"{job_file}: the file is valid (job {spec.name!r}); only the file was checked, not whether a "
+                   f"configured cloud can run it ({exc})")
+        return
+    click.echo(f"{job_file}: valid (job {spec.name!r}), and a configured cloud can run it")
 
 
 JOB_STATES = ("PENDING", "PROVISIONING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED")
