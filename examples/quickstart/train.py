@@ -53,7 +53,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--step-time", type=float, default=0.05, help="extra sleep per step, seconds")
     parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--interval", default="5s", help="periodic checkpoint interval: 30s, 10m, auto")
+    parser.add_argument("--interval", default=None,
+                        help="periodic checkpoint interval: 30s, 10m, auto (default: the job file's "
+                             "checkpoint.interval under the runner, else auto)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
