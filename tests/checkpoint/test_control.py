@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -201,3 +202,16 @@ def test_the_quickstart_says_why_it_stops(tmp_path, agent, reason, said):
         proc.kill()
     assert proc.returncode == 0, out
     assert re.search(rf"stopping at step \d+ {said}; the checkpoint is committed", out), out
+
+
+def test_the_quickstart_takes_its_interval_from_its_job_file(tmp_path, monkeypatch):
+    """One source for the quickstart's checkpoint interval (its job.yaml): train.py does not override it, so
+    no 'the code's ... is used, not the job file's' line is logged."""
+    import yaml
+
+    job = yaml.safe_load((QUICKSTART.parent / "job.yaml").read_text())
+    env = {**os.environ, "RUNNER_CHECKPOINT_INTERVAL": str(job["checkpoint"]["interval"])}
+    out = subprocess.run([sys.executable, str(QUICKSTART), "--steps", "3", "--step-time", "0"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "checkpoint interval" not in out.stdout + out.stderr
