@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from .errors import SchemaTooNew
+from .urls import redact
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -287,6 +288,4 @@ def _version(tx) -> int:
 
 
 def _name(db) -> str:
-    from .db import redact
-
     return redact(getattr(db, "url", "?"))
