@@ -45,8 +45,8 @@ def validate(job_file: Path):
     spec = load_job_file(job_file)
     body = spec.model_dump()
     body.pop("workdir")
-    try:
-        connect().post("/v1/jobs/check", {"spec": body})  # what submit checks: the offers, a gang's zone, the tiers
+    try:  # what submit checks (the offers, a gang's zone, the tiers), by a controller that is up: none is started
+        connect(start_if_needed=False).post("/v1/jobs/check", {"spec": body})
     except BadRequest:
         raise  # the controller's reason, exit 2, as submit would say it
     except ClientError as exc:
