@@ -1,6 +1,7 @@
 """A cancel, agent side: a stop with a checkpoint, like a notice, then the process group's end.
 
-The same stop serves a move to spot (runner/scheduler/spot_return.py): only the exit reason differs.
+The same stop serves a move to spot (runner/scheduler/spot_return.py): the request's reason is ``move`` and the
+exit reason ``moved``.
 The user cancelled the job: the training process is asked over the control channel for a checkpoint and a
 stop (``reason: cancel``, the same request as a notice's), and gets the grace to commit it and exit by itself.
 Then, or at once when no training process is connected, the whole process group gets SIGTERM (a job that
@@ -42,7 +43,8 @@ class CancelStop:
         if supervisor is None:
             return
         deadline = time.monotonic() + self.grace
-        request = {"op": "checkpoint", "reason": "cancel", "deadline": time.time() + self.grace, "stop": True}
+        reason = "move" if self.why == "move" else "cancel"  # the training script reads it (ckpt.stop_reason)
+        request = {"op": "checkpoint", "reason": reason, "deadline": time.time() + self.grace, "stop": True}
         delivered = self.send(request)
         log.info("stopping the job with a checkpoint", why=self.why, checkpoint_requested_from=delivered,
                  grace_seconds=self.grace)

@@ -1,4 +1,4 @@
-"""The agent's part in a multi-node job (a gang, CONTRACT §7).
+"""The agent's part in a multi-node job (a gang, docs/multinode.md).
 
 - **Registration is the rendezvous barrier.** The agent registers with its address and, while the
   controller answers ``{"status": "waiting"}`` (not every node of the attempt has registered yet, or this
@@ -64,7 +64,7 @@ def register_for_attempt(register, address: str, stop: threading.Event) -> dict 
 
 
 def gang_environment(assignment: dict) -> dict[str, str]:
-    """The CONTRACT §7 variables for this node's job ({} from a controller that sends no ``gang``)."""
+    """The gang variables (docs/environment.md) for this node's job ({} from a controller that sends no ``gang``)."""
     gang = assignment.get("gang")
     if not gang:
         return {}

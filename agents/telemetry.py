@@ -1,4 +1,4 @@
-"""The training's telemetry, relayed to the controller (CONTRACT §9).
+"""The training's telemetry, relayed to the controller (docs/restart-log.md).
 
 Every training process on the node sends its own ``telemetry`` (runner/checkpoint/telemetry.py). Under
 torchrun that is one per local rank, so the relay folds them into one report per node: the steps, steps/s

@@ -50,7 +50,8 @@ JOB = {"name": "bench", "run": "python train.py",
 # --- the controller's process -------------------------------------------------------------------------
 def serve_controller(data_dir: Path, db_url: str | None) -> None:
     """`runner server` on the in-memory provider; each launch's bootstrap is appended to BOOTSTRAPS."""
-    from runner.controller.daemon import ServerSettings, serve
+    from runner.controller.daemon import ServerSettings
+    from runner.server import serve
     from runner.logconfig import configure_logging
     from runner.providers.memory import MemoryProvider
 

@@ -30,7 +30,7 @@ class NotFound(ClientError):
 
 
 class Client:
-    """``url`` may list several controllers separated by commas (CONTRACT §10): requests go to the one that
+    """``url`` may list several controllers separated by commas (docs/operations.md): requests go to the one that
     answered last, and move on to the next when it cannot be reached. Only a refused or failed connection
     moves on, never a request that timed out (another controller would do it a second time)."""
 
@@ -87,4 +87,6 @@ def _error(response: requests.Response) -> ClientError:
         return NotFound(detail, status)
     if status in (400, 413, 422):
         return BadRequest(detail, status)
+    if status == 409:  # the job's state does not allow it now: the controller's reason says why, plainly
+        return ClientError(detail, status)
     return ClientError(f"controller error {status}: {detail}", status)

@@ -1,4 +1,4 @@
-"""Shapes that cross processes: timestamps, and the JSON views of jobs and attempts (CONTRACT §1, §4, §9)."""
+"""Shapes that cross processes: timestamps, and the JSON views of jobs and attempts (docs/restart-log.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-# --- gangs (CONTRACT §7) ---------------------------------------------------------------------------
+# --- gangs (docs/multinode.md) ----------------------------------------------------------------------
 # What every node of a job's attempt is told, by the agent, in its job's environment.
 ENV_NUM_NODES = "RUNNER_NUM_NODES"
 ENV_NODE_RANK = "RUNNER_NODE_RANK"
@@ -60,7 +60,7 @@ STOP_FOR_PEER = "stop-for-peer"
 NODE_KEPT = "kept"          # carries on into the next attempt
 NODE_RELEASED = "released"  # was healthy, but given up because the whole gang moved to another zone
 
-# Report kinds an agent posts to /v1/agent/events for job telemetry (CONTRACT §9): the training's figures
+# Report kinds an agent posts to /v1/agent/events for job telemetry (docs/restart-log.md): the training's figures
 # (steps, steps/s, NaN steps, peak memory; batched by the library) and the run manifest (once per attempt).
 REPORT_TELEMETRY = "telemetry"
 REPORT_MANIFEST = "manifest"

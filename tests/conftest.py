@@ -26,7 +26,8 @@ class Runner:
 
     def __init__(self, home: Path):
         self.home = home
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        # Without COLUMNS, a table's width does not depend on the terminal the tests run in.
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_") and k != "COLUMNS"}
         self.env.update({"RUNNER_HOME": str(home), "PYTHONUNBUFFERED": "1"})
 
     def __call__(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:

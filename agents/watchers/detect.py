@@ -1,6 +1,6 @@
 """Which cloud's metadata server is there, and the watchers for it.
 
-Endpoints come from the contract's variables (CONTRACT §5) when set; otherwise from the link-local
+Endpoints come from the variables of docs/environment.md when set; otherwise from the link-local
 address, probed with short timeouts. The watchers never talk to anything but the link-local metadata
 address unless a variable says otherwise.
 """

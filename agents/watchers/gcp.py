@@ -27,7 +27,7 @@ LINK_LOCAL = "169.254.169.254"
 PREEMPTED = "instance/preempted"
 MAINTENANCE = "instance/maintenance-event"
 KEYS = (PREEMPTED, MAINTENANCE)
-SPOT_GRACE = 30.0  # preempted TRUE -> hard power-off, best effort (FIELD-NOTES §1)
+SPOT_GRACE = 30.0  # preempted TRUE -> hard power-off, best effort (docs/gcp.md)
 MAINTENANCE_NOTICE = 3600.0  # TERMINATE_ON_HOST_MAINTENANCE comes about an hour ahead
 # A server that answers a hanging GET at once with the value unchanged ignores wait_for_change: poll it at this
 # interval instead of hammering it (a real one answers such a request only on a change, or after timeout_sec).

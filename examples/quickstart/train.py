@@ -35,6 +35,11 @@ def make_dataset(n: int = 512, features: int = 16) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+# What ckpt.stop_reason says, for people.
+WHY_STOPPED = {"notice": "a preemption", "drill": "the resume drill", "cancel": "a cancellation",
+               "move": "a move to spot", "SIGTERM": "SIGTERM (a shutdown)", "SIGUSR1": "SIGUSR1"}
+
+
 def weights_sha256(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
@@ -48,7 +53,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--step-time", type=float, default=0.05, help="extra sleep per step, seconds")
     parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--interval", default="5s", help="periodic checkpoint interval: 30s, 10m, auto")
+    parser.add_argument("--interval", default=None,
+                        help="periodic checkpoint interval: 30s, 10m, auto (default: the job file's "
+                             "checkpoint.interval under the runner, else auto)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -82,7 +89,8 @@ def main() -> int:
                 break
     if ckpt.should_stop and step < args.steps:
         ckpt.close()
-        print(f"stopping at step {step} for a preemption; the checkpoint is committed", flush=True)
+        print(f"stopping at step {step} for {WHY_STOPPED.get(ckpt.stop_reason, ckpt.stop_reason)}; "
+              "the checkpoint is committed", flush=True)
         return 0
     ckpt.save(step)  # a run started again after the end resumes here and prints the same weights
     ckpt.close()

@@ -71,6 +71,7 @@ def build(args: argparse.Namespace) -> Trainer:
                         eos_token_id=0)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the class's name does not say which loss; unset, transformers warns it is None
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=8, learning_rate=1e-3,
         seed=0, save_strategy="no", logging_steps=10, report_to=[], use_cpu=True, disable_tqdm=True,

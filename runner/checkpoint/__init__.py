@@ -1,4 +1,4 @@
-"""runner.checkpoint: fast, atomic, resumable checkpoints for PyTorch training (CONTRACT §3).
+"""runner.checkpoint: fast, atomic, resumable checkpoints for PyTorch training (docs/checkpointing.md).
 
 Needs only the standard library, torch and fsspec; xxhash (faster checksums), NumPy (its RNG is saved)
 and structlog (logs) are used when importable. See docs/checkpointing.md.

@@ -29,7 +29,7 @@ from .errors import CheckpointError
 
 # Weakest first: when ranks have different reasons, the strongest one is reported. "interval" is the
 # absence of a request (a periodic save is the save-due flag), so it has no bit.
-REASONS = ("interval", "rebalance", "drill", "cancel", "SIGUSR1", "SIGTERM", "notice")
+REASONS = ("interval", "rebalance", "drill", "move", "cancel", "SIGUSR1", "SIGTERM", "notice")
 
 
 def reason_code(reason: str | None) -> int:
@@ -42,11 +42,11 @@ class Word:
 
     STOP = 1 << 0
     SAVE = 1 << 1
-    REASON_SHIFT = 1                      # reason i (1..6) is bit REASON_SHIFT + i: bits 2..7
+    REASON_SHIFT = 1                      # reason i (1..7) is bit REASON_SHIFT + i: bits 2..8
     STEP_BITS = 27
     STEP_MASK = (1 << STEP_BITS) - 1
-    STEP_SHIFT = 8                           # bits 8..34: the step's low bits
-    NOT_STEP_SHIFT = STEP_SHIFT + STEP_BITS  # bits 35..61: their complement
+    STEP_SHIFT = 9                           # bits 9..35: the step's low bits
+    NOT_STEP_SHIFT = STEP_SHIFT + STEP_BITS  # bits 36..62: their complement
 
     @classmethod
     def encode(cls, step: int, stop: bool, due: bool, reason: int) -> int:

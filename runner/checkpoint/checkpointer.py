@@ -1,4 +1,4 @@
-"""Checkpointer: the training loop's one object for saving, restoring and stopping in time (CONTRACT §3).
+"""Checkpointer: the training loop's one object for saving, restoring and stopping in time (docs/checkpointing.md).
 
 Public methods check their arguments and state, then hand the work to the pieces beside this module:
 ``staging`` (phase one, in the caller's thread), ``persist`` (phase two, in the background), ``restore``,
@@ -62,7 +62,7 @@ class Checkpointer:
     ``RUNNER_CHECKPOINT_INTERVAL``/``RUNNER_CHECKPOINT_KEEP``) and then to ``./checkpoints`` with no
     durable tier, ``interval="auto"`` and ``keep=3``.
 
-    When torch.distributed is initialised the Checkpointer is collective (CONTRACT §7): every rank builds it
+    When torch.distributed is initialised the Checkpointer is collective (docs/multinode.md): every rank builds it
     with its own objects and calls ``restore``, ``step``, ``save`` and ``close`` at the same steps; the
     checkpoint is one torch.distributed.checkpoint folder for the whole job, and a notice reaching any rank
     stops every rank at the same step (agreement.py).
@@ -136,6 +136,7 @@ class Checkpointer:
         self._stop_deadline: float | None = None  # monotonic
         self._restore_started: float | None = None  # monotonic: restore_folder() began, report_restored() not yet
         self._should_stop = False
+        self._stop_reason: str | None = None
         self._closed = False
         # Requests from the signal handler are set without a lock (a handler must never wait on one).
         self._signal_request: CheckpointRequest | None = None
@@ -161,6 +162,13 @@ class Checkpointer:
     def should_stop(self) -> bool:
         """True once an emergency checkpoint has committed (or its deadline came): exit and be resumed."""
         return self._should_stop
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why ``should_stop`` turned true, None before: ``notice`` (a preemption notice), ``drill`` (the resume
+        drill), ``cancel`` (``runner cancel``), ``move`` (the cost policy moves the job to spot), ``SIGTERM`` or
+        ``SIGUSR1`` (a signal to the training process), as the request that stopped it said."""
+        return self._stop_reason
 
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
@@ -529,6 +537,7 @@ class Checkpointer:
             log.warning("emergency checkpoint did not reach the durable tier before the deadline; stopping with "
                         "the local copy only", step=step, path=str(self.local.folder(step)), url=self.durable.url)
         self._stop_deadline = deadline
+        self._stop_reason = request.reason
         self._should_stop = True
         # The last step's time reaches the agent before ``stopping``: the attempt may end at the handover,
         # before close() sends the final report.

@@ -43,10 +43,12 @@ Library -> agent:
 
 Agent -> library:
 
-* ``{"op": "checkpoint", "reason": "notice"|"rebalance"|"drill"|"cancel", "deadline": float|null, "stop": bool}``
+* ``{"op": "checkpoint", "reason": "notice"|"rebalance"|"drill"|"cancel"|"move", "deadline": float|null,
+  "stop": bool}``
   - ``deadline`` is in unix seconds. ``stop: true`` is the emergency path: the next ``step()`` saves,
   waits until the checkpoint is durable (or until the deadline minus a margin), sends ``stopping`` and
-  sets ``should_stop``. ``stop: false`` asks for an opportunistic checkpoint; training goes on.
+  sets ``should_stop``. ``stop: false`` asks for an opportunistic checkpoint; training goes on. The library
+  hands ``reason`` to the training script as ``Checkpointer.stop_reason``.
 * ``{"op": "recorded", "step": int}`` - the controller has recorded this durable checkpoint: it is the one the
   controller would hand the job's next attempt, so retention keeps it (retention.py) until a newer one is
   recorded. A node cut off from every controller gets none, and keeps what the controller knows.
@@ -70,7 +72,7 @@ log = get_logger()
 OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
                 "closed")
 OPS_FROM_AGENT = ("checkpoint", "recorded")
-REASONS = ("notice", "rebalance", "drill", "cancel")
+REASONS = ("notice", "rebalance", "drill", "cancel", "move")
 
 
 def encode(message: dict) -> bytes:

@@ -1,4 +1,4 @@
-"""The job file's checkpoint settings, as the agent exports them, as defaults of a Checkpointer (CONTRACT §2).
+"""The job file's checkpoint settings, as the agent exports them, as defaults of a Checkpointer (docs/job-file.md).
 
 ``checkpoint.interval`` arrives as ``RUNNER_CHECKPOINT_INTERVAL`` (absent for ``auto``) and ``checkpoint.keep``
 as ``RUNNER_CHECKPOINT_KEEP``. A value given in code wins; when it differs from the job file's, one plain log

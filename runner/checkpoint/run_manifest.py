@@ -1,4 +1,4 @@
-"""What a run ran with (CONTRACT §9): commit, Python, torch, CUDA, GPUs, installed packages, argv.
+"""What a run ran with (docs/restart-log.md): commit, Python, torch, CUDA, GPUs, installed packages, argv.
 
 The commit is the working directory's when it is a git repository, else the one ``runner submit`` recorded
 in the shipped workdir (runner/source.py). Sent once per attempt at the first ``restore()``. A value the node cannot know is None. The environment is

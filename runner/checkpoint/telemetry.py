@@ -1,6 +1,6 @@
-"""Job telemetry from the training side: steps, steps/s, NaN steps, peak memory, the run manifest, and the
-ledger's timings: the wall-clock time (unix seconds) of the attempt's first and last step and how long
-``restore()`` took.
+"""Job telemetry from the training side (docs/restart-log.md): steps, steps/s, NaN steps, peak memory, the run
+manifest, and the ledger's timings: the wall-clock time (unix seconds) of the attempt's first and last step and how
+long ``restore()`` took.
 
 ``StepTelemetry`` is fed once per training step and reports to the agent over the control channel, batched:
 at most one ``telemetry`` message every ``report_every_s`` seconds, one soon after each checkpoint commit

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 
 import click
 
@@ -35,6 +36,7 @@ class LogFollower:
         self.only_node = only_node
         self.offsets: dict[tuple[int, int], int] = {}
         self.finished: set[tuple[int, int]] = set()
+        self.rows: list[dict] = []
 
     def _streams(self, row: dict) -> list[int]:
         ranks = list(range(row.get("num_nodes") or 1))
@@ -42,13 +44,18 @@ class LogFollower:
             ranks = [r for r in ranks if r == self.only_node]
         return ranks
 
-    def poll(self) -> bool:
-        """Print what is new; return True once every attempt is complete and the job has ended."""
-        rows = self.client.get(f"/v1/jobs/{self.job_id}/restarts")
+    def poll(self, rows: list[dict] | None = None, through: int | None = None) -> bool:
+        """Print what is new (of attempts up to ``through``, when given; ``rows``: the restart log, when read
+        already); return True once every attempt is complete."""
+        if rows is None:
+            rows = self.client.get(f"/v1/jobs/{self.job_id}/restarts")
         if self.only_attempt is not None:
             rows = [r for r in rows if r["attempt"] == self.only_attempt]
+        self.rows = rows
         for row in rows:
             number = row["attempt"]
+            if through is not None and number > through:
+                break
             for rank in self._streams(row):
                 key = (number, rank)
                 if key in self.finished:
@@ -62,6 +69,14 @@ class LogFollower:
                 if not self._print_new(number, rank):
                     break  # the next node's output only once this one's is complete
         return bool(rows) and all((r["attempt"], rank) in self.finished for r in rows for rank in self._streams(r))
+
+    def complete_through(self, number: int | None) -> bool:
+        """Has every attempt up to ``number`` (every attempt, for None) printed all of its output?"""
+        rows = [r for r in self.rows if number is None or r["attempt"] <= number]
+        known = {r["attempt"] for r in rows}
+        if number is not None and not known.issuperset(range(1, number + 1)):
+            return False
+        return all((r["attempt"], rank) in self.finished for r in rows for rank in self._streams(r))
 
     def _print_new(self, number: int, rank: int) -> bool:
         """Print one stream's new output; True once it is complete."""
@@ -93,19 +108,39 @@ def follow_logs(client: Client, job_id: str, attempt: int | None, follow: bool, 
 
 
 def follow_job(client: Client, job_id: str, interval: float = 0.5) -> str:
-    """Stream state changes and output until the job ends; return its final state."""
+    """Stream state changes and output until the job ends; return its final state.
+
+    Lines come in the order things happened: a state change that ends an attempt comes after that attempt's
+    output, a line about an attempt after the output of the ones before it, and the job's end after all of it
+    (an attempt's last output reaches the controller a moment after its end is recorded)."""
     follower = LogFollower(client, job_id)
+    pending: deque[dict] = deque()
     last_event = 0
     while True:
+        rows = client.get(f"/v1/jobs/{job_id}/restarts")  # first: every attempt listed has its events below
+        job = client.get(f"/v1/jobs/{job_id}")
         for event in client.get(f"/v1/jobs/{job_id}/events", params={"after": last_event}):
             last_event = event["id"]
-            label = event["to_state"] or event["kind"]
-            click.echo(f"[runner] {event['time']} {label}: {event['message']}", err=True)
-        logs_done = follower.poll()
-        job = client.get(f"/v1/jobs/{job_id}")
-        if job["state"] in TERMINAL and logs_done:
-            for event in client.get(f"/v1/jobs/{job_id}/events", params={"after": last_event}):
+            pending.append(event)
+        while True:
+            while pending and follower.complete_through(_waits_for(pending[0])):
+                event = pending.popleft()
                 click.echo(f"[runner] {event['time']} {event['to_state'] or event['kind']}: {event['message']}",
                            err=True)
+            printed = len(follower.finished)
+            logs_done = follower.poll(rows, through=_waits_for(pending[0]) if pending else None)
+            if len(follower.finished) == printed:
+                break
+        if job["state"] in TERMINAL and logs_done and not pending:
             return job["state"]
         time.sleep(interval)
+
+
+def _waits_for(event: dict) -> int | None:
+    """The last attempt whose output comes before ``event`` (None: every attempt's, for the job's end)."""
+    attempt = event.get("attempt")
+    if event.get("to_state") in TERMINAL:
+        return None
+    if attempt is None:
+        return 0
+    return attempt if event.get("to_state") else attempt - 1

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..client import BadRequest, ClientError
 from ..spec import format_duration, load_job_file
 from .connect import connect
 from .follow import follow_job, follow_logs
@@ -40,9 +41,19 @@ def submit(job_file: Path, follow: bool, as_json: bool):
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 def validate(job_file: Path):
-    """Check a job file without submitting it."""
+    """Check a job file, and that a configured cloud can run it, without submitting it."""
     spec = load_job_file(job_file)
-    click.echo(f"{job_file}: valid (job {spec.name!r})")
+    body = spec.model_dump()
+    body.pop("workdir")
+    try:  # what submit checks (the offers, a gang's zone, the tiers), by a controller that is up: none is started
+        connect(start_if_needed=False).post("/v1/jobs/check", {"spec": body})
+    except BadRequest:
+        raise  # the controller's reason, exit 2, as submit would say it
+    except ClientError as exc:
+        click.echo(f"{job_file}: the file is valid (job {spec.name!r}); only the file was checked, not whether a "
+                   f"configured cloud can run it ({exc})")
+        return
+    click.echo(f"{job_file}: valid (job {spec.name!r}), and a configured cloud can run it")
 
 
 JOB_STATES = ("PENDING", "PROVISIONING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -137,26 +148,48 @@ def logs(job_id: str, attempt: int | None, follow: bool, rank: int | None):
 @click.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
-def restarts(job_id: str, as_json: bool):
+@click.option("--wide", is_flag=True, help="Every column: prices, times, exit codes and the training's figures.")
+def restarts(job_id: str, as_json: bool, wide: bool):
     """The restart log: one row per attempt."""
     rows = connect().get(f"/v1/jobs/{job_id}/restarts")
     if as_json:
         return print_json(rows)
-    print_restart_log(rows)
+    print_restart_log(rows, wide=wide)
 
 
-def print_restart_log(rows: list[dict], err: bool = False) -> None:
-    gang = any(r.get("nodes") for r in rows)  # a multi-node job: each node rank's end, and the noticed rank
-    print_table(
-        ["ATTEMPT", "ZONE", "TYPE", "PRICE/H", "STARTED", "ENDED", "REASON", "NOTICE", "SAVED", "RESUMED",
-         "LOST", "COST", "EXIT", "DRILL", "STEPS", "PEAK MEM", "NAN"] + (["NODES"] if gang else []),
-        [[r["attempt"], r["zone"], r["instance_type"], money(r["price_per_hour"]), r["started_at"],
-          r["ended_at"], r["end_reason"], _notice(r), r["checkpoint_step"],
-          r["resumed_from_step"], None if r["lost_seconds"] is None else f"{r['lost_seconds']:.1f}s",
-          money(r["cost_usd"]), r["exit_code"], _drill(r), r.get("steps"), gigabytes(r.get("peak_memory_gb")),
-          r.get("nan_steps")] + ([_nodes(r)] if gang else []) for r in rows],
-        empty="No attempts yet.", err=err,
-    )
+# The restart log's columns: (header, cell of a row, shown without --wide). What a row says about recovery comes
+# by default and fits 80 columns; prices, times, exit codes and the training's figures need --wide.
+RESTART_COLUMNS = (
+    ("#", lambda r: r["attempt"], True),
+    ("WHERE", lambda r: f"{r['zone']} {r['instance_type']}", True),
+    ("PRICE/H", lambda r: money(r["price_per_hour"]), False),
+    ("STARTED", lambda r: _when(r["started_at"]), False),
+    ("ENDED", lambda r: _when(r["ended_at"]), False),
+    ("REASON", lambda r: r["end_reason"], True),
+    ("NOTICE", lambda r: _notice(r), True),
+    ("SAVED", lambda r: r["checkpoint_step"], True),
+    ("RESUMED", lambda r: r["resumed_from_step"], True),
+    ("LOST", lambda r: None if r["lost_seconds"] is None else f"{r['lost_seconds']:.1f}s", True),
+    ("COST", lambda r: money(r["cost_usd"]), True),
+    ("EXIT", lambda r: r["exit_code"], False),
+    ("DRILL", lambda r: _drill(r), True),
+    ("STEPS", lambda r: r.get("steps"), False),
+    ("PEAK MEM", lambda r: gigabytes(r.get("peak_memory_gb")), False),
+    ("NAN", lambda r: r.get("nan_steps"), False),
+)
+WRAPPED = ("WHERE", "NOTICE", "DRILL", "NODES", "STARTED", "ENDED")  # wrap to fit the terminal; the rest stay whole
+
+
+def print_restart_log(rows: list[dict], err: bool = False, wide: bool = False) -> None:
+    columns = [c for c in RESTART_COLUMNS if wide or c[2]]
+    headers, cells = [c[0] for c in columns], [c[1] for c in columns]
+    if any(r.get("nodes") for r in rows):  # a multi-node job: each node rank's end, and the noticed rank
+        headers.append("NODES")
+        cells.append(_nodes)
+    print_table(headers, [[cell(r) for cell in cells] for r in rows], empty="No attempts yet.", err=err, wrap=WRAPPED,
+                gap=1)
+    if rows and not wide:
+        click.echo("(--wide adds prices, times, exit codes, steps and memory)", err=err)
 
 
 def _manifest(manifest: dict | None) -> str | None:
@@ -181,9 +214,13 @@ def _goodput(goodput: dict | None) -> str | None:
 
 
 def _notice(row: dict) -> str | None:
-    notice = row["notice"] or {}
-    rank = notice.get("node_rank")
-    return notice.get("source") if rank is None else f"{notice.get('source')} (node {rank})"
+    """The notice's source (of a gang, the NODES column says which rank it reached)."""
+    return (row["notice"] or {}).get("source")
+
+
+def _when(iso: str | None) -> str | None:
+    """``2026-11-21 10:00:00Z``: a date and a time that may wrap onto two lines."""
+    return iso.replace("T", " ") if iso else None
 
 
 def _nodes(row: dict) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -17,24 +18,47 @@ def print_json(value) -> None:
 PLAIN_TABLE_ROWS = 200  # past this many rows a table is laid out by hand: rich takes ~8 ms a row
 
 
-def print_table(columns: list[str], rows: list[list], empty: str = "", err: bool = False) -> None:
+def print_table(columns: list[str], rows: list[list], empty: str = "", err: bool = False,
+                wrap: tuple[str, ...] = (), gap: int = 2) -> None:
+    """A table as wide as the terminal (``COLUMNS`` where set): the ``wrap`` columns fold onto further lines
+    to fit it; the others keep each cell on one line. Piped output without ``COLUMNS`` is not cut. ``gap``: spaces
+    between columns. Past PLAIN_TABLE_ROWS rows, one plain line a row."""
     if not rows and empty:
         click.echo(empty, err=err)
         return
     if len(rows) > PLAIN_TABLE_ROWS:
         cells = [columns] + [["-" if cell is None else str(cell) for cell in row] for row in rows]
         widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-        click.echo("\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+        click.echo("\n".join((" " * gap).join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
                              for row in cells), err=err)
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, gap, 0, 0))
     for column in columns:
-        table.add_column(column, no_wrap=True)
+        if column in wrap:
+            table.add_column(column)  # wraps between words
+        else:
+            table.add_column(column, no_wrap=True)
     for row in rows:
         table.add_row(*["-" if cell is None else str(cell) for cell in row])
     stream = sys.stderr if err else sys.stdout
-    console = Console(file=stream, width=None if stream.isatty() else 250, highlight=False)
+    console = Console(file=stream, width=output_width(stream), highlight=False)
     console.print(table)
+
+
+def output_width(stream) -> int:
+    """``COLUMNS`` when set, else the terminal's width, else (a pipe or a file) 250 columns."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    if stream.isatty():
+        try:
+            return os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError):
+            return 80
+    return 250
 
 
 def money(value: float | None) -> str:

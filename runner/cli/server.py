@@ -24,7 +24,8 @@ def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None,
     """Run the controller: HTTP API, scheduler and reconciler."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..controller.daemon import ServerSettings, serve
+    from ..controller.daemon import ServerSettings
+    from ..server import serve
 
     data_dir = (data_dir or runner_home()).expanduser()
     configure_logging(data_dir / "controller.jsonl")

@@ -63,18 +63,12 @@ class SubmitRequest(BaseModel):
 @router.post("/jobs", status_code=201)
 def submit(body: SubmitRequest, request: Request, who: Principal = Depends(require_admin)):
     state = _state(request)
-    try:
-        spec = validate_job(body.spec, "job")
-    except SpecError as exc:
-        raise HTTPException(422, "\n".join(exc.problems)) from None
+    spec = _runnable_spec(state, body.spec)
     if body.workdir_digest is not None and not WORKDIR_DIGEST.fullmatch(body.workdir_digest):
         raise HTTPException(422, f"workdir_digest: must be the sha256 that PUT /v1/workdirs answered (64 lowercase "
                                  f"hex digits), not a string of {len(body.workdir_digest)} characters")
     if body.workdir_digest and not state.workdirs.has(body.workdir_digest):
         raise HTTPException(422, "workdir_digest: upload the workdir first (PUT /v1/workdirs)")
-    problem = unsatisfiable(state, spec) or gang_too_big(state, spec) or missing_durable_url(state, spec)
-    if problem:
-        raise HTTPException(422, problem)
     stored = spec.model_dump()
     stored["workdir_digest"] = body.workdir_digest
     with state.store.db.transaction() as tx:
@@ -94,6 +88,29 @@ def _new_job_id(store, tx, name: str) -> str:
         if store.job(job_id, tx) is None:
             return job_id
     raise RuntimeError("could not draw an unused job id in 8 tries")  # 2**-300: the random source is broken
+
+
+class CheckRequest(BaseModel):
+    spec: dict
+
+
+@router.post("/jobs/check")
+def check(body: CheckRequest, request: Request, who: Principal = Depends(require_admin)):
+    """What a submit would refuse, without submitting (``runner validate``): the file, and the offers."""
+    spec = _runnable_spec(_state(request), body.spec)
+    return {"ok": True, "name": spec.name}
+
+
+def _runnable_spec(state, raw: dict):
+    """The job as validated, or the 422 that names why it is invalid or can never run here."""
+    try:
+        spec = validate_job(raw, "job")
+    except SpecError as exc:
+        raise HTTPException(422, "\n".join(exc.problems)) from None
+    problem = unsatisfiable(state, spec) or gang_too_big(state, spec) or missing_durable_url(state, spec)
+    if problem:
+        raise HTTPException(422, problem)
+    return spec
 
 
 def unsatisfiable(state, spec) -> str | None:
@@ -297,6 +314,8 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
     """Chaos for the local provider: a notice through the node's metadata server, then the node's loss."""
     state = _state(request)
     job = _job_or_404(state, job_id)
+    if job.state in TERMINAL:  # as cancel says it
+        raise HTTPException(409, f"{job_id} already ended ({job.state}); there is no node to preempt")
     if body.notice not in ("aws", "gcp", "azure"):
         raise HTTPException(422, f"notice: {body.notice!r} is not one of aws, gcp, azure")
     num_nodes = job.num_nodes

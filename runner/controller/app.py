@@ -51,8 +51,9 @@ class ControllerState:
         return self.agent_wheel_cache
 
 
-def create_app(state: ControllerState):
-    from ..web import routes as web
+def create_app(state: ControllerState, routers: tuple = ()):
+    """The controller's API; ``routers``: more routes served beside it (the web page, mounted by the
+    composition root, runner/server.py, since the web page sits above the controller)."""
     from . import agent_api, api, event_api, heartbeat_api, log_api, metrics
     from .front_door import FrontDoor
 
@@ -76,7 +77,8 @@ def create_app(state: ControllerState):
     app.include_router(api.router)
     app.include_router(agent_api.router)
     app.include_router(metrics.router)
-    app.include_router(web.router)  # the web page: /, /jobs/JOB (a browser session, not a token)
+    for router in routers:
+        app.include_router(router)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict:

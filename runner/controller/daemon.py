@@ -140,11 +140,12 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def serve(settings: ServerSettings, providers: dict | None = None) -> None:
+def serve(settings: ServerSettings, providers: dict | None = None, app_factory=create_app) -> None:
     """Run until SIGTERM or SIGINT; leave the database consistent and nodes running.
 
     ``providers``: the clouds to launch on, by name (default: config.yaml's; the scale benchmark passes
-    the in-memory provider, whose nodes it plays itself)."""
+    the in-memory provider, whose nodes it plays itself). ``app_factory``: the ASGI app for the state (default:
+    the API alone; runner/server.py adds the web page)."""
     data_dir = settings.data_dir.resolve()
     make_data_dir_private(data_dir)  # jobs' env values, output and workdirs are kept here
     db_url = settings.db_url or f"sqlite:///{data_dir / 'runner.db'}"
@@ -174,7 +175,7 @@ def serve(settings: ServerSettings, providers: dict | None = None) -> None:
                             logs=DatabaseLogStore(db) if shared else LogStore(data_dir / "logs"), scheduler=scheduler,
                             is_leader=lambda: leader.leading,
                             workdir_archives=DatabaseWorkdirs(db) if shared else None)
-    server = _Server(uvicorn.Config(create_app(state), log_config=None, access_log=False,
+    server = _Server(uvicorn.Config(app_factory(state), log_config=None, access_log=False,
                                            timeout_graceful_shutdown=5))
     _write_controller_file(data_dir, url)
     watchdog = sdnotify.start_watchdog()  # also takes NOTIFY_SOCKET out of the environment nodes inherit

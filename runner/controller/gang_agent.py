@@ -62,7 +62,7 @@ def register(state, node: Node, address: str) -> tuple[int, dict | None]:
 
 
 def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) -> dict:
-    """What the job's environment says about the gang (CONTRACT §7); a single node is a gang of one."""
+    """What the job's environment says about the gang (docs/multinode.md); a single node is a gang of one."""
     store, gangs = state.store, GangStore(state.store)
     resources = Resources.model_validate(job.spec["resources"])
     row = next(a for a in store.attempts(job.id) if a.attempt == attempt)

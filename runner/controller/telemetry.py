@@ -1,4 +1,4 @@
-"""The agent's telemetry reports, checked and stored (CONTRACT §9).
+"""The agent's telemetry reports, checked and stored (docs/restart-log.md).
 
 A ``telemetry`` report: ``{"steps", "steps_per_second", "nan_steps", "peak_memory_bytes", "restore_seconds",
 "first_step", "first_step_at", "last_step", "last_step_at"}``, each optional (a step with its time).

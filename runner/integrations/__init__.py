@@ -1,4 +1,4 @@
-"""runner.integrations: the runner's checkpoints for training frameworks (CONTRACT §8, docs/integrations.md).
+"""runner.integrations: the runner's checkpoints for training frameworks (docs/integrations.md).
 
 * ``runner.integrations.transformers``: ``RunnerCallback`` for the Hugging Face Trainer, ``last_checkpoint()``.
 * ``runner.integrations.lightning``: ``RunnerCallback`` for ``lightning.Trainer``, ``last_checkpoint()``.

@@ -154,7 +154,7 @@ class FrameworkCheckpoints:
         if self.reported or self.ckpt is None:
             return
         self.reported = True
-        self.ckpt.telemetry.send_manifest()  # what this attempt runs with, once (CONTRACT §9)
+        self.ckpt.telemetry.send_manifest()  # what this attempt runs with, once (docs/restart-log.md)
         found = self.found if self.found is not None and self.found.step == step else None
         if step and found is None:
             log.warning(f"{self.framework} resumed at step {step} from a checkpoint that last_checkpoint() did not "
@@ -180,7 +180,8 @@ class FrameworkCheckpoints:
             self.stop_reason = decision.request.reason
 
     def say_stopping(self, step: int) -> None:
-        why = {"drill": "the resume drill", "cancel": "a cancellation"}.get(self.stop_reason, "a preemption")
+        why = {"drill": "the resume drill", "cancel": "a cancellation", "move": "a move to spot"}.get(self.stop_reason,
+                                                                                                     "a preemption")
         log.info(f"stopping at step {step} for {why}; the checkpoint is committed")
 
     def exit_after_stop(self, step: int) -> None:

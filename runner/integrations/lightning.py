@@ -1,4 +1,4 @@
-"""The runner's checkpoints for Lightning (CONTRACT §8, docs/integrations.md).
+"""The runner's checkpoints for Lightning (docs/integrations.md).
 
 ```python
 from runner.integrations.lightning import RunnerCallback, last_checkpoint
@@ -19,6 +19,8 @@ position of a ``runner.checkpoint.ResumableSampler`` (found on the training load
 """
 
 from __future__ import annotations
+
+import warnings
 
 import lightning
 from lightning.pytorch import Callback
@@ -52,6 +54,18 @@ def _find_sampler(trainer) -> ResumableSampler | None:
         if isinstance(candidate, ResumableSampler):
             return candidate
     return None
+
+
+# Lightning warns on a resume mid-epoch when the DataLoader itself has no state_dict, not knowing that this
+# callback restores the position of the loader's ResumableSampler (state_dict below), which makes it exact.
+NOT_RESUMABLE = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable"
+
+
+def _silence_the_not_resumable_warning() -> None:
+    """Only that warning, and only where the loader's position is restored by a ResumableSampler."""
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    warnings.filterwarnings("ignore", message=NOT_RESUMABLE, category=PossibleUserWarning)
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -114,10 +128,12 @@ class RunnerCallback(Callback):
         self.checkpoints.ckpt.reclaim_signals()  # Lightning's SIGTERM handler would stop without a checkpoint
         self.checkpoints.report_resumed(trainer.global_step)
         self._last_step = trainer.global_step
+        sampler = self.sampler or _find_sampler(trainer)  # the loader exists now; its first batch is not drawn yet
+        if sampler is not None:
+            _silence_the_not_resumable_warning()
         state, self._restored_state = self._restored_state, None
         if state is None or state.get("sampler") is None:
             return
-        sampler = self.sampler or _find_sampler(trainer)  # the loader exists now; its first batch is not drawn yet
         if sampler is None:
             log.warning("the checkpoint holds a ResumableSampler's position, but the training loader has none; "
                         "the epoch starts over (pass sampler= to RunnerCallback)")

@@ -1,4 +1,4 @@
-"""The runner's checkpoints for the Hugging Face Trainer (CONTRACT §8, docs/integrations.md).
+"""The runner's checkpoints for the Hugging Face Trainer (docs/integrations.md).
 
 ```python
 from runner.integrations.transformers import RunnerCallback, last_checkpoint
@@ -15,6 +15,8 @@ process exits (status 0) once ``train()`` has wound down, to be resumed.
 
 from __future__ import annotations
 
+import ast
+import logging
 from pathlib import Path
 
 import transformers
@@ -66,6 +68,7 @@ class RunnerCallback(TrainerCallback):
     # ------------------------------------------------------------------ Trainer events
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
+        _explain_tied_weights(model)
         self.checkpoints.start(args.output_dir, model)
         self.checkpoints.check_found()  # when last_checkpoint() ran before the Trainer was built
 
@@ -122,6 +125,53 @@ class RunnerCallback(TrainerCallback):
         if loss is not None:
             loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
+
+
+MISSING_KEYS = "There were missing keys in the checkpoint model loaded: "
+
+
+class _TiedWeights(logging.Filter):
+    """Drops the Trainer's "missing keys" warning on a resume when every key it names is a weight tied to one
+    that was loaded (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``: saved once, restored with it),
+    saying so in one line instead. Any other missing key is still warned about."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(MISSING_KEYS):
+            return True
+        try:
+            missing = ast.literal_eval(message[len(MISSING_KEYS):].rstrip("."))
+        except (ValueError, SyntaxError):
+            return True
+        tied = {key: self._tied_to(key) for key in missing} if isinstance(missing, list) and missing else {}
+        if not tied or None in tied.values():
+            return True
+        log.info("restored tied weights with the weights they share: "
+                 + ", ".join(f"{key} is {source}" for key, source in tied.items()))
+        return False
+
+    def _tied_to(self, key: str) -> str | None:
+        """The loaded parameter that ``key`` is (the same tensor), or None."""
+        try:
+            parameter = self.model.get_parameter(key)
+        except (AttributeError, TypeError):
+            return None
+        for name, other in self.model.named_parameters():  # each shared tensor once, under its first name
+            if other is parameter and name != key:
+                return name
+        return None
+
+
+def _explain_tied_weights(model) -> None:
+    trainer_log = logging.getLogger("transformers.trainer")
+    for old in [f for f in trainer_log.filters if isinstance(f, _TiedWeights)]:
+        trainer_log.removeFilter(old)
+    if model is not None:
+        trainer_log.addFilter(_TiedWeights(model))
 
 
 def last_checkpoint() -> str | None:

@@ -145,6 +145,8 @@ def _parse_accelerators(text: str) -> tuple[str, int | None]:
 
 # --- explaining ------------------------------------------------------------------------------------
 
+CLOUD_GUIDES = ("aws", "gcp")  # clouds whose setup has its page in docs/
+
 
 def explain_unsatisfiable(offers: Iterable[Offer], resources: Resources) -> str | None:
     """None when some offer can run the job; else one line naming the constraint at fault and the
@@ -169,15 +171,23 @@ def explain_unsatisfiable(offers: Iterable[Offer], resources: Resources) -> str 
             if wanted is not None:
                 only = [o for o in only if (o.accelerator or "").upper() == wanted[0].upper()] or only
         if only:
-            where = _describe(min(only, key=lambda o: _cheapness(o, resources)), resources.spot_policy)
-            cheapest = "the cheapest is" if name == "max_price_per_hour" else "the cheapest offer without it is"
-            return f"{_reason(name, resources, offers)}; {cheapest} {where}"
+            best = min(only, key=lambda o: _cheapness(o, resources))
+            return f"{_reason(name, resources, offers)}; {_cheapest_instead(name, best)} {_describe(best, resources.spot_policy)}"
     right_kind = [(o, f) for o, f in scored if "accelerators" not in f] or scored
     closest, failed = min(right_kind, key=lambda s: (len(s[1]), _cheapness(s[0], resources)))
     kind = ("offer" if "accelerators" in failed else "CPU-only offer" if wanted is None
             else f"offer with accelerators {resources.accelerators}")
     return (f"no {kind} meets {' and '.join(_constraint(resources, c) for c in failed)}; "
             f"the closest is {_describe(closest, resources.spot_policy)}; relax one of them")
+
+
+def _cheapest_instead(constraint: str, offer: Offer) -> str:
+    """How to name the cheapest offer that fits but for ``constraint``."""
+    if constraint == "max_price_per_hour":
+        return "the cheapest is"
+    if constraint == "accelerators" and offer.accelerator:
+        return f"the cheapest {offer.accelerator}:{offer.accelerator_count} offer is"
+    return "the cheapest offer that meets everything else is"
 
 
 def _cheapness(offer: Offer, resources: Resources) -> tuple:
@@ -219,7 +229,13 @@ def _reason(name: str, resources: Resources, offers: list[Offer]) -> str:
         most = max(getattr(o, name) for o in offers if _failures(o, resources) == [name])
         return f"{_constraint(resources, name)} is more than every fitting offer has (at most {most:g})"
     if name == "cloud":
-        return f"cloud {','.join(resources.cloud or [])} has no fitting offer, or is not configured"
+        configured = {o.cloud for o in offers}
+        missing = [c for c in resources.cloud or [] if c not in configured]
+        if missing:
+            guides = ", ".join(f"docs/{c}.md" for c in missing if c in CLOUD_GUIDES)
+            return (f"cloud {','.join(missing)} is not configured: add it under clouds: in the controller's "
+                    f"config.yaml" + (f" (how: {guides})" if guides else ""))
+        return f"cloud {','.join(resources.cloud or [])} has no fitting offer"
     if name == "regions":
         return f"regions {','.join(resources.regions or [])} have no fitting offer"
     if name == "spot_policy":
@@ -236,7 +252,7 @@ def _display_price(offer: Offer, spot_policy: str) -> tuple[float, str]:
 
 def _describe(offer: Offer, spot_policy: str) -> str:
     price, market = _display_price(offer, spot_policy)
-    return f"{offer.instance_type} in {offer.zone} at {_money(price)}/h {market}"
+    return f"{offer.instance_type} in {offer.zone} at ${_money(price)}/h {market}"
 
 
 def _money(value: float) -> str:

@@ -23,6 +23,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     CANCELLED: frozenset(),
 }
 
-# Why an attempt ended (CONTRACT §4).
+# Why an attempt ended (docs/restart-log.md).
 # "moved": the cost policy stopped it to move the job from on-demand back to spot (runner/scheduler/spot_return.py).
 END_REASONS = frozenset({"succeeded", "failed", "preempted", "lost", "drill", "cancelled", "moved", "running"})

@@ -1,4 +1,4 @@
-"""The job file's schema (CONTRACT §2), one pydantic model per section.
+"""The job file's schema (docs/job-file.md), one pydantic model per section.
 
 The same models generate docs/job-schema.json for editors (``python -m runner.spec.jsonschema``).
 """

@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 from .dialect import to_postgres
 from .errors import DatabaseError, DatabaseUnreachable, UnsupportedDatabaseURL
 from .migrations import apply_migrations
+from .urls import redact
 
 # Advisory lock keys (any 64-bit numbers, fixed): the write lock and the leader's lock.
 WRITE_LOCK_KEY = 0x72756E6E6572_01
@@ -43,15 +44,6 @@ def open_database(url: str, migrate: bool = True) -> "Database":
         db.close()
         raise
     return db
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
 
 
 class Database:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from .errors import SchemaTooNew
+from .urls import redact
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -146,7 +147,7 @@ MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         5,
-        # Job telemetry (CONTRACT §9): what each attempt trained, and the run manifest it reported.
+        # Job telemetry (docs/restart-log.md): what each attempt trained, and the run manifest it reported.
         """
         ALTER TABLE attempts ADD COLUMN steps INTEGER;
         ALTER TABLE attempts ADD COLUMN steps_per_second REAL;
@@ -176,7 +177,7 @@ MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         8,
-        # Teams (CONTRACT §10): the secrets every controller of one database shares (the admin token, the
+        # Teams (docs/operations.md): the secrets every controller of one database shares (the admin token, the
         # node secret), and job output and uploaded workdirs, kept in the database when several controllers
         # serve it.
         """
@@ -298,6 +299,4 @@ def _version(tx) -> int:
 
 
 def _name(db) -> str:
-    from .db import redact
-
     return redact(getattr(db, "url", "?"))

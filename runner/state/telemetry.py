@@ -1,4 +1,4 @@
-"""Reads and writes of job telemetry (CONTRACT §9): per-attempt training figures and run manifests.
+"""Reads and writes of job telemetry (docs/restart-log.md): per-attempt training figures and run manifests.
 
 An attempt's ``steps`` and ``nan_steps`` only grow (the training's counters do, within an attempt): a report
 that arrives late, after a newer one, never takes them back, and ``steps_per_second`` is taken only from a

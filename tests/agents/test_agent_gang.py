@@ -30,7 +30,7 @@ def test_a_refused_registration_ends_the_wait():
 
 
 def test_the_job_gets_the_gang_variables_with_addresses_one_per_line():
-    """Every CONTRACT §7 variable, from the assignment's gang."""
+    """Every gang variable of docs/environment.md, from the assignment's gang."""
     assert gang_environment(ASSIGNMENT) == {
         "RUNNER_NUM_NODES": "2", "RUNNER_NODE_RANK": "1", "RUNNER_NODE_IPS": "10.0.0.1\n10.0.0.2",
         "RUNNER_MASTER_ADDR": "10.0.0.1", "RUNNER_MASTER_PORT": "29611", "RUNNER_GPUS_PER_NODE": "8"}

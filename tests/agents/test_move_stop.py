@@ -29,7 +29,7 @@ while not ckpt.should_stop:
     if step == 5:
         print("training", flush=True)
 ckpt.close()
-print("stopped at step", step, flush=True)
+print("stopped at step", step, "for", ckpt.stop_reason, flush=True)
 '''
 
 
@@ -79,7 +79,7 @@ def test_a_move_stops_the_job_with_a_checkpoint_and_reports_moved(tmp_path):
 
     reason, code, message, drill = ended[0]
     assert (reason, code) == (wire.MOVED, 0), agent.shipper.text()  # it stopped by itself, after its checkpoint
-    stopped = int(re.search(r"stopped at step (\d+)", agent.shipper.text()).group(1))
+    stopped = int(re.search(r"stopped at step (\d+) for move\n", agent.shipper.text()).group(1))  # it knows why
     assert agent.cancel_stop.ack["step"] == stopped and agent.cancel_stop.ack["durable"]
     committed = [p.name for p in Path(durable).rglob("step-*")]
     assert f"step-{stopped:08d}" in committed, f"the stop's checkpoint is not durable: {committed}"

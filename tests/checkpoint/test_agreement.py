@@ -43,6 +43,15 @@ def test_the_strongest_reason_wins():
     assert Word.reason(Word.encode(7, False, True, 0)) == 0
 
 
+def test_every_reason_keeps_to_its_bits():
+    """Every reason fits below the step's bits: a word with the strongest reason still decodes its step."""
+    for reason in range(len(REASONS)):
+        for step in (0, 7, Word.STEP_MASK):
+            word = Word.encode(step, True, True, reason)
+            assert (Word.reason(word), Word.steps_agree(word)) == (reason, True)
+            assert word < 1 << 63  # the sign bit stays clear
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
@@ -30,10 +35,16 @@ class FakeAgent:
         self.conn, _ = self.server.accept()
         self._connected.set()
         buffer = b""
-        while data := self.conn.recv(65536):
+        while data := self._recv():
             buffer += data
             *lines, buffer = buffer.split(b"\n")
             self.messages.extend(json.loads(line) for line in lines)
+
+    def _recv(self) -> bytes:
+        try:
+            return self.conn.recv(65536)
+        except OSError:  # closed by close() at the test's end
+            return b""
 
     def send(self, message: dict) -> None:
         assert self._connected.wait(5)
@@ -159,3 +170,48 @@ def test_a_stop_request_outranks_an_opportunistic_one():
     """Two pending requests merge into the stronger: stop wins, with the earlier deadline."""
     merged = CheckpointRequest("rebalance", False, 50.0).merge(CheckpointRequest("notice", True, 80.0))
     assert merged == CheckpointRequest("notice", True, 50.0)
+
+
+@pytest.mark.parametrize("reason", ["notice", "drill", "cancel", "move"])
+def test_the_training_script_learns_why_it_stops(setup, tmp_path, agent, reason):
+    """``ckpt.stop_reason`` is None while training goes on, then the reason of the request that stopped it."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", interval="1h")
+    agent.wait_for("hello")
+    assert ckpt.stop_reason is None
+    agent.send({"op": "checkpoint", "reason": reason, "deadline": time.time() + 60, "stop": True})
+    _train_until_stop(ckpt, setup)
+    ckpt.close()
+    assert ckpt.should_stop and ckpt.stop_reason == reason
+    assert agent.wait_for("stopping")[0]["reason"] == reason
+
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "train.py"
+
+
+@pytest.mark.parametrize("reason, said", [("drill", "for the resume drill"), ("cancel", "for a cancellation"),
+                                          ("notice", "for a preemption")])
+def test_the_quickstart_says_why_it_stops(tmp_path, agent, reason, said):
+    """The quickstart's train.py names the stop's real reason, not a preemption for a drill or a cancel."""
+    proc = subprocess.Popen([sys.executable, str(QUICKSTART), "--steps", "100000", "--step-time", "0.01"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        agent.wait_for("restored", timeout=120)
+        agent.send({"op": "checkpoint", "reason": reason, "deadline": time.time() + 60, "stop": True})
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert re.search(rf"stopping at step \d+ {said}; the checkpoint is committed", out), out
+
+
+def test_the_quickstart_takes_its_interval_from_its_job_file(tmp_path, monkeypatch):
+    """One source for the quickstart's checkpoint interval (its job.yaml): train.py does not override it, so
+    no 'the code's ... is used, not the job file's' line is logged."""
+    import yaml
+
+    job = yaml.safe_load((QUICKSTART.parent / "job.yaml").read_text())
+    env = {**os.environ, "RUNNER_CHECKPOINT_INTERVAL": str(job["checkpoint"]["interval"])}
+    out = subprocess.run([sys.executable, str(QUICKSTART), "--steps", "3", "--step-time", "0"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "checkpoint interval" not in out.stdout + out.stderr

@@ -95,7 +95,7 @@ def test_a_manifest_that_is_not_an_object_is_422(server):
 
 
 def test_the_tables_show_the_figures(server):
-    """`runner jobs`, `runner status` and `runner restarts` tables carry steps/s, $/1000 steps and the row's."""
+    """`runner jobs`, `runner status` and `runner restarts --wide` tables carry steps/s, $/1000 steps and the row's."""
     # Its own committed step (the same report as above, taken once): under xdist this test may get a fresh controller.
     assert post(server, "checkpoint", {"step": 80, "durable": True, "seconds": 0.1,
                                        "manifest": "file:///x/step-00000080/manifest.json"}).status_code == 200
@@ -105,7 +105,7 @@ def test_the_tables_show_the_figures(server):
     assert "STEPS/S" in jobs and "$/1K STEPS" in jobs
     status = server.runner("status", server.job_id).stdout
     assert re.search(r"^steps/s: +10$", status, re.M) and re.search(r"^\$/1k steps: +\$", status, re.M)
-    restarts = server.runner("restarts", server.job_id).stdout.splitlines()
+    restarts = server.runner("restarts", server.job_id, "--wide").stdout.splitlines()  # every column
     header, row = restarts[0].split(), restarts[-1]
     assert header[-3:] == ["PEAK", "MEM", "NAN"] and "3.00 GB" in row
 

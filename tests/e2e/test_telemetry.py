@@ -1,4 +1,4 @@
-"""Job telemetry end to end (CONTRACT §9): a real job on the local provider, preempted once, reports its figures.
+"""Job telemetry end to end (docs/restart-log.md): a real job on the local provider, preempted once, reports its figures.
 
 The trainee passes known NaN losses to ``ckpt.step(step, loss=...)``; after a preemption each attempt's row
 of the restart log has the steps it trained and the NaN steps among them, status has steps/s, the cost per

@@ -97,7 +97,7 @@ def test_the_drill_passes_and_a_preempted_job_resumes_where_it_stopped_bit_exact
     stopped_at = int(re.search(r"stopping at step (\d+) for a preemption", second_attempt).group(1))
     assert preempted["checkpoint_step"] == stopped_at == finished["resumed_from_step"] > drill_step
     assert finished["end_reason"] == "succeeded" and finished["zone"] != preempted["zone"]
-    # Every step and its loss reached the job's telemetry (CONTRACT §9) through the callback.
+    # Every step and its loss reached the job's telemetry (docs/restart-log.md) through the callback.
     trained = [drill_step, stopped_at - drill_step, case["steps"] - stopped_at]
     assert [row["steps"] for row in (drilled, preempted, finished)] == trained
     assert [row["nan_steps"] for row in (drilled, preempted, finished)] == [0, 0, 0]

@@ -1,4 +1,4 @@
-"""The public API of runner.integrations (CONTRACT §8) is pinned: what a user imports stays importable."""
+"""The public API of runner.integrations (docs/integrations.md) is pinned: what a user imports stays importable."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The job file's checkpoint.interval and checkpoint.keep reach a Checkpointer() built without them (CONTRACT §2).
+"""The job file's checkpoint.interval and checkpoint.keep reach a Checkpointer() built without them (docs/job-file.md).
 
 The agent exports them as RUNNER_CHECKPOINT_INTERVAL (absent for auto) and RUNNER_CHECKPOINT_KEEP; a value
 given in code wins, and one log line names both values.

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -83,8 +84,33 @@ def test_sigterm_mid_run_commits_that_step_on_both_tiers_and_a_new_node_resumes_
     resumed = example.build(example.parse(["--steps", STEPS, "--output-dir", str(tmp_path / "out")]))
     resume = last_checkpoint()
     assert resume == str(tmp_path / "node2" / "step-00000005")
-    resumed.train(resume_from_checkpoint=resume)
+    with transformers_warnings() as warned, structlog.testing.capture_logs() as logs:
+        resumed.train(resume_from_checkpoint=resume)
     assert example.weights_sha256(resumed.model) == uninterrupted_sha
+    # A bit-exact resume says nothing alarming: the tied lm_head is explained, the loss type is set.
+    assert not [w for w in warned if "missing keys" in w or "loss_type" in w], warned
+    assert "restored tied weights with the weights they share: lm_head.weight is transformer.wte.weight" in [
+        e["event"] for e in logs]
+
+
+@contextmanager
+def transformers_warnings():
+    """The warnings transformers logs meanwhile (its once-only warnings included, as if for the first time)."""
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                warned.append(record.getMessage())
+
+    warned: list[str] = []
+    logging.Logger.warning_once.cache_clear()
+    handler, root = Keep(), logging.getLogger("transformers")
+    root.addHandler(handler)
+    try:
+        yield warned
+    finally:
+        root.removeHandler(handler)
 
 
 def _tiny_trainer(output_dir: Path, model, callback=None, **callback_options):

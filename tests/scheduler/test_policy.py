@@ -277,7 +277,7 @@ def test_a_satisfiable_job_needs_no_explanation():
 def test_a_price_cap_below_every_offer_names_the_cheapest():
     """The message names the cap and the cheapest offer that fits apart from it."""
     assert explain_unsatisfiable(MARKET, res(accelerators="T4:1", cloud=["aws"], max_price_per_hour=0.1)) == (
-        "max_price_per_hour 0.10 is below every fitting offer; the cheapest is g4dn.xlarge in us-east-1b at 0.19/h spot")
+        "max_price_per_hour 0.10 is below every fitting offer; the cheapest is g4dn.xlarge in us-east-1b at $0.19/h spot")
 
 
 def test_an_unknown_accelerator_lists_the_known_ones():
@@ -290,8 +290,8 @@ def test_an_unknown_accelerator_lists_the_known_ones():
 def test_a_count_nobody_offers_lists_the_counts_offered():
     """T4:2 when T4 comes as 1 names the counts and the cheapest T4 offer."""
     assert explain_unsatisfiable(MARKET, res(accelerators="t4:2")) == (
-        "accelerators t4:2 is not offered (T4 comes as T4:1); the cheapest offer without it is "
-        "g4dn.xlarge in us-east-1b at 0.19/h spot")
+        "accelerators t4:2 is not offered (T4 comes as T4:1); the cheapest T4:1 offer is "
+        "g4dn.xlarge in us-east-1b at $0.19/h spot")
 
 
 @pytest.mark.parametrize("resources, start", [
@@ -306,17 +306,25 @@ def test_each_blocking_constraint_is_named(resources, start):
     assert explain_unsatisfiable(MARKET, res(**resources)).startswith(start)
 
 
+def test_a_cloud_that_is_not_configured_points_to_its_guide():
+    """A job for AWS on a controller without AWS is told that AWS is not configured and where the setup is."""
+    message = explain_unsatisfiable([GCP_T4], res(accelerators="T4:1", cloud=["aws"]))
+    assert message.startswith("cloud aws is not configured: add it under clouds: in the controller's config.yaml")
+    assert "docs/aws.md" in message and "; the cheapest offer that meets everything else is " in message
+    assert "/h spot" in message and " at $" in message
+
+
 def test_a_spot_job_with_no_spot_market_is_told_to_use_auto():
     """When only on-demand exists, the message suggests spot_policy auto or on-demand."""
     message = explain_unsatisfiable([offer(spot=None)], res(accelerators="T4:1"))
-    assert message.startswith("spot_policy spot") and "auto" in message and "0.526/h on-demand" in message
+    assert message.startswith("spot_policy spot") and "auto" in message and "$0.526/h on-demand" in message
 
 
 def test_two_constraints_together_are_both_named():
     """When no single constraint is to blame, the message names each that the closest offer fails."""
     assert explain_unsatisfiable(MARKET, res(accelerators="T4:1", cpus=64, memory_gb=64)) == (
         "no offer with accelerators T4:1 meets cpus 64 and memory_gb 64; the closest is g4dn.xlarge in "
-        "us-east-1b at 0.19/h spot; relax one of them")
+        "us-east-1b at $0.19/h spot; relax one of them")
 
 
 def test_no_offers_at_all_says_to_configure_a_cloud():

@@ -18,7 +18,7 @@ def test_a_link_works_once_and_a_session_everywhere_across_controllers_sharing_a
     first = Controller(homes[0], db_url=db_url).start()
     second = Controller(homes[1], db_url=db_url).start()
     try:
-        assert first.token == second.token  # one admin token for the database (CONTRACT §10)
+        assert first.token == second.token  # one admin token for the database (docs/operations.md)
         minted = requests.post(first.url + "/v1/dashboard/links", headers=first.headers(), timeout=10)
         link = minted.json()["path"]
 

@@ -31,7 +31,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_ZONES = ("local-a", "local-b", "local-c")
 DEFAULT_ZONE_CAPACITY = 8  # nodes per simulated zone, all jobs together (clouds.local.zone_capacity)
 NODE_ADDRESS = "127.0.0.1"  # every simulated node is this machine
-# Seconds from a notice to the loss of the node, per cloud (FIELD-NOTES §1).
+# Seconds from a notice to the loss of the node, per cloud (docs/aws.md, docs/gcp.md).
 GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 
 

@@ -1,7 +1,7 @@
 """Protocol-faithful fake metadata servers: one set per simulated node of the local provider.
 
 A node runs all three (:func:`serve_all`) and its agent finds them through the endpoint variables of
-CONTRACT §5. ``runner preempt JOB --notice aws|gcp|azure`` reaches a node's server from another
+docs/environment.md. ``runner preempt JOB --notice aws|gcp|azure`` reaches a node's server from another
 process through :func:`inject_notice`, which speaks the servers' admin API (``/_fake/``).
 """
 

@@ -160,7 +160,7 @@ class FakeMetadataServer:
 
     @property
     def endpoint(self) -> str:
-        """The value for this cloud's endpoint variable (CONTRACT §5)."""
+        """The value for this cloud's endpoint variable (docs/environment.md)."""
         return self.url
 
     # --- faults and counters (thread-safe) -----------------------------------
