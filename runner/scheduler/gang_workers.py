@@ -136,8 +136,12 @@ def _deadline_order(ctx, job: Job, resources: Resources, attempts, offers, kept,
         return [], reason
     rest = placement.rank_offers(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=now,
                                  on_demand_fallback=True, on_demand_backoff=ctx.on_demand_backoff)
-    same_market = [c for c in rest if c != chosen and c.spot == chosen.spot]  # the policy chose a market
-    return [chosen, *same_market], reason
+    ordered = [chosen, *(c for c in rest if c != chosen and c.spot == chosen.spot)]  # the policy chose a market
+    if any(k.spot != chosen.spot for k in kept):
+        # Never a gang of both markets: it moves whole to the chosen market (its kept nodes released), in
+        # another zone than theirs (their zone still counts them, so its room for the gang is not known).
+        ordered = [c for c in ordered if (c.offer.cloud, c.offer.zone) not in home]
+    return ordered, reason
 
 
 def abandon_gang_launch(ctx, tx, node: Node, exc: ProviderError) -> None:
