@@ -70,6 +70,6 @@ def cost_per_1000_steps(price_per_hour: float, steps_per_second: float) -> float
 def describe(what: str, price_per_hour: float, speed: Speed | None) -> str:
     """One offer's figures for a message: "L4 spot in us-east-1b: $0.21/h at 3.1 steps/s measured = $0.019/1k steps"."""
     if speed is None:
-        return f"{what}: ${price_per_hour:.4g}/h, steps/s unknown"
+        return f"{what}: ${price_per_hour:.4g}/h"
     return (f"{what}: ${price_per_hour:.4g}/h at {speed.steps_per_second:.3g} steps/s {speed.how} = "
             f"${cost_per_1000_steps(price_per_hour, speed.steps_per_second):.3g}/1k steps")

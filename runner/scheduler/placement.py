@@ -116,7 +116,10 @@ def step_figures(ranked: list[Candidate], chosen: Candidate, speed_of: SpeedOf |
         if (c.offer.instance_type, c.spot) not in seen and c.offer.instance_type != chosen.offer.instance_type:
             seen.add((c.offer.instance_type, c.spot))
             shown.append(c)
-    return "; ".join(describe(label(c), c.price * nodes, speed_of(c.offer)) for c in shown)
+    figures = "; ".join(describe(label(c), c.price * nodes, speed_of(c.offer)) for c in shown)
+    if all(speed_of(c.offer) is None for c in shown):
+        return f"the cheapest hour, no steps/s known yet: {figures}"
+    return figures
 
 
 def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: Job, attempts: list[Attempt],
