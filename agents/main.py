@@ -268,6 +268,7 @@ class Agent(AgentCore):
             env["RUNNER_CONTROL"] = str(self.control.path)
             env[wire.ENV_AGENT_LOSS_GRACE] = str(wire.AGENT_LOSS_GRACE_SECONDS)  # a job outlives its agent this long
         env.update(gang_environment(self.assignment))
+        env.update(wire.placement_environment(self.assignment.get("placement")))
         if checkpoint.get("interval") and checkpoint["interval"] != "auto":
             env["RUNNER_CHECKPOINT_INTERVAL"] = str(checkpoint["interval"])
         env["RUNNER_CHECKPOINT_KEEP"] = str(checkpoint.get("keep", 3))

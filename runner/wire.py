@@ -29,6 +29,22 @@ ENV_GPUS_PER_NODE = "RUNNER_GPUS_PER_NODE"  # the accelerator count of resources
 ENV_AGENT_LOSS_GRACE = "RUNNER_AGENT_LOSS_GRACE_SECONDS"
 AGENT_LOSS_GRACE_SECONDS = 30.0
 
+# Where the job's process runs (every job, from its node's offer): which of a job's accelerator alternatives it
+# got, and whether the node is spot ("1") or on-demand ("0").
+ENV_CLOUD = "RUNNER_CLOUD"
+ENV_ZONE = "RUNNER_ZONE"
+ENV_INSTANCE_TYPE = "RUNNER_INSTANCE_TYPE"
+ENV_SPOT = "RUNNER_SPOT"
+
+
+def placement_environment(placement: dict | None) -> dict[str, str]:
+    """RUNNER_CLOUD, RUNNER_ZONE, RUNNER_INSTANCE_TYPE and RUNNER_SPOT from an assignment's ``placement``
+    (``{"cloud", "zone", "instance_type", "spot"}``); nothing from an older controller that sends none."""
+    if not placement:
+        return {}
+    return {ENV_CLOUD: str(placement["cloud"]), ENV_ZONE: str(placement["zone"]),
+            ENV_INSTANCE_TYPE: str(placement["instance_type"]), ENV_SPOT: "1" if placement["spot"] else "0"}
+
 # Exit reasons an agent reports (POST /v1/agent/exit). STOPPED_BY_PEER: the job's processes on this node
 # stopped because another node of the gang was preempted or drilled (they learned it through the process
 # group), not because of anything on this node; the node stays for the gang's next attempt.

@@ -88,7 +88,10 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
     extra = {}
     if gang["num_nodes"] > 1 and (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
         extra["drill_expected_step"] = expected
-    return {**extra, "gang": gang,
+    offer = node.offer or {}
+    placement = {"cloud": offer.get("cloud", node.provider), "zone": offer.get("zone"),
+                 "instance_type": offer.get("instance_type"), "spot": bool(node.spot)}
+    return {**extra, "gang": gang, "placement": placement,
         "job_id": job.id,
         "attempt": attempt,
         "name": job.name,
@@ -167,8 +170,6 @@ def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
     if body.reason not in EXIT_REASONS:
         raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(EXIT_REASONS)}")
     if state.store.job(who.node.job_id).num_nodes > 1:
-        if body.reason == MOVED:
-            raise HTTPException(422, f"reason: {MOVED!r} is for a single-node job only (a gang is never moved)")
         return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
     if body.reason == STOPPED_BY_PEER:
         raise HTTPException(422, f"reason: {STOPPED_BY_PEER!r} is for a node of a multi-node job only")

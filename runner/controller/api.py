@@ -338,9 +338,11 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
 
 
 @router.get("/offers")
-def offers(request: Request, accelerators: str | None = None, cloud: str | None = None,
+def offers(request: Request, accelerators: list[str] | None = Query(None), cloud: str | None = None,
            on_demand: bool = False, refresh: bool = False, who: Principal = Depends(require_admin)):
-    """Offers of the configured providers that fit the filters, cheapest first (``refresh``: live prices now)."""
+    """Offers of the configured providers that fit the filters, cheapest first (``refresh``: live prices now).
+
+    ``accelerators`` may be repeated (or comma-separated): offers with any of them."""
     from ..scheduler.policy import filter_offers
 
     providers = _state(request).scheduler.providers.values()
@@ -349,7 +351,8 @@ def offers(request: Request, accelerators: str | None = None, cloud: str | None 
             provider.refresh_prices()
     every = [o for p in providers for o in p.offers()]
     try:
-        fitting = filter_offers(every, accelerators=accelerators, cloud=cloud, on_demand=on_demand)
+        wanted = [part.strip() for text in accelerators or [] for part in text.split(",") if part.strip()]
+        fitting = filter_offers(every, accelerators=wanted, cloud=cloud, on_demand=on_demand)
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     return [o.to_json() for o in fitting]

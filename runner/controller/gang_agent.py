@@ -18,6 +18,7 @@ from fastapi import HTTPException
 from ..providers.errors import ProviderError
 from ..scheduler.attempts import end_attempt
 from ..scheduler.gang import gang_outcome, gpus_per_node
+from ..scheduler.spot_return import move_request
 from ..scheduler.states import PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from ..scheduler.transitions import AttemptEnd, transition
 from ..spec import Resources
@@ -26,7 +27,7 @@ from ..state import ledger
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, AttemptNode, Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
-from ..wire import REGISTER_WAITING, STOP_FOR_PEER
+from ..wire import MOVED, REGISTER_WAITING, STOP_FOR_PEER
 
 
 def waiting(message: str) -> dict:
@@ -79,7 +80,15 @@ def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) 
     else:
         ips, rank = [address or "127.0.0.1"], 0
     return {"num_nodes": row.num_nodes, "node_rank": rank, "node_ips": ips, "master_addr": ips[0],
-            "master_port": port, "gpus_per_node": gpus_per_node(resources.accelerator())}
+            "master_port": port, "gpus_per_node": gpus_per_node(_node_accelerators(node, resources))}
+
+
+def _node_accelerators(node: Node, resources: Resources) -> tuple[str, int] | None:
+    """The accelerators of the node's own offer (which of the job's alternatives it got), else the job's first."""
+    offer = node.offer or {}
+    if offer.get("accelerator"):
+        return offer["accelerator"], int(offer.get("accelerator_count") or 1)
+    return resources.accelerator()
 
 
 def drill_expected_step(state, job_id: str, attempt: int) -> int | None:
@@ -133,6 +142,9 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
         f"the job failed on the node of {blamed}" if blamed else message)
     if outcome.reason == "drill":
         text = f"resume drill failed: {(drill or {}).get('message')}"
+    if outcome.reason == MOVED:  # the cost policy's move to spot: its request says why
+        requested = move_request(store, job_id, attempt)
+        text = "; ".join(part for part in (requested.message if requested else None, message) if part)
     force = "FAILED" if outcome.reason == "drill" else None  # a drill that took no checkpoint fails the job
     return end_attempt(store, job_id, attempt, outcome.reason, ranks=outcome.ranks, drill=drill,
                        exit_code=codes.get(outcome.ranks[0]) if outcome.ranks else codes.get(0), message=text,

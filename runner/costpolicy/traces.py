@@ -1,7 +1,8 @@
 """Spot availability traces: one JSON file per zone, ``{"metadata": {"gap_seconds": N}, "data": [...]}``.
 
-``data[i]`` counts the spot instances up at tick ``i``; a single-node job can hold spot in that zone when
-it is at least 1. A folder's files must share one tick length; they are cut to the shortest one.
+``data[i]`` counts the spot instances up at tick ``i``; a job of N nodes (a gang) can hold spot in that zone
+when it is at least N (1 for a single node). A folder's files must share one tick length; they are cut to the
+shortest one.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ class Traces:
         return self.ticks * self.gap_seconds / 3600.0
 
 
-def load_traces(folder: str | Path) -> Traces:
-    """Read every ``*.json`` file of ``folder`` as one zone; raise TraceError with a plain message."""
+def load_traces(folder: str | Path, nodes: int = 1) -> Traces:
+    """Read every ``*.json`` file of ``folder`` as one zone, available at a tick when at least ``nodes``
+    instances are up; raise TraceError with a plain message."""
     folder = Path(folder)
     if not folder.is_dir():
         raise TraceError(f"--traces {folder}: not a folder; give a folder of trace files (one JSON file per zone)")
@@ -42,12 +44,19 @@ def load_traces(folder: str | Path) -> Traces:
     if not files:
         raise TraceError(f"--traces {folder}: no .json trace files in it; each zone is one file "
                          '{"metadata": {"gap_seconds": N}, "data": [...]}')
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise TraceError(f"--nodes {nodes!r}: must be a whole number of at least 1")
     gaps: dict[str, float] = {}
     series: list[list[bool]] = []
+    most = 0
     for path in files:
         gap, data = _read(path)
         gaps[path.name] = gap
-        series.append([count >= 1 for count in data])
+        most = max(most, max(data))
+        series.append([count >= nodes for count in data])
+    if nodes > 1 and most < nodes:  # a gang: a folder that never holds it is the wrong traces
+        raise TraceError(f"--nodes {nodes}: no zone of {folder} ever had {nodes} instances up (at most {most:g}); "
+                         "use a multi-node trace (such as availability-16node-aws-2023-08-27) or fewer nodes")
     if len(set(gaps.values())) > 1:
         listed = ", ".join(f"{name} {gap:g}s" for name, gap in sorted(gaps.items()))
         raise TraceError(f"--traces {folder}: the files have different tick lengths ({listed}); "

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Mapping
 
 from ..providers.offers import Offer
 from ..state.rows import AttemptNode
-from ..wire import NODE_KEPT, NODE_RELEASED, STOPPED_BY_PEER
+from ..wire import MOVED, NODE_KEPT, NODE_RELEASED, STOPPED_BY_PEER
 from .policy import Candidate
 
 GANG_FORM_SECONDS = 600.0  # default bound on launch-to-every-node-registered (config: scheduler.gang_timeout)
@@ -83,7 +83,7 @@ class Outcome:
     ranks: tuple[int, ...] = ()
 
 
-DECISIVE = ("preempted", "failed", "cancelled", "drill")  # one node's report of these ends the attempt
+DECISIVE = ("preempted", "failed", "cancelled", "drill", MOVED)  # one node's report of these ends the attempt
 
 
 def gang_outcome(reports: Mapping[int, str | None], num_nodes: int) -> Outcome | None:
@@ -110,14 +110,17 @@ def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], j
     """Each rank's ``end_reason`` in the restart log's ``nodes``.
 
     While the job goes on, a node that was preempted or lost gets that reason and every other node is
-    ``kept`` (a failure, a drill or a rendezvous that never formed keeps the healthy nodes too). When the
+    ``kept`` (a failure, a drill or a rendezvous that never formed keeps the healthy nodes too); a move to spot
+    releases every node (``moved``), since the gang relaunches on spot. When the
     job ends, every node ends with the attempt, except a preempted or lost one, which keeps its own reason
     while the others are ``released``.
     """
     ending = set(ending_ranks)
     reasons = {}
     for rank in range(num_nodes):
-        if reason in ("preempted", "lost") and rank in ending:
+        if reason == MOVED:  # the whole gang leaves on-demand for spot: every node goes
+            reasons[rank] = MOVED
+        elif reason in ("preempted", "lost") and rank in ending:
             reasons[rank] = reason
         elif job_goes_on:
             reasons[rank] = NODE_KEPT

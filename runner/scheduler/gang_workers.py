@@ -23,6 +23,8 @@ from ..state.gangs import GangStore
 from ..state.rows import Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..wire import NODE_RELEASED
+from ..costpolicy import observe
+from ..state.spot_history import zone_preemptions
 from . import placement
 from .attempts import end_attempt
 from .gang import KeptNode, plan_gang, unregistered_ranks
@@ -43,12 +45,28 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
     kept = [KeptNode(n.rank, n.id, Offer(**n.offer), n.spot) for n in live]
     attempts = store.attempts(job.id)
     offers = [o for p in ctx.providers.values() for o in p.offers()]
-    ranked = placement.candidates(offers, resources, avoid_zones=placement.recent_preempted_zones(attempts),
+    avoid = placement.recent_preempted_zones(attempts)
+    speed_of = placement.speeds(job, attempts, offers)
+    ranked = placement.candidates(offers, resources, avoid_zones=avoid,
                                   backoff=ctx.backoff, now=time.time(), waiting_since=job.updated_at,
-                                  on_demand_backoff=ctx.on_demand_backoff, on_demand_after=ctx.auto_on_demand_after)
+                                  on_demand_backoff=ctx.on_demand_backoff, on_demand_after=ctx.auto_on_demand_after,
+                                  speed_of=speed_of)
     counts = gangs.live_nodes_per_zone()
-    plan = plan_gang(num_nodes, kept, ranked, lambda o: ctx.providers[o.cloud].free_slots(
-        o.zone, counts.get((o.cloud, o.zone), 0)))
+
+    def free_slots(offer: Offer) -> int:
+        return ctx.providers[offer.cloud].free_slots(offer.zone, counts.get((offer.cloud, offer.zone), 0))
+
+    reason = None
+    if observe.has_deadline(job.spec):  # the deadline policy over the zones that hold the whole gang
+        ranked, reason = _deadline_order(ctx, job, resources, attempts, offers, kept, avoid, speed_of, free_slots)
+        if not ranked:
+            if reason and reason != job.message:
+                with store.db.transaction() as tx:
+                    store.set_job_message(tx, job.id, reason)
+            return []
+    elif ranked:
+        reason = placement.step_figures(ranked, ranked[0], speed_of, num_nodes)
+    plan = plan_gang(num_nodes, kept, ranked, free_slots)
     if plan is None:
         with store.db.transaction() as tx:
             tx_job = store.job(job.id, tx)
@@ -85,12 +103,45 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
             f"ranks {list(plan.launch)} launched" if plan.launch else "no node launched")
         moved = f"; the gang moves: {len(plan.release)} kept node(s) released" if plan.release else ""
         store.add_event(tx, job.id, "gang", f"attempt {attempt} in {plan.zone}: {what}{moved}", attempt=attempt, now=now)
+        if reason and plan.launch:
+            store.add_event(tx, job.id, placement.PLACEMENT_EVENT, reason, attempt=attempt, now=now)
         if not plan.launch:
             transition(tx, job.id, PROVISIONING, now=now,
                        message=f"attempt {attempt} on the same {num_nodes} nodes in {plan.zone}")
     log.info("gang attempt planned", job=job.id, attempt=attempt, zone=plan.zone, kept=sorted(plan.keep),
              launched=list(plan.launch), released=list(plan.release))
     return [new_ids[rank] for rank in plan.launch]
+
+
+def _deadline_order(ctx, job: Job, resources: Resources, attempts, offers, kept, avoid, speed_of,
+                    free_slots) -> tuple[list, str | None]:
+    """A deadline gang's candidates, the cost policy's choice first, and why; ([], why) to wait.
+
+    A zone counts only when it holds the whole gang now (the kept nodes' zone: when it holds the ranks
+    missing); the nodes' prices are the gang's."""
+    now = time.time()
+    home = {(k.offer.cloud, k.offer.zone) for k in kept}
+    missing = job.num_nodes - len(kept)
+
+    def room(candidate) -> bool:
+        offer = candidate.offer
+        return free_slots(offer) >= (missing if (offer.cloud, offer.zone) in home else job.num_nodes)
+
+    chosen, reason = placement.choose_for_deadline(
+        offers, resources, job=job, attempts=attempts, avoid_zones=avoid,
+        zone_history=zone_preemptions(ctx.store.db, now - observe.RATE_HISTORY_SECONDS, now),
+        backoff=ctx.backoff, on_demand_backoff=ctx.on_demand_backoff, now=now, speed_of=speed_of, room=room,
+        nodes=job.num_nodes)
+    if chosen is None:
+        return [], reason
+    rest = placement.rank_offers(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=now,
+                                 on_demand_fallback=True, on_demand_backoff=ctx.on_demand_backoff)
+    ordered = [chosen, *(c for c in rest if c != chosen and c.spot == chosen.spot)]  # the policy chose a market
+    if any(k.spot != chosen.spot for k in kept):
+        # Never a gang of both markets: it moves whole to the chosen market (its kept nodes released), in
+        # another zone than theirs (their zone still counts them, so its room for the gang is not known).
+        ordered = [c for c in ordered if (c.offer.cloud, c.offer.zone) not in home]
+    return ordered, reason
 
 
 def abandon_gang_launch(ctx, tx, node: Node, exc: ProviderError) -> None:

@@ -50,7 +50,7 @@ def fits(offer: Offer, resources: Resources) -> str | None:
 def _failures(offer: Offer, resources: Resources) -> list[str]:
     """Every constraint ``offer`` fails, in the order of CONSTRAINTS."""
     failed = [name for name, ok in (
-        ("accelerators", _accelerators_match(offer, resources.accelerator())),
+        ("accelerators", _accelerators_match(offer, resources.accelerator_options())),
         ("cpus", resources.cpus is None or offer.cpus >= resources.cpus),
         ("memory_gb", resources.memory_gb is None or offer.memory_gb >= resources.memory_gb),
         ("cloud", not resources.cloud or offer.cloud in resources.cloud),
@@ -64,12 +64,12 @@ def _failures(offer: Offer, resources: Resources) -> list[str]:
     return failed
 
 
-def _accelerators_match(offer: Offer, wanted: tuple[str, int] | None) -> bool:
-    if wanted is None:
+def _accelerators_match(offer: Offer, wanted: list[tuple[str, int]]) -> bool:
+    """Whether the offer has one of the wanted (name, count) alternatives; [] wants a CPU-only offer."""
+    if not wanted:
         return offer.accelerator is None
-    name, count = wanted
-    return offer.accelerator is not None and offer.accelerator.upper() == name.upper() and \
-        offer.accelerator_count == count
+    return offer.accelerator is not None and any(
+        offer.accelerator.upper() == name.upper() and offer.accelerator_count == count for name, count in wanted)
 
 
 def _markets(offer: Offer, spot_policy: str, on_demand_fallback: bool) -> list[tuple[bool, float]]:
@@ -112,22 +112,24 @@ def _place(offer: Offer) -> tuple:
     return (offer.cloud, offer.region, offer.zone, offer.instance_type)
 
 
-def filter_offers(offers: Iterable[Offer], accelerators: str | None = None, cloud: str | None = None,
+def filter_offers(offers: Iterable[Offer], accelerators: str | list[str] | None = None, cloud: str | None = None,
                   on_demand: bool = False) -> list[Offer]:
-    """Offers with these accelerators (``NAME:N``, or ``NAME`` for any count) on this cloud, cheapest first.
+    """Offers with any of these accelerators (each ``NAME:N``, or ``NAME`` for any count) on this cloud,
+    cheapest first.
 
     Ordered by spot price (offers without a spot market last), or by on-demand price when ``on_demand``.
     """
     offers = list(offers)
-    name, count = _parse_accelerators(accelerators) if accelerators else (None, None)
-    if name is not None:
-        known = _known_accelerators(offers)
+    texts = [accelerators] if isinstance(accelerators, str) else list(accelerators or [])
+    wanted = [_parse_accelerators(text) for text in texts]
+    known = _known_accelerators(offers) if wanted else []
+    for text, (name, _) in zip(texts, wanted):
         if name.upper() not in {k.upper() for k in known}:
-            raise ValueError(f"accelerators {accelerators}: unknown accelerator {name!r}; "
+            raise ValueError(f"accelerators {text}: unknown accelerator {name!r}; "
                              f"known accelerators are {', '.join(known)}")
     chosen = [o for o in offers if (cloud is None or o.cloud == cloud) and (
-        name is None or (o.accelerator is not None and o.accelerator.upper() == name.upper()
-                         and count in (None, o.accelerator_count)))]
+        not wanted or (o.accelerator is not None and any(
+            o.accelerator.upper() == name.upper() and count in (None, o.accelerator_count) for name, count in wanted)))]
 
     def key(offer: Offer):
         price = offer.on_demand_price if on_demand else offer.spot_price
@@ -154,11 +156,12 @@ def explain_unsatisfiable(offers: Iterable[Offer], resources: Resources) -> str 
     offers = list(offers)
     if not offers:
         return "no cloud offers anything; configure a cloud under clouds: in $RUNNER_HOME/config.yaml"
-    wanted = resources.accelerator()
-    if wanted is not None:
-        known = _known_accelerators(offers)
-        if wanted[0].upper() not in {k.upper() for k in known}:
-            return (f"accelerators {resources.accelerators}: unknown accelerator {wanted[0]!r}; "
+    options = resources.accelerator_options()
+    wanted = options[0] if options else None
+    known = _known_accelerators(offers) if options else []
+    for name, _ in options:
+        if name.upper() not in {k.upper() for k in known}:
+            return (f"accelerators {resources.accelerators_text()}: unknown accelerator {name!r}; "
                     f"known accelerators are {', '.join(known)}")
     scored = [(offer, _failures(offer, resources)) for offer in offers]
     if any(not failed for _, failed in scored):
@@ -166,17 +169,18 @@ def explain_unsatisfiable(offers: Iterable[Offer], resources: Resources) -> str 
     for name in BLAME_ORDER:
         only = [offer for offer, failed in scored if failed == [name]]
         if name == "accelerators":
-            if any(_accelerators_match(o, wanted) for o in offers):
+            if any(_accelerators_match(o, options) for o in offers):
                 continue  # the accelerators are offered; what keeps them out is something else
-            if wanted is not None:
-                only = [o for o in only if (o.accelerator or "").upper() == wanted[0].upper()] or only
+            if options:
+                names = {name.upper() for name, _ in options}
+                only = [o for o in only if (o.accelerator or "").upper() in names] or only
         if only:
             best = min(only, key=lambda o: _cheapness(o, resources))
             return f"{_reason(name, resources, offers)}; {_cheapest_instead(name, best)} {_describe(best, resources.spot_policy)}"
     right_kind = [(o, f) for o, f in scored if "accelerators" not in f] or scored
     closest, failed = min(right_kind, key=lambda s: (len(s[1]), _cheapness(s[0], resources)))
     kind = ("offer" if "accelerators" in failed else "CPU-only offer" if wanted is None
-            else f"offer with accelerators {resources.accelerators}")
+            else f"offer with accelerators {resources.accelerators_text()}")
     return (f"no {kind} meets {' and '.join(_constraint(resources, c) for c in failed)}; "
             f"the closest is {_describe(closest, resources.spot_policy)}; relax one of them")
 
@@ -206,8 +210,8 @@ def _known_accelerators(offers: list[Offer]) -> list[str]:
 
 
 def _constraint(resources: Resources, name: str) -> str:
-    value = {"cloud": ",".join(resources.cloud or []), "regions": ",".join(resources.regions or [])}.get(
-        name, getattr(resources, name))
+    value = {"cloud": ",".join(resources.cloud or []), "regions": ",".join(resources.regions or []),
+             "accelerators": resources.accelerators_text()}.get(name, getattr(resources, name))
     if name == "max_price_per_hour":
         value = _money(value)
     elif isinstance(value, float):
@@ -217,14 +221,18 @@ def _constraint(resources: Resources, name: str) -> str:
 
 def _reason(name: str, resources: Resources, offers: list[Offer]) -> str:
     if name == "accelerators":
-        wanted = resources.accelerator()
-        if wanted is None:
+        options = resources.accelerator_options()
+        if not options:
             return "accelerators: none requested, and no CPU-only offer fits; request accelerators to use GPU types"
-        same = [o for o in offers if (o.accelerator or "").upper() == wanted[0].upper()]
+        names = {name.upper() for name, _ in options}
+        same = [o for o in offers if (o.accelerator or "").upper() in names]
+        text = resources.accelerators_text()
         if not same:
-            return f"accelerators {resources.accelerators}: no configured cloud offers {wanted[0]}"
-        spelled = ", ".join(f"{same[0].accelerator}:{n}" for n in sorted({o.accelerator_count for o in same}))
-        return f"accelerators {resources.accelerators} is not offered ({same[0].accelerator} comes as {spelled})"
+            return f"accelerators {text}: no configured cloud offers {' or '.join(n for n, _ in options)}"
+        kinds = sorted({(o.accelerator, o.accelerator_count) for o in same})
+        spelled = ", ".join(f"{name}:{count}" for name, count in kinds)
+        return f"accelerators {text} is not offered (offered as {spelled})" if len(options) > 1 else \
+            f"accelerators {text} is not offered ({same[0].accelerator} comes as {spelled})"
     if name in ("cpus", "memory_gb"):
         most = max(getattr(o, name) for o in offers if _failures(o, resources) == [name])
         return f"{_constraint(resources, name)} is more than every fitting offer has (at most {most:g})"

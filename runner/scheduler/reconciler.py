@@ -143,18 +143,22 @@ def _launch_job(ctx: SchedulerContext, job: Job) -> None:
     if job.cancel_requested or store.nodes(NODES_HOLDING_A_JOB, job_id=job.id):
         return
     resources = Resources.model_validate(job.spec["resources"])
-    avoid = placement.recent_preempted_zones(store.attempts(job.id))
+    attempts = store.attempts(job.id)
+    avoid = placement.recent_preempted_zones(attempts)
     offers = [o for p in ctx.providers.values() for o in p.offers()]
-    choice = placement.choose(offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
-                              waiting_since=job.updated_at, on_demand_after=ctx.auto_on_demand_after,
-                              on_demand_backoff=ctx.on_demand_backoff)
-    reason = None
+    speed_of = placement.speeds(job, attempts, offers)  # where a step is cheapest, not an hour
     if observe.has_deadline(job.spec):  # spot or on-demand from progress and deadline (runner/costpolicy)
         now = time.time()
-        choice, reason = placement.choose_for_deadline(
-            offers, resources, job=job, attempts=store.attempts(job.id), avoid_zones=avoid,
+        picked, reason = placement.choose_for_deadline(
+            offers, resources, job=job, attempts=attempts, avoid_zones=avoid,
             zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
-            backoff=ctx.backoff, on_demand_backoff=ctx.on_demand_backoff, now=now)
+            backoff=ctx.backoff, on_demand_backoff=ctx.on_demand_backoff, now=now, speed_of=speed_of)
+        choice = (picked.offer, picked.spot) if picked else None
+    else:
+        choice, reason = placement.choose_with_figures(
+            offers, resources, avoid_zones=avoid, backoff=ctx.backoff, now=time.time(),
+            waiting_since=job.updated_at, on_demand_after=ctx.auto_on_demand_after,
+            on_demand_backoff=ctx.on_demand_backoff, speed_of=speed_of)
     if choice is None:
         if reason and reason != job.message:
             with store.db.transaction() as tx:

@@ -1,6 +1,6 @@
 """Moving a deadline job from on-demand back to spot once the cost policy can afford it (docs/cost-policy.md).
 
-A reconciler worker, load -> decide -> apply: a RUNNING single-node job with ``spot_policy: auto`` and a
+A reconciler worker, load -> decide -> apply: a RUNNING job (a single node or a gang) with ``spot_policy: auto`` and a
 deadline whose attempt runs on on-demand is weighed at most once a CHECK_EVERY_SECONDS by the cost policy's
 :func:`~runner.costpolicy.decide.return_to_spot`. A move is a MOVE_EVENT on the attempt (its message says
 why); the node's next heartbeat answers ``wire.MOVE_TO_SPOT``, its agent stops the job with a checkpoint as
@@ -12,10 +12,15 @@ action, or one the controller cannot hear) has its attempt ended here all the sa
 
 from __future__ import annotations
 
+from collections import Counter
+
 import structlog
 
 from ..costpolicy import Decision, observe, return_to_spot
+from ..providers.offers import Offer
 from ..spec import Resources
+from ..state.gangs import GangStore
+from ..state.store import NODE_RUNNING
 from ..state import Store
 from ..state.rows import Attempt, Event, Job, Node
 from ..state.spot_history import zone_preemptions
@@ -65,8 +70,8 @@ def _weigh_or_finish_move(ctx, row, now: float) -> None:
         return
     ctx.spot_checked_at[job_id] = now
     job = store.job(job_id)
-    if not observe.has_deadline(job.spec) or job.num_nodes > 1:
-        return  # only the deadline policy moves a job; a gang's placement does not consult it yet
+    if not observe.has_deadline(job.spec):
+        return  # only the deadline policy moves a job (a single node or a gang)
     current = store.current_attempt(job_id)
     if current is None or current.attempt != attempt:
         return
@@ -84,23 +89,48 @@ def _weigh_or_finish_move(ctx, row, now: float) -> None:
 
 
 def weigh_move(ctx, job: Job, current: Attempt, now: float) -> Decision:
-    """The cost policy's answer for a job running on on-demand: a spot market to move to now, or None."""
+    """The cost policy's answer for a job running on on-demand: a spot market to move to now, or None.
+
+    Markets are compared by the job's expected price per step; a gang's only in zones that hold all its nodes
+    (its own nodes, released by the move, counted as room), at the gang's price."""
     store = ctx.store
     attempts = store.attempts(job.id)
-    speed = observe.steps_per_second(job, attempts)
-    if speed is None:
-        return Decision(None, "staying on on-demand: no speed measured yet")
     offers = [o for p in ctx.providers.values() for o in p.offers()]
+    speed_of = placement.speeds(job, attempts, offers)
+    overall = observe.steps_per_second(job, attempts)
+    here = next((o for o in offers if (o.cloud, o.zone, o.instance_type) ==
+                 (current.cloud, current.zone, current.instance_type)), None)
+    here_speed = speed_of(here).steps_per_second if here is not None and speed_of(here) else overall
+    if here_speed is None:
+        return Decision(None, "staying on on-demand: no speed measured yet")
+
+    def speed(offer: Offer) -> float:
+        known = speed_of(offer)
+        return known.steps_per_second if known is not None else (overall or here_speed)
+
+    room = None
+    if job.num_nodes > 1:
+        counts = GangStore(store).live_nodes_per_zone()
+        mine = Counter((n.provider, n.offer["zone"]) for n in store.nodes((NODE_RUNNING,), job_id=job.id))
+
+        def room(candidate) -> bool:
+            offer, key = candidate.offer, (candidate.offer.cloud, candidate.offer.zone)
+            free = ctx.providers[offer.cloud].free_slots(offer.zone, counts.get(key, 0) - mine.get(key, 0))
+            return free >= job.num_nodes
+
     markets = placement.spot_markets_now(
         offers, Resources.model_validate(job.spec["resources"]),
         zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
-        avoid_zones=placement.recent_preempted_zones(attempts, now), backoff=ctx.backoff, now=now)
-    work_left = max(0, job.spec["recovery"]["total_steps"] - job.step) / speed
+        avoid_zones=placement.recent_preempted_zones(attempts, now), backoff=ctx.backoff, now=now,
+        speed=speed, room=room, nodes=job.num_nodes)
+    steps_left = max(0, job.spec["recovery"]["total_steps"] - job.step)
     moves = [a.ended_at for a in attempts if a.end_reason == MOVED and a.ended_at]
-    return return_to_spot(now=now, deadline=observe.job_deadline(job), work_left=work_left,
+    price_here = sum(n.price_per_hour for n in current.nodes) if current.nodes else current.price_per_hour
+    return return_to_spot(now=now, deadline=observe.job_deadline(job), work_left=steps_left,
                           restart=observe.restart_seconds(attempts), markets=markets,
-                          on_demand_price=current.price_per_hour, stop=MOVE_GRACE_SECONDS,
-                          margin=placement.DEADLINE_MARGIN * work_left, last_move=max(moves, default=None))
+                          on_demand_price=price_here, on_demand_speed=here_speed, stop=MOVE_GRACE_SECONDS,
+                          margin=placement.DEADLINE_MARGIN * steps_left / here_speed,
+                          last_move=max(moves, default=None))
 
 
 def move_requested(store: Store, job: Job, attempt: Attempt | None) -> bool:

@@ -62,9 +62,25 @@ def validate_job(data: Any, source: str = "job") -> JobSpec:
     except ValidationError as exc:
         raise SpecError(source, [_describe(err) for err in exc.errors()]) from None
     problem = deadline_problem(spec.recovery.deadline, time.time())  # at submit: now is the submission
-    if problem:
-        raise SpecError(source, [problem])
+    problems = [problem] if problem else []
+    problems += unknown_accelerators(spec.resources)
+    if problems:
+        raise SpecError(source, problems)
     return spec
+
+
+def unknown_accelerators(resources) -> list[str]:
+    """One problem per alternative of ``resources.accelerators`` that no cloud of the catalog offers.
+
+    The same list of names backs `runner validate` (offline) and the controller at submit."""
+    from ..providers.catalog import known_accelerators  # the catalog CSV, read once
+
+    known = known_accelerators()
+    upper = {name.upper() for name in known}
+    listed = isinstance(resources.accelerators, list)
+    return [f"resources.accelerators{f'[{i}]' if listed else ''}: unknown accelerator {name!r}; "
+            f"known accelerators are {', '.join(known)}"
+            for i, (name, _) in enumerate(resources.accelerator_options()) if name.upper() not in upper]
 
 
 _UNION_MEMBERS = ("str", "float", "int", "bool")  # pydantic's tags for the members of a Union field
@@ -80,6 +96,8 @@ def _describe(err: dict) -> str:
     if kind == "missing":
         return f"{key}: required key is missing"
     message = err["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    if message.startswith("["):  # a validator naming one item of a list: resources.accelerators[1]: ...
+        return f"{key}{message}"
     value = err.get("input")
     if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
         return f"{key}: {message} (got {value!r})"

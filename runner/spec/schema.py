@@ -54,7 +54,9 @@ class Resources(_Section):
     cloud: Optional[list[Literal["local", "aws", "gcp", "azure"]]] = Field(
         default=None, description="Clouds to use; default: every configured cloud."
     )
-    accelerators: Optional[str] = Field(default=None, description="NAME:COUNT, e.g. T4:1; omit for CPU only.")
+    accelerators: Optional[Union[str, list[str]]] = Field(
+        default=None, description="NAME:COUNT (T4:1), or a list of alternatives any of which will do "
+                                  "([A100:1, L4:1, T4:1]): the job runs where a step is cheapest; omit for CPU only.")
     cpus: Optional[int] = Field(default=None, ge=1, description="Minimum vCPUs.")
     memory_gb: Optional[float] = Field(default=None, gt=0, description="Minimum memory in GiB.")
     regions: Optional[list[str]] = Field(default=None, min_length=1, description="Allowed regions.")
@@ -70,19 +72,45 @@ class Resources(_Section):
     def _one_cloud_as_list(cls, value):
         return [value] if isinstance(value, str) else value
 
-    @field_validator("accelerators")
+    @field_validator("accelerators", mode="before")
     @classmethod
     def _accelerator_format(cls, value):
-        if value is not None and not _ACCELERATOR.match(value):
-            raise ValueError(f"{value!r} is not NAME:COUNT (for example T4:1 or A100:8)")
+        """Each alternative well formed and listed once; errors name the item (``resources.accelerators[1]``)."""
+        if value is None or isinstance(value, str):
+            if isinstance(value, str) and not _ACCELERATOR.match(value):
+                raise ValueError(f"{value!r} is not NAME:COUNT (for example T4:1 or A100:8)")
+            return value
+        if not isinstance(value, list):
+            raise ValueError(f"must be NAME:COUNT or a list of them, such as [A100:1, L4:1] (got {value!r})")
+        if not value:
+            raise ValueError("is an empty list; list at least one NAME:COUNT, or omit the key for CPU only")
+        seen: dict[str, int] = {}
+        for index, item in enumerate(value):
+            if not isinstance(item, str) or not _ACCELERATOR.match(item):
+                raise ValueError(f"[{index}]: {item!r} is not NAME:COUNT (for example T4:1 or A100:8)")
+            key = item.upper()
+            if key in seen:
+                raise ValueError(f"[{index}]: {item} is listed twice (also [{seen[key]}]); list each alternative once")
+            seen[key] = index
         return value
 
-    def accelerator(self) -> tuple[str, int] | None:
-        """The accelerator name and count, or None for CPU only."""
+    def accelerator_options(self) -> list[tuple[str, int]]:
+        """Every accelerator alternative as (name, count), in the order given; [] for CPU only."""
         if not self.accelerators:
-            return None
-        name, count = self.accelerators.rsplit(":", 1)
-        return name, int(count)
+            return []
+        items = [self.accelerators] if isinstance(self.accelerators, str) else self.accelerators
+        return [(name, int(count)) for name, count in (item.rsplit(":", 1) for item in items)]
+
+    def accelerator(self) -> tuple[str, int] | None:
+        """The first accelerator alternative (name, count), or None for CPU only."""
+        options = self.accelerator_options()
+        return options[0] if options else None
+
+    def accelerators_text(self) -> str:
+        """``resources.accelerators`` as written in a message: ``T4:1`` or ``[A100:1, T4:1]``."""
+        if isinstance(self.accelerators, list):
+            return "[" + ", ".join(self.accelerators) + "]"
+        return self.accelerators or "none"
 
 
 class CheckpointSpec(_Section):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import write_job
 
 ECHO_JOB = """
@@ -102,6 +104,10 @@ recovery: {resume_drill: "off"}
     for name in ("RUNNER_JOB_ID=" + job_id, "RUNNER_ATTEMPT=1", "RUNNER_CHECKPOINT_DIR=", "RUNNER_CHECKPOINT_URL=",
                  "RUNNER_CONTROL=", "GREETING=hi"):
         assert name in out
+    row = runner.json("restarts", job_id)[0]  # where it runs, as the restart log names it
+    for name in (f"RUNNER_CLOUD={row['cloud']}", f"RUNNER_ZONE={row['zone']}",
+                 f"RUNNER_INSTANCE_TYPE={row['instance_type']}", f"RUNNER_SPOT={1 if row['spot'] else 0}"):
+        assert name in out, out
 
 
 def test_unknown_job_is_a_clear_error(runner, controller):
@@ -123,6 +129,31 @@ def test_unknown_accelerator_is_refused_at_submit_listing_known_ones(tmp_path, r
     assert result.returncode == 2
     assert "H200" in result.stderr and "T4" in result.stderr and "A100" in result.stderr
     assert runner.json("jobs") == []
+
+
+@pytest.mark.parametrize("accelerators,key,words", [
+    ("[T4:1, H200:3]", "resources.accelerators[1]", ["unknown accelerator 'H200'", "A100"]),
+    ("[T4:1, L4]", "resources.accelerators[1]", ["NAME:COUNT"]),
+    ("[L4:1, l4:1]", "resources.accelerators[1]", ["listed twice"]),
+    ("[]", "resources.accelerators", ["empty"]),
+])
+def test_bad_alternatives_are_refused_by_validate_and_submit_alike_naming_the_item(tmp_path, runner, controller,
+                                                                                   accelerators, key, words):
+    """An unknown, malformed or repeated alternative exits 2 naming its item, in `validate` as at submit."""
+    job = write_job(tmp_path / "j", f"name: alt\nrun: x\nresources: {{accelerators: {accelerators}}}\n")
+    for command in ("validate", "submit"):
+        result = runner(command, str(job))
+        assert result.returncode == 2, (command, result.stderr)
+        assert f"{key}:" in result.stderr and all(w in result.stderr for w in words), (command, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert runner.json("jobs") == []
+
+
+def test_offers_takes_several_accelerators(runner, controller):
+    """`offers --accelerators L4:1 --accelerators T4:1` lists the offers of either, cheapest spot first."""
+    rows = runner.json("offers", "--accelerators", "L4:1", "--accelerators", "T4:1")
+    assert {(r["accelerator"], r["accelerator_count"]) for r in rows} == {("L4", 1), ("T4", 1)}
+    assert [r["spot_price"] for r in rows] == sorted(r["spot_price"] for r in rows)
 
 
 def test_price_cap_below_every_offer_is_refused_naming_the_cap(tmp_path, runner, controller):

@@ -9,7 +9,7 @@ import pytest
 
 from runner.cli.main import main
 
-SHARED = Path(__file__).parent / "traces"
+SHARED = Path(__file__).resolve().parents[2] / "data" / "traces"  # the traces the repository ships
 JOB = "name: tiny\nrun: python train.py\nresources: {spot_policy: auto}\n"
 
 
@@ -122,3 +122,26 @@ def test_a_good_deadline_validates(tmp_path, capsys):
     assert main(["validate", str(job)]) == 0
     job.write_text(JOB + "recovery: {deadline: 2099-01-01T00:00:00Z, total_steps: 20000}\n")  # YAML reads a datetime
     assert main(["validate", str(job)]) == 0
+
+
+def test_simulate_takes_node_types_and_a_gang(capsys):
+    """--throughput TYPE=STEPS_PER_S with a TYPE=PRICE per type, and --nodes: the table adds launches by type."""
+    assert main(["simulate", "--traces", str(SHARED / "availability-16node-aws-2023-08-27"), "--starts", "3",
+                 "--nodes", "4", "--throughput", "slow=1", "--throughput", "fast=4", "--spot-price", "slow=1",
+                 "--spot-price", "fast=3", "--on-demand-price", "slow=3", "--on-demand-price", "fast=9"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-3:] == ["LAUNCHES", "BY", "TYPE"]
+    assert lines[1].split()[:3] == ["on-demand", "$219.00", "100%"]  # (6 h of work on fast + 5 min) x 4 nodes x $9
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--throughput", "fast=4"], "--spot-price: give TYPE=PRICE for each --throughput type"),
+    (["--throughput", "fast", "--spot-price", "fast=1", "--on-demand-price", "fast=3"], "--throughput fast: use TYPE=NUMBER"),
+    (["--throughput", "fast=0", "--spot-price", "fast=1", "--on-demand-price", "fast=3"], "must be a positive number"),
+    (["--spot-price", "fast=1"], "--spot-price fast=1: give one price"),
+    (["--nodes", "20"], "--nodes 20: no zone of"),
+    (["--nodes", "0"], "--nodes 0: must be a whole number of at least 1"),
+])
+def test_bad_types_and_gang_sizes_are_named(capsys, argv, says):
+    err = refused(capsys, "simulate", "--traces", str(SHARED / "availability-16node-aws-2023-08-27"), *argv)
+    assert says in err, err

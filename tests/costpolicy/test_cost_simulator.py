@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from runner.costpolicy.simulate import Job, simulate
+from runner.costpolicy.simulate import Job, NodeType, simulate
 from runner.costpolicy.traces import load_traces
 
 JOB = Job(work_hours=2, deadline_hours=4, restart_minutes=6, spot_price=1.0, on_demand_price=3.0)
 TICKS = 24  # 4 h of 10-minute ticks: one start offset
-SHARED = Path(__file__).parent / "traces"
+SHARED = Path(__file__).resolve().parents[2] / "data" / "traces"  # the traces the repository ships
 
 
 def write_traces(folder: Path, **zones: list[int]) -> Path:
@@ -106,3 +106,39 @@ def test_on_demand_moves_back_to_spot_when_spot_returns_with_slack_enough(tmp_pa
     instant = Job(work_hours=2, deadline_hours=4, restart_minutes=0, spot_price=1.0, on_demand_price=3.0)
     result = table(write_traces(tmp_path / "t", a=[1] * 6 + [0] * 12 + [1] * 6), instant)
     assert result["runner"]["mean_cost_usd"] == 2.33 and result["runner"]["deadline_met_fraction"] == 1.0
+
+
+def test_a_gang_holds_spot_only_where_every_node_fits_and_pays_every_node(tmp_path):
+    """Zone a has 1 instance up, zone b 2: a gang of 2 runs in zone b only, and pays both nodes."""
+    folder = write_traces(tmp_path / "t", a=[1] * TICKS, b=[2] * TICKS)
+    result = table(folder.parent / "t", Job(2, 4, 6, 1.0, 3.0, nodes=2))
+    assert result["runner"]["mean_cost_usd"] == 4.2 and result["spot"]["mean_cost_usd"] == 4.2  # 2 x 2.1
+    assert result["on-demand"]["mean_cost_usd"] == 12.6
+    only_a = {p: r for p, r in table(write_traces(tmp_path / "u", a=[1] * TICKS, b=[1] * TICKS),
+                                     Job(2, 4, 6, 1.0, 3.0)).items()}
+    assert only_a["runner"]["mean_cost_usd"] == 2.1
+
+
+SLOW_FAST = (NodeType("slow", 1.0, 0.918, 3.06), NodeType("fast", 4.0, 2.754, 9.18))  # 4x the steps for 3x
+
+
+def test_a_job_with_two_types_lands_on_the_cheaper_step_from_its_first_measured_attempt_on(tmp_path):
+    """Its first launch knows no speed and takes the cheaper hour; every launch after it the cheaper step."""
+    folder = write_traces(tmp_path / "t", a=[1] * 6 + [0] * 2 + [1] * 16)
+    result = table(folder, Job(2, 4, 6, types=SLOW_FAST))
+    assert result["runner"]["launches_by_type"] == {"slow": 1, "fast": 1}
+    assert result["on-demand"]["launches_by_type"] == {"slow": 0, "fast": 1}  # the cheaper on-demand step
+
+
+@pytest.mark.parametrize("job, folder", [
+    (Job(24, 36, nodes=4), "availability-16node-aws-2023-08-27"),
+    (Job(24, 36, types=SLOW_FAST), "availability-16node-aws-2023-08-27"),
+    (Job(24, 36, types=SLOW_FAST, nodes=4), "availability-16node-aws-2023-08-27")])
+def test_the_documented_goals_on_the_shipped_traces(job, folder):
+    """docs/cost-policy.md: a 4-node gang due in 36 h meets every deadline for less than Uniform Progress; with
+    two types, runner launches the slow one only for each run's first attempt."""
+    rows = {r.policy: r for r in simulate(load_traces(SHARED / folder, nodes=job.nodes), job, starts=50)}
+    assert rows["runner"].deadline_met_fraction == 1.0
+    assert rows["runner"].mean_cost_usd < rows["uniform-progress"].mean_cost_usd
+    if job.types:
+        assert rows["runner"].launches_by_type["slow"] == rows["runner"].runs

@@ -142,4 +142,5 @@ def test_the_public_api_is_pinned():
     import runner.providers.catalog as catalog
 
     assert sorted(catalog.__all__) == ["CatalogError", "canonical_accelerator", "catalog_date", "catalog_meta",
-                                       "known_accelerators", "load_catalog", "local_offers", "zone_factor"]
+                                       "known_accelerators", "load_catalog", "local_offers", "relative_throughput",
+                                       "zone_factor"]

@@ -19,6 +19,11 @@ BAD = [
     ("name: ok\nrun: x\nresume: yes", "resume"),
     ("name: ok\nrun: x\nresources: {accelerators: T4-1}", "resources.accelerators"),
     ("name: ok\nrun: x\nresources: {accelerators: 'T4:0'}", "resources.accelerators"),
+    ("name: ok\nrun: x\nresources: {accelerators: [T4:1, T4-1]}", "resources.accelerators[1]"),
+    ("name: ok\nrun: x\nresources: {accelerators: [T4:1, A100:1, t4:1]}", "resources.accelerators[2]"),
+    ("name: ok\nrun: x\nresources: {accelerators: [T4:1, X100:1]}", "resources.accelerators[1]"),
+    ("name: ok\nrun: x\nresources: {accelerators: X100:1}", "resources.accelerators"),
+    ("name: ok\nrun: x\nresources: {accelerators: []}", "resources.accelerators"),
     ("name: ok\nrun: x\nresources: {cloud: [azurre]}", "resources.cloud"),
     ("name: ok\nrun: x\nresources: {spot_policy: cheap}", "resources.spot_policy"),
     ("name: ok\nrun: x\nresources: {max_price_per_hour: -1}", "resources.max_price_per_hour"),
@@ -98,3 +103,11 @@ def test_checked_in_json_schema_matches_the_model():
     """docs/job-schema.json is generated from the same model that validates job files."""
     checked_in = Path(__file__).resolve().parents[2] / "docs" / "job-schema.json"
     assert json.loads(checked_in.read_text()) == json.loads(json.dumps(job_json_schema()))
+
+
+def test_accelerators_may_list_alternatives_in_order():
+    """A list of NAME:COUNT alternatives keeps its order; a single NAME:COUNT stays one alternative."""
+    spec = parse_job(GOOD + "resources: {accelerators: [A100:1, L4:1, T4:1]}")
+    assert spec.resources.accelerator_options() == [("A100", 1), ("L4", 1), ("T4", 1)]
+    assert parse_job(GOOD + "resources: {accelerators: 'L4:1'}").resources.accelerator_options() == [("L4", 1)]
+    assert parse_job(GOOD).resources.accelerator_options() == []

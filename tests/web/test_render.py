@@ -148,3 +148,14 @@ def test_the_summary_shows_the_goodput_and_each_attempts_gap_and_start_phases(st
     assert 'class="phase boot"' in text and 'class="phase setup"' in text
     bare = _summary(store, {**status, "goodput": {**status["goodput"], "ratio": None}})
     assert "fact-goodput" not in bare
+
+
+def test_the_accelerator_alternatives_and_the_placement_figures_show(store):
+    """A job with alternatives shows them, and the figures its last placement was decided on."""
+    bare_status = _job(store)
+    status = {**bare_status, "spec": {"resources": {"accelerators": ["L4:1", "T4:1"]}},
+              "cost_policy": "L4 spot in local-b (sim-l4): $0.273/h at 46.1 steps/s estimated from sim-t4"}
+    text = _summary(store, status)
+    assert "L4:1 or T4:1" in text and "at 46.1 steps/s estimated from sim-t4" in text
+    bare = _summary(store, bare_status)
+    assert "fact-accelerators" not in bare and "cost-policy" not in bare

@@ -9,6 +9,7 @@ from .load import (
     load_catalog,
 )
 from .local import local_offers, zone_factor
+from .throughput import relative_throughput
 
 __all__ = [
     "CatalogError",
@@ -18,5 +19,6 @@ __all__ = [
     "known_accelerators",
     "load_catalog",
     "local_offers",
+    "relative_throughput",
     "zone_factor",
 ]

@@ -1,0 +1,191 @@
+"""What a preemption costs on a market as slow as a cloud: trained through the notice against stopping at once.
+
+A real controller (benchmarks/recovery_bench.py's Bench) runs the local market with a cloud's latencies
+(``clouds.local.boot_seconds``: a launched node's agent starts that long after the launch;
+``clouds.local.durable_mb_per_s``: the durable tier's bandwidth per node and direction), a job whose
+``setup`` takes as long as a cloud node's and whose state is as large as the profile's checkpoint. Each
+trial waits until the job trains, sends ``runner preempt JOB --notice aws|gcp`` through the node's metadata
+server, and waits until the next attempt has trained a few steps. Two paths, interleaved, in one run:
+
+- **trained through** (``recovery.prepare_on: [notice]``, the default): the replacement is launched at the
+  notice; the old node trains on until the replacement is ready or the deadline nears, then takes its
+  emergency checkpoint and the replacement resumes from it;
+- **stop at once** (``recovery.prepare_on: []``, the behaviour before): the old node checkpoints and stops at
+  the notice; the replacement is launched once the checkpoint is durable.
+
+Figures per trial: the training **gap** (the old attempt's last step to the next attempt's first, both from
+the job's own timestamped output), the steps redone (the old attempt's last step minus the step the next
+resumed from), the steps the old node trained after the notice, and the restart log's own ledger (its
+``gap_seconds``, ``boot_seconds``, ``setup_seconds``, ``restore_seconds``) and the job's ``goodput`` ratio.
+
+Profiles (``--scale`` multiplies every duration and the checkpoint's size, keeping the bandwidth, so every
+phase keeps its share):
+
+| profile | notice | boot | setup | checkpoint | durable tier |
+| --- | ---: | ---: | ---: | ---: | ---: |
+| aws | 120 s | 60 s | 45 s | 1 GB | 200 MB/s |
+| gcp | 30 s | 60 s | 45 s | 1 GB | 200 MB/s |
+
+    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.recovery_bench import Bench, BenchError  # noqa: E402
+from benchmarks.report import machine  # noqa: E402
+
+PROFILES = {
+    "aws": {"notice": "aws", "notice_s": 120, "boot_s": 60, "setup_s": 45, "checkpoint_mb": 1000, "mb_per_s": 200},
+    "gcp": {"notice": "gcp", "notice_s": 30, "boot_s": 60, "setup_s": 45, "checkpoint_mb": 1000, "mb_per_s": 200},
+}
+PATHS = {"trained through": "[notice]", "stop at once": "[]"}
+
+# The job: a small model plus a buffer that makes its checkpoint the profile's size; every step is printed
+# with its wall-clock time, so the gap is read off the job's own clock.
+TRAINEE = """
+import os, time
+import torch
+from runner.checkpoint import Checkpointer
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+state_mb = float(os.environ["BENCH_STATE_MB"])
+model.register_buffer("ballast", torch.rand(max(1, int(state_mb * 1e6 / 4))))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+ckpt = Checkpointer(model=model, optimizer=optimizer)
+step = ckpt.restore()
+print(f"resumed from step {step}" if step else "starting fresh", flush=True)
+while True:
+    optimizer.zero_grad()
+    model(torch.randn(16, 8)).pow(2).mean().backward()
+    optimizer.step()
+    step += 1
+    print(f"step {step} at {time.time():.3f}", flush=True)
+    ckpt.step(step)
+    if ckpt.should_stop:
+        break
+    time.sleep(0.1)
+ckpt.close()
+"""
+STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
+
+
+def scaled(profile: dict, scale: float) -> dict:
+    return {**profile, **{key: profile[key] * scale for key in ("notice_s", "boot_s", "setup_s", "checkpoint_mb")}}
+
+
+def trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict) -> dict:
+    folder = root / name
+    folder.mkdir()
+    (folder / "train.py").write_text(TRAINEE)
+    (folder / "job.yaml").write_text(yaml.safe_dump({
+        "name": name, "setup": f"sleep {profile['setup_s']:.2f}", "run": "python train.py",
+        "env": {"BENCH_STATE_MB": str(profile["checkpoint_mb"])},
+        "resources": {"cloud": ["local"]},
+        "checkpoint": {"interval": "30m", "keep": 2},
+        "recovery": {"resume_drill": "off", "prepare_on": yaml.safe_load(prepare_on)},
+    }))
+    job_id = bench.cli_json("submit", str(folder / "job.yaml"))["id"]
+    _wait(lambda: re.search(r"^step 20 at", bench.cli("logs", job_id).stdout, re.M), 1800, "step 20")
+    sent = time.time()
+    bench.cli("preempt", job_id, "--notice", profile["notice"])
+    _wait(lambda: len(STEP.findall(bench.cli("logs", job_id, "--attempt", "2", check=False).stdout)) >= 5,
+          1800, "the next attempt's steps")
+    status = bench.cli_json("status", job_id)
+    rows = bench.cli_json("restarts", job_id)
+    bench.cli("cancel", job_id)
+    old = [(int(s), float(t)) for s, t in STEP.findall(bench.cli("logs", job_id, "--attempt", "1").stdout)]
+    new = [(int(s), float(t)) for s, t in STEP.findall(bench.cli("logs", job_id, "--attempt", "2").stdout)]
+    second = rows[1]
+    return {
+        "gap": new[0][1] - old[-1][1],
+        "redone": old[-1][0] - second["resumed_from_step"],
+        "after_notice": sum(1 for _, t in old if t > sent),
+        "ledger_gap": second.get("gap_seconds"),
+        "boot": second.get("boot_seconds"), "setup": second.get("setup_seconds"),
+        "restore": second.get("restore_seconds"),
+        "goodput": (status.get("goodput") or {}).get("ratio"),
+    }
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise BenchError(f"timed out waiting for {what}")
+
+
+def _median(rows: list[dict], key: str):
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def _fmt(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", default="aws,gcp")
+    parser.add_argument("--count", type=int, default=1, help="trials per profile and path (interleaved)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies every duration and the checkpoint size")
+    args = parser.parse_args(argv)
+    names = [p for p in args.profiles.split(",") if p]
+    unknown = [p for p in names if p not in PROFILES]
+    if unknown or args.count < 1 or args.scale <= 0:
+        parser.error(f"profiles are {', '.join(PROFILES)}; --count >= 1; --scale > 0")
+    print(f"machine: {machine()}; scale {args.scale:g}", flush=True)
+    table = []
+    for name in names:
+        profile = scaled(PROFILES[name], args.scale)
+        root = Path(tempfile.mkdtemp(prefix=f"cloud-recovery-{name}-"))
+        bench = Bench(root, time_scale=args.scale)
+        config = yaml.safe_load((bench.home / "config.yaml").read_text())
+        config["clouds"]["local"].update(boot_seconds=profile["boot_s"], durable_mb_per_s=profile["mb_per_s"])
+        (bench.home / "config.yaml").write_text(yaml.safe_dump(config))
+        results: dict[str, list[dict]] = {path: [] for path in PATHS}
+        try:
+            bench.start()
+            for i in range(args.count):
+                for path, prepare_on in PATHS.items():
+                    job = f"{name}-{'through' if prepare_on == '[notice]' else 'baseline'}-{i}"
+                    results[path].append(trial(bench, root, job, prepare_on, profile))
+                    print(f"{name} / {path}: {results[path][-1]}", flush=True)
+        finally:
+            bench.shutdown()
+            shutil.rmtree(root, ignore_errors=True)
+        base = _median(results["stop at once"], "gap")
+        for path, rows in results.items():
+            gap = _median(rows, "gap")
+            table.append((name, profile, path, gap, gap / base if base else None, rows))
+    print(f"\n| profile (notice / boot / setup / checkpoint at {args.scale:g}x) | path | gap s | gap / stop at once "
+          f"| steps after the notice | steps redone | ledger gap s | boot s | setup s | restore s | goodput |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, profile, path, gap, ratio, rows in table:
+        label = (f"{name} ({profile['notice_s']:g} s / {profile['boot_s']:g} s / {profile['setup_s']:g} s / "
+                 f"{profile['checkpoint_mb']:g} MB at {profile['mb_per_s']:g} MB/s)")
+        print(f"| {label} | {path} | {_fmt(gap)} | {_fmt(ratio, 2)} | {_fmt(_median(rows, 'after_notice'), 0)} | "
+              f"{_fmt(_median(rows, 'redone'), 0)} | {_fmt(_median(rows, 'ledger_gap'))} | {_fmt(_median(rows, 'boot'))} "
+              f"| {_fmt(_median(rows, 'setup'))} | {_fmt(_median(rows, 'restore'))} | {_fmt(_median(rows, 'goodput'), 3)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
