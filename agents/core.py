@@ -17,6 +17,7 @@ from .emergency import EmergencyStop, rebalance_message
 from .handover import Handover
 from .reporter import Reporter
 from .telemetry import TelemetryRelay
+from .train_through import CheckpointClock, TrainThrough, trains_through
 from .watchers import NoMetadataServer, Notice, WatchLoop, detect, endpoint_for, watchers_for
 
 log = structlog.get_logger(__name__)
@@ -33,6 +34,11 @@ class AgentCore:
         self.watch_loop: WatchLoop | None = None
         self.telemetry = TelemetryRelay()
         self.handover: Handover | None = None  # supervise mode, single-node jobs: see agents/handover.py
+        self.checkpoint_clock = CheckpointClock()  # how long an emergency checkpoint is expected to take
+        # Supervise mode, single-node jobs: a notice whose deadline leaves time is trained through while the
+        # controller prepares the replacement (agents/train_through.py).
+        self.may_train_through = False
+        self.train_through: TrainThrough | None = None
 
     def send_control(self, message: dict) -> int:
         return self.control.send(message) if self.control is not None else 0
@@ -67,8 +73,13 @@ class AgentCore:
         """A new notice from the watch loop: record it; a terminal one starts the emergency path."""
         data = {**notice.to_json(), **notice.timing()}
         if notice.terminal:
-            self.reporter.event("notice", data)
-            self.emergency.start(notice)
+            expected = self.checkpoint_clock.expected()
+            through = self.may_train_through and self.train_through is None and trains_through(notice, expected)
+            self.reporter.event("notice", {**data, "prepare": through, "checkpoint_seconds": round(expected, 3)})
+            if through:
+                self.train_through = TrainThrough(notice, expected, self.emergency.start, self.send_control).start()
+            else:
+                self.emergency.start(notice)
         else:
             self.reporter.event(notice.kind, {"message": f"{notice.source} {notice.kind} ({notice.action}): "
                                                          "taking an opportunistic checkpoint", **data})
@@ -95,6 +106,7 @@ class AgentCore:
             fields = {k: message.get(k) for k in ("step", "manifest", "durable", "emergency", "seconds", "bytes")}
             log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
             self.progress["checkpoint_step"] = message.get("step")
+            self.checkpoint_clock.observe(message)
             self.reporter.event("checkpoint", fields, on_delivered=self._recorded_by_controller(fields))
             if self.handover is not None:  # after the checkpoint's report: the controller learns of it first
                 self.handover.on_committed(message)

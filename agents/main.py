@@ -78,12 +78,15 @@ class Agent(AgentCore):
         assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
         if assignment is None:
             return 1
-        self.assignment = assignment
-        log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"])
+        prepared = assignment.get("status") == wire.REGISTER_PREPARE  # a replacement launched during a notice
+        self.assignment = assignment["assignment"] if prepared else assignment
+        log.info("registered", job=self.assignment["job_id"], attempt=self.assignment["attempt"],
+                 prepared_replacement=prepared)
         self.local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.control = self._start_control_channel()
-        if (assignment.get("gang") or {}).get("num_nodes", 1) == 1:  # a gang's nodes stop and restart together
+        if (self.assignment.get("gang") or {}).get("num_nodes", 1) == 1:  # a gang's nodes stop and restart together
             self.handover = Handover(lambda data: self.reporter.event(wire.HANDOVER, data))
+            self.may_train_through = True
         self.emergency = EmergencyStop(send=self.send_control,
                                        trainee=ChildProcess(lambda: self.current, lambda: self.training_pid),
                                        on_durable=self.handover.on_durable if self.handover else None)
@@ -92,16 +95,50 @@ class Agent(AgentCore):
         self.reporter.heartbeats(self.config.heartbeat_seconds, self._status, self._on_action, self.shutdown)
         sdnotify.ready()
         try:
-            self._run_attempts()
+            if prepared and not self._get_ready():
+                return 1
+            self._run_attempts(setup_done=prepared)
         finally:
             sdnotify.stopping()
             self.shutdown.set()
             self.stop_background()
         return 0
 
-    def _run_attempts(self) -> None:
+    def _get_ready(self) -> bool:
+        """A replacement prepared while the job still trains elsewhere: fetch the workdir and run setup now,
+        report ready, and wait (registering again) until the node on notice hands over and this node's
+        attempt exists. False when this node is not needed after all (or cannot get ready)."""
+        self.phase = "setup"
+        self.shipper = LocalOutput(self.local_log)  # no attempt to ship to yet: the node's own copy
+        try:
+            workdir = self._prepare_workdir()
+            setup = self.assignment.get("setup")
+            code = self._run_command(setup, workdir, self._environment()) if setup else 0
+        except JobCannotStart as exc:
+            self.reporter.report_exit("failed", None, f"prepared replacement: {exc}")
+            return False
+        if self.cancelled.is_set():
+            return False
+        if code != 0:
+            self.reporter.report_exit("failed", code, f"prepared replacement: setup failed with exit code {code}: "
+                                      f"{self.shipper.tail()}")
+            return False
+        self.phase = "ready"
+        self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": wire.READY, "data": {}}),
+                                "ready report")
+        log.info("ready: waiting for the handover")
+        assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
+        if assignment is None or self.cancelled.is_set():
+            log.info("the prepared replacement is not needed; stopping")
+            return False
+        self.assignment = assignment
+        log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"],
+                 resume_step=(assignment["checkpoint"].get("resume") or {}).get("step"))
+        return True
+
+    def _run_attempts(self, setup_done: bool = False) -> None:
         """Setup once, then the run command; a resume drill continues on this node as the next attempt."""
-        first = True
+        first = not setup_done
         while True:
             offset = self.reporter.patiently(lambda: self.client.get("/v1/agent/logs/offset")["offset"],
                                              "log offset")
@@ -279,6 +316,8 @@ class Agent(AgentCore):
         return {"phase": self.phase, "progress": self.progress}
 
     def _on_action(self, action: str) -> None:
+        if action == wire.CHECKPOINT_NOW and self.train_through is not None:
+            self.train_through.checkpoint_now()  # the replacement is ready (or none is coming)
         if action == wire.STOP_FOR_PEER and self.current is not None and self.gang.on_stop_for_peer():
             log.info("the gang's attempt ended elsewhere; stopping the job here to restart with the gang")
             threading.Thread(target=self.current.stop, args=(self.config.stop_grace_seconds,), daemon=True).start()
@@ -318,6 +357,24 @@ class Agent(AgentCore):
         log.warning("SIGTERM: the node is shutting down; emergency checkpoint")
         notice = Notice.create("signal", "termination", "shutdown", terminal=True, grace=SHUTDOWN_GRACE_SECONDS)
         threading.Thread(target=self.on_notice, args=(notice,), daemon=True).start()
+
+
+class LocalOutput:
+    """Where a prepared replacement's setup output goes: the node's own log (it has no attempt yet), with the
+    last lines kept for the report should setup fail."""
+
+    def __init__(self, local_copy, keep: int = 2000):
+        self.local_copy = local_copy
+        self.keep = keep
+        self._tail = b""
+
+    def write(self, data: bytes) -> None:
+        self.local_copy.write(data)
+        self.local_copy.flush()
+        self._tail = (self._tail + data)[-self.keep:]
+
+    def tail(self) -> str:
+        return self._tail.decode(errors="replace").strip()
 
 
 def extract_safely(tar: tarfile.TarFile, into: Path) -> None:

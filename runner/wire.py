@@ -117,10 +117,25 @@ def _is_time(value) -> bool:
 # POST /v1/agent/register answers {"status": REGISTER_WAITING, "message": ...} to a gang node while the
 # gang's attempt is not complete (or not planned yet); the agent asks again shortly.
 REGISTER_WAITING = "waiting"
+# ... and {"status": REGISTER_PREPARE, "assignment": {...}} to a replacement prepared while the job still trains
+# (runner/scheduler/standby.py): fetch the workdir, run setup, report READY, then register again and wait.
+REGISTER_PREPARE = "prepare"
+READY = "ready"
+# Heartbeat answers about a prepared replacement: the old node on notice is told to take its emergency checkpoint
+# and stop now (the replacement is ready, or none is coming); the prepared node waits.
+CHECKPOINT_NOW = "checkpoint"
+STANDBY_WAIT = "wait"
 
 
 # The restart log and job summaries as JSON, from the controller's rows (runner/state/rows.py: Attempt, Job; not
 # imported here, since the agent imports this module and never the controller's state).
+def _iso_ms(ts: float | None) -> str | None:
+    """ISO-8601 UTC to the millisecond: a standby's launch and the handover are often within one second."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def attempt_cost(attempt: Attempt, now: float | None = None) -> float:
     """Per-second billing from launch to end (or to now for the running attempt), summed over every node."""
     end = attempt.ended_at or now or time.time()
@@ -173,6 +188,9 @@ def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float |
     }
     if attempt.drill is not None:
         row["drill"] = attempt.drill
+    if attempt.standby is not None:  # the replacement prepared while this attempt trained (its times in ISO)
+        row["standby"] = {k: _iso_ms(v) if k.endswith("_at") or k == "deadline" else v
+                          for k, v in attempt.standby.items()}
     if attempt.num_nodes > 1:
         row["num_nodes"] = attempt.num_nodes
         row["nodes"] = node_rows(attempt)

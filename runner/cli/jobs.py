@@ -253,9 +253,21 @@ def cancel(job_id: str):
 @click.option("--notice", type=click.Choice(["aws", "gcp", "azure"]), default="aws", show_default=True)
 @click.option("--node", "rank", type=int, default=0, show_default=True,
               help="Of a multi-node job: the rank of the node to preempt.")
-def preempt(job_id: str, notice: str, rank: int):
+@click.option("--no-reclaim", is_flag=True,
+              help="A false notice: the notice is sent but the node is not reclaimed at its deadline.")
+@click.option("--rebalance", is_flag=True,
+              help="Only an AWS rebalance recommendation (no notice, no reclaim); needs --notice aws.")
+def preempt(job_id: str, notice: str, rank: int, no_reclaim: bool, rebalance: bool):
     """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss."""
-    result = connect().post(f"/v1/jobs/{job_id}/preempt", {"notice": notice, "node": rank})
+    if rebalance and notice != "aws":
+        raise click.UsageError("--rebalance is an AWS signal: use it with --notice aws")
+    result = connect().post(f"/v1/jobs/{job_id}/preempt",
+                            {"notice": notice, "node": rank, "reclaim": not no_reclaim, "rebalance": rebalance})
     label = {"aws": "an AWS", "gcp": "a GCP", "azure": "an Azure"}[notice]
     which = f"node {result['node']}" + (f" (rank {result['rank']})" if result.get("rank") else "")
-    click.echo(f"sent {label} notice to {which}; it is reclaimed in {result['grace_seconds']:.1f}s")
+    if rebalance:
+        click.echo(f"sent an AWS rebalance recommendation to {which}")
+    elif no_reclaim:
+        click.echo(f"sent {label} notice to {which}; it is not reclaimed (a false notice)")
+    else:
+        click.echo(f"sent {label} notice to {which}; it is reclaimed in {result['grace_seconds']:.1f}s")

@@ -17,13 +17,16 @@ from ..scheduler.attempts import catch_up, close_drained, end_attempt
 from ..scheduler.spot_return import finish_move
 from ..scheduler import failures
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
-from ..scheduler.states import FAILED, PROVISIONING, RUNNING
+from ..scheduler.standby import release_failed_standby
+from ..scheduler.states import FAILED, PROVISIONING, RUNNING, TERMINAL
 from ..spec import RecoverySpec
 from ..ledger import boot_seconds
 from ..state import ledger
 from ..state.rows import Attempt, Job, Node
+from ..state.standbys import PREPARED
+from ..state.store import NODE_LAUNCHING, NODE_RUNNING
 from ..scheduler.transitions import InvalidTransition, transition
-from ..wire import EXIT_REASONS, MOVED, STOPPED_BY_PEER
+from ..wire import EXIT_REASONS, MOVED, REGISTER_PREPARE, REGISTER_WAITING, STOPPED_BY_PEER
 from . import gang_agent, reports
 from .agent_wheel import WheelUnavailable
 from .auth import Principal, require_node
@@ -58,6 +61,8 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     A gang node gets ``{"status": "waiting"}`` until every node of its attempt has registered."""
     state = _state(request)
     address = body.address if body else None
+    if who.node.attempt == PREPARED and who.node.prepared_for is not None:
+        return _prepared_registration(state, who.node)
     if state.store.job(who.node.job_id).num_nodes > 1:
         attempt, wait = gang_agent.register(state, who.node, address or "127.0.0.1")
         return wait or _assignment(state, who.node.job_id, attempt, who.node, address)
@@ -77,16 +82,32 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     return _assignment(state, job.id, attempt.attempt, who.node, address)
 
 
+def _prepared_registration(state, node: Node) -> dict:
+    """A replacement prepared while the job still trains (runner/scheduler/standby.py): before it is ready, what
+    to set up (the job as its next attempt will run it); once ready, to wait for the handover."""
+    job = state.store.job(node.job_id)
+    if job is None or job.state in TERMINAL or node.state not in (NODE_LAUNCHING, NODE_RUNNING):
+        raise HTTPException(409, "this prepared node is no longer needed; shut down")
+    now = time.time()
+    with state.store.db.transaction() as tx:
+        state.store.update_node(tx, node.id, registered_at=node.registered_at or now, last_heartbeat=now)
+    if node.ready_at is None:
+        return {"status": REGISTER_PREPARE, "assignment": _assignment(state, job.id, node.prepared_for + 1, node)}
+    return {"status": REGISTER_WAITING, "retry_seconds": 0.2,
+            "message": "ready; waiting for the job's node on notice to hand over"}
+
+
 def _assignment(state, job_id: str, attempt: int, node: Node, address: str | None = None) -> dict:
     """What an attempt runs, where it checkpoints, what it resumes from, whether it drills, its gang."""
     job = state.store.job(job_id)
     spec = job.spec
     drill_seconds = RecoverySpec.model_validate(spec["recovery"]).resume_drill_seconds()
-    gang = gang_agent.gang_fields(state, job, attempt, node, address)
-    if gang["node_rank"] != 0:
+    prepared = node.attempt == PREPARED  # setting up for an attempt not created yet: no gang fields, no port
+    gang = None if prepared else gang_agent.gang_fields(state, job, attempt, node, address)
+    if gang is not None and gang["node_rank"] != 0:
         drill_seconds = None  # the drill runs once for the whole gang: node 0 drives it
     extra = {}
-    if gang["num_nodes"] > 1 and (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
+    if gang is not None and gang["num_nodes"] > 1 and (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
         extra["drill_expected_step"] = expected
     offer = node.offer or {}
     placement = {"cloud": offer.get("cloud", node.provider), "zone": offer.get("zone"),
@@ -101,7 +122,7 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
         "has_workdir": bool(spec.get("workdir_digest")),
         "checkpoint": {
             "local_dir": spec["checkpoint"]["local_dir"],
-            "durable_url": spec["checkpoint"]["durable_url"] or _default_durable_url(state, job_id, attempt),
+            "durable_url": spec["checkpoint"]["durable_url"] or _default_durable_url(state, node),
             "interval": spec["checkpoint"]["interval"],
             "keep": spec["checkpoint"]["keep"],
             "resume": job.checkpoint,
@@ -110,11 +131,10 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
     }
 
 
-def _default_durable_url(state, job_id: str, attempt: int) -> str | None:
-    """The attempt's provider default (submit refused jobs that could land where there is none)."""
-    row = next((a for a in state.store.attempts(job_id) if a.attempt == attempt), None)
-    provider = state.scheduler.providers.get(row.cloud) if row else None
-    return provider.default_checkpoint_url(job_id) if provider else None
+def _default_durable_url(state, node: Node) -> str | None:
+    """The node's provider default (submit refused jobs that could land where there is none)."""
+    provider = state.scheduler.providers.get(node.provider)
+    return provider.default_checkpoint_url(node.job_id) if provider else None
 
 
 @router.get("/workdir")
@@ -171,6 +191,10 @@ def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
         raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(EXIT_REASONS)}")
     if state.store.job(who.node.job_id).num_nodes > 1:
         return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
+    if who.node.attempt == PREPARED and who.node.prepared_for is not None:  # its setup failed: it is not needed
+        release_failed_standby(state.store, who.node, body.exit_code, body.message)
+        state.scheduler.nudge.set()
+        return {"state": None}
     if body.reason == STOPPED_BY_PEER:
         raise HTTPException(422, f"reason: {STOPPED_BY_PEER!r} is for a node of a multi-node job only")
     if body.reason == "drill":

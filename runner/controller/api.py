@@ -307,6 +307,8 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(require_admin
 class PreemptRequest(BaseModel):
     notice: str = "aws"
     node: int = 0  # the node rank of a multi-node job
+    reclaim: bool = True  # False: a false notice (the node is not reclaimed at its deadline)
+    rebalance: bool = False  # only an AWS rebalance recommendation: no notice, no reclaim
 
 
 @router.post("/jobs/{job_id}/preempt")
@@ -322,18 +324,28 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
     if not 0 <= body.node < num_nodes:
         ranks = "0" if num_nodes == 1 else f"0 to {num_nodes - 1}"
         raise HTTPException(422, f"node: job {job_id} has no node of rank {body.node}; its node ranks are {ranks}")
-    nodes = [n for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n.rank == body.node]
+    nodes = [n for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n.rank == body.node and n.attempt > 0]
     if not nodes:
         raise HTTPException(409, f"job {job_id} has no running node of rank {body.node} to preempt")
     node = nodes[-1]
     provider = state.scheduler.providers[node.provider]
     if not hasattr(provider, "inject_notice"):
         raise HTTPException(409, f"the {node.provider} provider cannot inject notices; only local can")
-    grace = provider.inject_notice(node.id, body.notice)
+    if body.rebalance:
+        if body.notice != "aws":
+            raise HTTPException(422, "rebalance: a rebalance recommendation is an AWS signal; use notice aws")
+        provider.inject_rebalance(node.id)
+        with state.store.db.transaction() as tx:
+            state.store.add_event(tx, job_id, "chaos", f"AWS rebalance recommendation sent to {node.id} "
+                                  f"(rank {node.rank})", attempt=node.attempt)
+        return {"node": node.id, "rank": node.rank, "notice": "aws-rebalance", "grace_seconds": None}
+    grace = provider.inject_notice(node.id, body.notice, reclaim=body.reclaim)
     with state.store.db.transaction() as tx:
-        state.store.update_node(tx, node.id, terminate_at=time.time() + grace)
+        if body.reclaim:
+            state.store.update_node(tx, node.id, terminate_at=time.time() + grace)
+        what = f"node reclaimed in {grace:.1f}s" if body.reclaim else "a false notice: the node is not reclaimed"
         state.store.add_event(tx, job_id, "chaos", f"{body.notice} notice sent to {node.id} (rank {node.rank}); "
-                              f"node reclaimed in {grace:.1f}s", attempt=node.attempt)
+                              f"{what}", attempt=node.attempt)
     return {"node": node.id, "rank": node.rank, "notice": body.notice, "grace_seconds": grace}
 
 

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import time
 
+import structlog
 from fastapi import HTTPException
 
+from ..scheduler import standby
 from ..scheduler.attempts import hand_over
-from ..wire import HANDOVER, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY, SetupReport
+from ..wire import HANDOVER, READY, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY, SetupReport
 from . import metrics, reports, telemetry
 from .auth import node_caller
 from .front_door import ON_A_THREAD, LeanRoute, json_object
 
+# What an agent's notice report adds for the controller alone (kept out of the restart log's notice): whether
+# it trains on while a replacement gets ready, and how long it expects its emergency checkpoint to take.
+PREPARE_FIELDS = ("prepare", "checkpoint_seconds")
+
 EVENTS_PATH = "/v1/agent/events"
+log = structlog.get_logger(__name__)
 
 
 def agent_event(state, authorization: str, body: bytes) -> dict:
@@ -28,6 +35,9 @@ def agent_event(state, authorization: str, body: bytes) -> dict:
         if new_state is not None:
             state.scheduler.nudge.set()  # launch the next attempt now
         return {"accepted": new_state is not None}
+    if kind == READY:  # a prepared replacement has run setup: the node on notice may stop now
+        ready = standby.mark_ready(state.store, node)
+        return {"accepted": ready}
     with state.store.db.transaction() as tx:
         if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
             telemetry.record_report(tx, job_id, attempt, data, rank=node.rank)
@@ -39,7 +49,7 @@ def agent_event(state, authorization: str, body: bytes) -> dict:
         if kind in metrics.NOTICE_KINDS:
             metrics.record_notice(tx, job_id, attempt, data)
         if kind == "notice":
-            notice = metrics.without_timing(data)
+            notice = {k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS}
             if state.store.job(job_id, tx).num_nodes > 1:
                 notice = {**notice, "node_rank": node.rank}
             state.store.set_attempt_notice(tx, job_id, attempt, notice)
@@ -58,7 +68,22 @@ def agent_event(state, authorization: str, body: bytes) -> dict:
             if kind == "restored":
                 _record_restored_step(state, tx, job_id, attempt, data)
             state.store.add_event(tx, job_id, kind, str(data.get("message", data)), attempt=attempt)
+    _prepare_replacement(state, node, kind, data)
     return {"accepted": True}
+
+
+def _prepare_replacement(state, node, kind: str, data: dict) -> None:
+    """A notice whose deadline leaves time (the agent trains on: ``prepare``), or an AWS rebalance
+    recommendation: launch the replacement now where the job's ``recovery.prepare_on`` asks for it."""
+    try:
+        if kind == "notice" and data.get("prepare"):
+            deadline = data.get("deadline_unix")
+            standby.prepare(state.scheduler, node, standby.NOTICE,
+                            deadline=float(deadline) if isinstance(deadline, (int, float)) else None)
+        elif kind == "rebalance":
+            standby.prepare(state.scheduler, node, standby.REBALANCE)
+    except Exception:  # the report is kept; with no replacement the node on notice is told to stop now
+        log.exception("preparing a replacement failed", job=node.job_id, kind=kind)
 
 
 ROUTE = LeanRoute(agent_event, max_body=1 << 20, runs=ON_A_THREAD)

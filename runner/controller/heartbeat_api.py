@@ -17,10 +17,12 @@ from functools import lru_cache
 from fastapi import HTTPException
 
 from ..costpolicy import observe
+from ..scheduler import standby
 from ..scheduler.spot_return import move_request
 from ..scheduler.states import TERMINAL
+from ..state.standbys import PREPARED
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING
-from ..wire import MOVE_TO_SPOT
+from ..wire import MOVE_TO_SPOT, STANDBY_WAIT
 from . import gang_agent, reports
 from .auth import heartbeat_caller
 from .front_door import AWAITED, LeanRoute, json_object
@@ -60,6 +62,9 @@ def _action_from_view(node: dict) -> str | None:
     """The answer the view alone decides (nearly every beat), or None where further reads are needed."""
     if node["state"] == NODE_DRAINING:  # handed over: its process is exiting; the exit report releases it
         return CONTINUE
+    if node["attempt"] == PREPARED and node["prepared_for"] is not None:  # a replacement waiting to take over
+        live = node["job_state"] not in TERMINAL and node["state"] in (NODE_RUNNING, NODE_LAUNCHING)
+        return STANDBY_WAIT if live else SHUTDOWN
     current = node["attempt_current"]
     is_gang, has_deadline = _spec_flags(node["spec"])
     kept = not current and is_gang and node["job_state"] not in TERMINAL
@@ -70,13 +75,16 @@ def _action_from_view(node: dict) -> str | None:
         return SHUTDOWN
     if node["cancel_requested"]:
         return CANCEL
-    if kept or (not node["attempt_spot"] and has_deadline):
+    if kept or (not node["attempt_spot"] and has_deadline) or (node["attempt_on_notice"] and not is_gang):
         return None
     return CONTINUE
 
 
 def _action_with_reads(state, node: dict) -> str:
-    """A kept gang node's answer, or whether an on-demand attempt with a deadline should move to spot."""
+    """A kept gang node's answer, whether a node on notice trains on while its replacement gets ready
+    (runner/scheduler/standby.py), or whether an on-demand attempt with a deadline should move to spot."""
+    if node["attempt_current"] and node["attempt_on_notice"] and not _spec_flags(node["spec"])[0]:
+        return standby.old_node_action(state.store, node)
     if node["attempt_current"]:
         return MOVE_TO_SPOT if move_request(state.store, node["job_id"], node["attempt"]) is not None else CONTINUE
     return gang_agent.heartbeat_action(state, node)

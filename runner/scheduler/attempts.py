@@ -9,6 +9,7 @@ from typing import Iterable
 from ..state import Store
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, Node
+from ..state.standbys import StandbyStore
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
 from ..wire import NODE_KEPT
 from .gang import node_end_reasons
@@ -64,6 +65,8 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             store.drain_node(tx, current.node_id, drain_until)
         else:
             release_nodes(store, tx, job_id, attempt)
+        if state in TERMINAL:  # a replacement prepared for a job that has ended goes too
+            StandbyStore(store).release_job(tx, job_id)
         return state
 
 

@@ -37,6 +37,7 @@ from .node_watch import describe_wakes, watch_running_nodes
 from .policy import BackoffBook
 from .releases import release_nodes, terminate_wakes
 from .spot_return import move_to_spot
+from .standby import release_unneeded, take_over
 from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, RUNNING, TERMINAL
 
 ACTIVE_STATES = tuple(state for state in ALLOWED if state not in TERMINAL)
@@ -139,6 +140,8 @@ def _launch_job(ctx: SchedulerContext, job: Job) -> None:
             node = store.node(node_id)
             if node.state == NODE_LAUNCHING:  # not released by a failed launch of its gang
                 _launch(ctx, node)
+        return
+    if job.state == RECOVERING and take_over(ctx, job):  # a replacement prepared during the last attempt
         return
     if job.cancel_requested or store.nodes(NODES_HOLDING_A_JOB, job_id=job.id):
         return
@@ -298,4 +301,4 @@ def _apply_cancellation(ctx: SchedulerContext, job: Job) -> None:
 # One tick, in order. collect_launches comes again last: what came back meanwhile (every launch of this tick, when
 # launches run inline).
 TICK_WORKERS = (collect_launches, finish_launches, watch_running_nodes, watch_gang_formation, apply_cancellations,
-                move_to_spot, release_nodes, launch_pending_jobs, collect_launches)
+                move_to_spot, release_unneeded, release_nodes, launch_pending_jobs, collect_launches)

@@ -18,6 +18,7 @@ from .urls import check_fsspec_url
 
 CLOUDS = ("local", "aws", "gcp", "azure")
 MAX_RESUME_DRILL_SECONDS = 15 * 60
+PREPARE_SIGNALS = ("rebalance", "notice")  # what may launch a job's replacement while its node still trains
 MAX_NUM_NODES = 1024  # the schema's bound; what fits in one zone is each provider's to say at submit
 MAX_STEP = 2**53  # a step count above this loses precision as a float (progress = step / total_steps) and in JSON
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -157,6 +158,34 @@ class RecoverySpec(_Section):
     total_steps: Optional[int] = Field(default=None, gt=0, lt=MAX_STEP, strict=True, validate_default=True,
                                        description="With deadline: the step at which the job is done "
                                                    "(less than 2**53).")
+    prepare_on: list[Literal["rebalance", "notice"]] = Field(
+        default_factory=lambda: ["notice"],
+        description="Signals that launch the replacement node while the job still trains on the old one: notice "
+                    "(a preemption notice whose deadline leaves time) and rebalance (an AWS rebalance "
+                    "recommendation: a warm standby, billed, released after standby_timeout if no notice follows).")
+    standby_timeout: Union[str, float] = Field(
+        default="10m", description="How long a standby launched on a rebalance recommendation waits for a notice "
+                                   "before it is released.")
+
+    @field_validator("prepare_on", mode="before")
+    @classmethod
+    def _prepare_on(cls, value):
+        if not isinstance(value, list):
+            raise ValueError(f"{value!r} is not a list; use e.g. [rebalance, notice]")
+        for item in value:
+            if item not in PREPARE_SIGNALS:
+                raise ValueError(f"{item!r} is not one of {', '.join(PREPARE_SIGNALS)}")
+        return list(dict.fromkeys(value))
+
+    @field_validator("standby_timeout")
+    @classmethod
+    def _standby_timeout(cls, value):
+        if isinstance(value, bool) or parse_duration(value) <= 0:
+            raise ValueError(f"{value!r} is not a positive duration such as 10m")
+        return value
+
+    def standby_timeout_seconds(self) -> float:
+        return parse_duration(self.standby_timeout)
 
     @field_validator("deadline", mode="before")
     @classmethod

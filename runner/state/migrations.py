@@ -258,6 +258,17 @@ MIGRATIONS: list[tuple[int, str]] = [
         )
         """,
     ),
+    (
+        14,
+        # A replacement prepared while the job still trains (runner/state/standbys.py): a node launched for the
+        # job's next attempt before that attempt exists (attempt 0, ``prepared_for`` the attempt it may replace),
+        # ready once its agent has run setup; the attempt it stood by for keeps the record in ``standby``.
+        """
+        ALTER TABLE nodes ADD COLUMN prepared_for INTEGER;
+        ALTER TABLE nodes ADD COLUMN ready_at REAL;
+        ALTER TABLE attempts ADD COLUMN standby TEXT
+        """,
+    ),
 ]
 
 

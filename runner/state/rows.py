@@ -123,6 +123,7 @@ class Attempt:
     setup_seconds: float | None
     restore_seconds: float | None
     nodes: tuple[AttemptNode, ...] = ()
+    standby: dict | None = None  # the replacement prepared while this attempt ran (runner/state/standbys.py)
 
     @classmethod
     def from_row(cls, row: Row, nodes: tuple[AttemptNode, ...] = ()) -> Attempt:
@@ -137,7 +138,8 @@ class Attempt:
                    row["steps"], None if rate is None else float(rate), None if memory is None else float(memory),
                    row["nan_steps"], row["first_step"], _float_or_none(row["first_step_at"]), row["last_step"],
                    _float_or_none(row["last_step_at"]), _float_or_none(row["boot_seconds"]), _float_or_none(row["setup_seconds"]),
-                   _float_or_none(row["restore_seconds"]), nodes)
+                   _float_or_none(row["restore_seconds"]), nodes,
+                   _loads(row["standby"]) if row.get("standby") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,8 @@ class Node:
     first_registered_at: float | None = None  # its agent's first registration (``registered_at``: the latest)
     setup_started_at: float | None = None  # the job's `setup` on this node (0 s long for a job without one)
     setup_ended_at: float | None = None
+    prepared_for: int | None = None  # a prepared replacement (attempt 0): the attempt it may take over from
+    ready_at: float | None = None     # when a prepared replacement's agent had run setup
 
     @classmethod
     def from_row(cls, row: Row) -> Node:
@@ -174,7 +178,8 @@ class Node:
                    None if terminate_at is None else float(terminate_at),
                    None if terminated_at is None else float(terminated_at), row["rank"],
                    _float_or_none(row["launched_at"]), _float_or_none(row["first_registered_at"]),
-                   _float_or_none(row["setup_started_at"]), _float_or_none(row["setup_ended_at"]))
+                   _float_or_none(row["setup_started_at"]), _float_or_none(row["setup_ended_at"]),
+                   row.get("prepared_for"), _float_or_none(row.get("ready_at")))
 
     @property
     def boot_seconds(self) -> float | None:

@@ -175,6 +175,9 @@ class Store:
         tx.execute("UPDATE attempts SET resumed_from_step = ? WHERE job_id = ? AND attempt = ?",
                    (step, job_id, attempt))
 
+    def set_attempt_message(self, tx: Tx, job_id: str, attempt: int, message: str) -> None:
+        tx.execute("UPDATE attempts SET message = ? WHERE job_id = ? AND attempt = ?", (message, job_id, attempt))
+
     def set_attempt_notice(self, tx: Tx, job_id: str, attempt: int, notice: dict) -> None:
         tx.execute("UPDATE attempts SET notice = COALESCE(notice, ?) WHERE job_id = ? AND attempt = ?",
                    (json.dumps(notice), job_id, attempt))
@@ -222,11 +225,13 @@ class Store:
         """What heartbeats are answered from, for many tokens in one read, by token hash (an unknown token is
         absent): each token's node (id, job_id, attempt, rank, state), its job's ``job_state``,
         ``cancel_requested`` and ``spec`` (JSON text, fixed at submit), and whether the node's attempt is the
-        job's running one (``attempt_current``) and on spot (``attempt_spot``)."""
+        job's running one (``attempt_current``), on spot (``attempt_spot``) and on notice (``attempt_on_notice``);
+        a prepared replacement (attempt 0) has ``prepared_for``."""
         marks = ",".join("?" * len(token_hashes))
         rows = self.db.query(
-            f"""SELECT n.id, n.job_id, n.attempt, n.rank, n.state, n.token_hash, j.state AS job_state,
-                   j.cancel_requested, j.spec, a.spot AS attempt_spot,
+            f"""SELECT n.id, n.job_id, n.attempt, n.rank, n.state, n.token_hash, n.prepared_for,
+                   j.state AS job_state, j.cancel_requested, j.spec, a.spot AS attempt_spot,
+                   CASE WHEN a.notice IS NULL THEN 0 ELSE 1 END AS attempt_on_notice,
                    CASE WHEN a.end_reason = 'running' AND NOT EXISTS (
                        SELECT 1 FROM attempts b WHERE b.job_id = n.job_id AND b.attempt > n.attempt)
                    THEN 1 ELSE 0 END AS attempt_current
@@ -236,6 +241,7 @@ class Store:
         return {row["token_hash"]: {**decode(row, NODE_COLUMNS), "job_state": row["job_state"],
                                     "cancel_requested": _timestamp_or_none(row["cancel_requested"]),
                                     "spec": row["spec"], "attempt_spot": FLAG(row["attempt_spot"]),
+                                    "attempt_on_notice": bool(row["attempt_on_notice"]),
                                     "attempt_current": bool(row["attempt_current"])} for row in rows}
 
     def nodes(self, states: tuple[str, ...] = LIVE_NODE_STATES, job_id: str | None = None) -> list[Node]:
@@ -342,6 +348,7 @@ NODE_COLUMNS: dict[str, Callable[[Any], Any]] = {
     "offer": _json_field, "spot": FLAG, "provider_ref": TEXT, "created_at": REAL, "registered_at": REAL,
     "last_heartbeat": REAL, "progress": _json_field, "terminate_at": REAL, "terminated_at": REAL, "rank": INT,
     "launched_at": REAL, "first_registered_at": REAL, "setup_started_at": REAL, "setup_ended_at": REAL,
+    "prepared_for": INT, "ready_at": REAL,
 }
 
 

@@ -13,7 +13,7 @@ from runner.state.rows import Attempt, AttemptNode, Event, Job, Node
 
 SQLITE_ONLY = "the table's columns are read with SQLite's PRAGMA table_info (the schema is the same on both)"
 ROWS = {"jobs": Job, "attempts": Attempt, "attempt_nodes": AttemptNode, "nodes": Node, "events": Event}
-JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress"}
+JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress", "standby"}
 
 
 def _columns(tmp_path, table: str) -> list[tuple[str, str]]:

@@ -195,16 +195,27 @@ class LocalProvider(Provider):
     def grace_seconds(self, cloud: str) -> float:
         return GRACE_SECONDS[cloud] * self.time_scale
 
-    def inject_notice(self, node_id: str, cloud: str) -> float:
-        """Deliver a preemption notice through the node's metadata server; return the grace in seconds."""
+    def inject_notice(self, node_id: str, cloud: str, reclaim: bool = True) -> float:
+        """Deliver a preemption notice through the node's metadata server; return the grace in seconds.
+        ``reclaim=False``: a false notice (the caller does not reclaim the node at the deadline)."""
         from .metadata import inject_notice
 
         endpoints = json.loads((self.node_dir(node_id) / "metadata.json").read_text())
         grace = self.grace_seconds(cloud)
         inject_notice(cloud, endpoints[cloud], grace)
-        (self.node_dir(node_id) / "preempted").write_text(cloud)
+        if reclaim:
+            (self.node_dir(node_id) / "preempted").write_text(cloud)
         log.info("notice injected", node=node_id, cloud=cloud, grace_seconds=grace)
         return grace
+
+
+    def inject_rebalance(self, node_id: str) -> None:
+        """Deliver an AWS rebalance recommendation (an early sign, not a notice) through the node's metadata server."""
+        from .metadata import admin_request
+
+        endpoints = json.loads((self.node_dir(node_id) / "metadata.json").read_text())
+        admin_request(endpoints["aws"], "notice", {"op": "rebalance"})
+        log.info("rebalance recommendation injected", node=node_id)
 
 
 def _try_lock(path: Path) -> int | None:

@@ -1,0 +1,195 @@
+"""A replacement prepared while the job still trains: launched at a notice (or, with ``recovery.prepare_on``
+naming it, at an AWS rebalance recommendation), it boots, registers, fetches the workdir, runs setup and
+waits; the old node trains on until the replacement is ready, then checkpoints and stops, and the next
+attempt starts on the waiting node from that checkpoint. Rows: runner/state/standbys.py.
+
+- :func:`prepare` (the agent's notice or rebalance report): launch the replacement now, or keep the standby
+  an earlier signal launched.
+- :func:`old_node_action` (the heartbeat of a node on notice): ``checkpoint`` (stop now: the replacement is
+  ready, or none is coming) or ``continue`` (train on: the replacement is still getting ready).
+- :func:`take_over` (the reconciler, for a job waiting for its next attempt): the attempt starts on the
+  prepared node, ready or not (a node that fails on the way is released and the job relaunches as before).
+- :func:`release_unneeded` (the reconciler): a rebalance standby no notice followed within
+  ``recovery.standby_timeout``, and the replacement of a notice that turned out false (the old node still
+  beats well after the deadline), are released.
+
+Single-node jobs only: a gang's notice takes the older path (the whole gang stops and restarts).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import structlog
+
+from ..spec import RecoverySpec, Resources
+from ..state.rows import Node
+from ..state.standbys import StandbyStore
+from ..state.store import NODE_RUNNING
+from ..wire import CHECKPOINT_NOW
+from . import placement
+from .states import PROVISIONING, RECOVERING, TERMINAL
+from .transitions import transition
+
+log = structlog.get_logger(__name__)
+
+NOTICE, REBALANCE = "notice", "rebalance"
+# A node on notice still heartbeating this long after its deadline was not reclaimed: the notice was false.
+FALSE_NOTICE_GRACE_SECONDS = 20.0
+CONTINUE = "continue"
+
+
+def prepare_on(spec: dict) -> list[str]:
+    return RecoverySpec.model_validate(spec["recovery"]).prepare_on
+
+
+def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: float | None = None) -> str | None:
+    """Launch the replacement of ``node``'s attempt for ``signal`` (notice | rebalance); return its node id, or
+    None when the job does not prepare on this signal, is a gang, or no offer fits now."""
+    store, standbys, now = ctx.store, StandbyStore(ctx.store), now or time.time()
+    job = store.job(node.job_id)
+    current = store.current_attempt(node.job_id)
+    if (job is None or job.num_nodes > 1 or job.cancel_requested or current is None
+            or current.attempt != node.attempt or signal not in prepare_on(job.spec)):
+        return None
+    existing = standbys.live(job.id)
+    if existing is not None:
+        if signal == NOTICE:
+            with store.db.transaction() as tx:
+                standbys.update_record(tx, job.id, current.attempt, notice_at=now, deadline=deadline)
+                store.add_event(tx, job.id, "standby", f"notice: the standby {existing.id} is the replacement",
+                                attempt=current.attempt)
+        return existing.id
+    resources = Resources.model_validate(job.spec["resources"])
+    offers = [o for p in ctx.providers.values() for o in p.offers()]
+    avoid = placement.recent_preempted_zones(store.attempts(job.id)) | {current.zone}
+    choice = None
+    for zones in (avoid, set()):  # away from the zone that got the signal, where an offer fits there
+        choice = choice or placement.choose(offers, resources, avoid_zones=zones, backoff=ctx.backoff, now=now,
+                                            on_demand_backoff=ctx.on_demand_backoff)
+    if choice is None:
+        log.info("no offer for a prepared replacement now", job=job.id, signal=signal)
+        return None
+    offer, spot = choice
+    node_id = f"n-{secrets.token_hex(6)}"
+    record = {"node": node_id, "reason": signal, "zone": offer.zone, "instance_type": offer.instance_type,
+              "launched_at": now, "ready_at": None, "deadline": deadline, "outcome": "preparing"}
+    if signal == NOTICE:
+        record["notice_at"] = now
+    with store.db.transaction() as tx:
+        fresh = store.current_attempt(job.id, tx)
+        if fresh is None or fresh.attempt != current.attempt or standbys.live(job.id, tx) is not None:
+            return None
+        standbys.insert(tx, node_id, job.id, current.attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
+                        offer.to_json(), spot, now, record)
+        what = "a preemption notice" if signal == NOTICE else "a rebalance recommendation"
+        store.add_event(tx, job.id, "standby", f"{what}: replacement {node_id} launched in {offer.zone} "
+                        f"({offer.instance_type}) while the job trains on", attempt=current.attempt)
+    log.info("replacement launched early", job=job.id, node=node_id, signal=signal, zone=offer.zone)
+    ctx.nudge.set()  # the reconciler launches every ``launching`` node
+    return node_id
+
+
+def old_node_action(store, node: dict, now: float | None = None) -> str:
+    """The answer to the heartbeat of a single-node attempt's node on notice."""
+    now = now or time.time()
+    standby = StandbyStore(store).live(node["job_id"])
+    if standby is None:
+        return CHECKPOINT_NOW  # nothing prepared (declined, failed, or not wanted): today's path
+    if standby.ready_at is None:
+        return CONTINUE
+    with store.db.transaction() as tx:
+        record = StandbyStore(store).record(tx, node["job_id"], node["attempt"]) or {}
+    deadline = record.get("deadline")
+    if deadline is not None and now > deadline:
+        return CONTINUE  # past its deadline and still beating: reclaimed any moment, or the notice was false
+    return CHECKPOINT_NOW
+
+
+def mark_ready(store, node: Node, now: float | None = None) -> bool:
+    now = now or time.time()
+    with store.db.transaction() as tx:
+        ready = StandbyStore(store).mark_ready(tx, node.id, now)
+        if ready is not None:
+            store.add_event(tx, node.job_id, "standby", f"replacement {node.id} is ready (setup done)",
+                            attempt=ready.prepared_for)
+    return ready is not None
+
+
+def release_failed_standby(store, node: Node, exit_code: int | None, message: str | None) -> None:
+    """The prepared node's agent could not get ready (its setup failed): release it; the job's node on notice
+    is then told to stop now, and the next attempt launches as it would without one."""
+    standbys = StandbyStore(store)
+    with store.db.transaction() as tx:
+        standbys.release(tx, node)
+        standbys.update_record(tx, node.job_id, node.prepared_for, outcome="failed", released_at=time.time())
+        store.add_event(tx, node.job_id, "standby", f"replacement {node.id} could not get ready "
+                        f"({message or f'exit code {exit_code}'}); released", attempt=node.prepared_for)
+
+
+def take_over(ctx, job) -> bool:
+    """A job waiting for its next attempt (RECOVERING) with a prepared node: the attempt starts on it."""
+    store, standbys = ctx.store, StandbyStore(ctx.store)
+    node = standbys.live(job.id)
+    if node is None or job.state != RECOVERING or job.cancel_requested:
+        return False
+    now = time.time()
+    with store.db.transaction() as tx:
+        fresh = store.job(job.id, tx)
+        if fresh.state != RECOVERING or store.current_attempt(job.id, tx) is not None:
+            return False
+        resumed = (fresh.checkpoint or {}).get("step", 0)
+        attempt = store.insert_attempt(tx, job.id, node.id, node.offer, node.spot, resumed, now)
+        standbys.take_over(tx, node, attempt)
+        standbys.update_record(tx, job.id, node.prepared_for, outcome="took over", took_over_at=now,
+                               attempt=attempt)
+        ready = "ready" if node.ready_at is not None else "still getting ready"
+        store.set_attempt_message(tx, job.id, attempt, f"started on the replacement {node.id} prepared during "
+                                  f"attempt {node.prepared_for} ({ready} at the handover)")
+        transition(tx, job.id, PROVISIONING, now=now,
+                   message=f"attempt {attempt} on the prepared replacement {node.id} in {node.offer.get('zone')}")
+    log.info("next attempt on the prepared replacement", job=job.id, node=node.id, attempt=attempt)
+    return True
+
+
+def release_unneeded(ctx, now: float | None = None) -> None:
+    """Release standbys whose job has ended, rebalance standbys past their timeout with no notice, and the
+    replacements of false notices."""
+    store, standbys, now = ctx.store, StandbyStore(ctx.store), now or time.time()
+    for node in standbys.every_live():
+        job = store.job(node.job_id)
+        current = store.current_attempt(node.job_id)
+        with store.db.transaction() as tx:
+            record = standbys.record(tx, node.job_id, node.prepared_for) or {}
+        why = None
+        if job is None or job.state in TERMINAL:
+            why, outcome = "the job has ended", "released"
+        elif current is None:
+            continue  # the job waits for its next attempt: take_over starts it here
+        elif current.attempt != node.prepared_for:
+            why, outcome = f"attempt {node.prepared_for} it stood by for has ended", "released"
+        elif record.get("reason") == REBALANCE and record.get("notice_at") is None and current.notice is None:
+            timeout = RecoverySpec.model_validate(job.spec["recovery"]).standby_timeout_seconds()
+            if now - node.created_at >= timeout:
+                why, outcome = f"no notice followed the rebalance recommendation within {timeout:g}s", "released"
+        elif current.notice is not None and record.get("deadline") is not None:
+            old = store.node(current.node_id)
+            deadline = record["deadline"]
+            if (now > deadline + FALSE_NOTICE_GRACE_SECONDS and old is not None and old.state == NODE_RUNNING
+                    and (old.last_heartbeat or 0) > deadline + FALSE_NOTICE_GRACE_SECONDS / 2):
+                why, outcome = (f"false notice: node {old.id} still runs {now - deadline:.0f}s after its deadline",
+                                "released: false notice")
+        if why is None:
+            continue
+        with store.db.transaction() as tx:
+            if store.node(node.id, tx).attempt != node.attempt:
+                continue  # it took over meanwhile
+            standbys.release(tx, node)
+            standbys.update_record(tx, node.job_id, node.prepared_for, outcome=outcome, released_at=now)
+            if outcome == "released: false notice":
+                standbys.dismiss_notice(tx, node.job_id, node.prepared_for,
+                                        f"{why}; it trains on and the replacement {node.id} was released")
+            store.add_event(tx, node.job_id, "standby", f"replacement {node.id} released: {why}",
+                            attempt=node.prepared_for)
+        log.info("prepared replacement released", job=node.job_id, node=node.id, why=why)
