@@ -143,7 +143,7 @@ def take_over(ctx, job) -> bool:
         attempt = store.insert_attempt(tx, job.id, node.id, node.offer, node.spot, resumed, now)
         standbys.take_over(tx, node, attempt)
         standbys.update_record(tx, job.id, node.prepared_for, outcome="took over", took_over_at=now,
-                               attempt=attempt)
+                               next_attempt=attempt)
         ready = "ready" if node.ready_at is not None else "still getting ready"
         store.set_attempt_message(tx, job.id, attempt, f"started on the replacement {node.id} prepared during "
                                   f"attempt {node.prepared_for} ({ready} at the handover)")

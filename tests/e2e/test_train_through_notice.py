@@ -1,0 +1,175 @@
+"""Training goes on through a notice while the replacement gets ready.
+
+At a notice whose deadline leaves time, the controller launches the replacement at once; the job trains on
+on the old node; the replacement registers, fetches the workdir, runs setup and waits; then the old node
+takes its emergency checkpoint and stops, and the replacement resumes from it. A short notice (the
+checkpoint's expected time and its margin eat it) is handled as before; a false notice (the node is not
+reclaimed) keeps the old node training and releases the replacement; an AWS rebalance recommendation
+launches a warm standby where the job asks for one, released when no notice follows in time.
+
+The local market's clock runs at 0.2 (e2e_fixtures.home): AWS's notice leaves 24 s, GCP's 6 s.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
+from conftest import REPO, write_job
+
+TRAINEE = """
+import hashlib, sys, time
+import torch
+from runner.checkpoint import Checkpointer
+
+steps, pause = int(sys.argv[1]), float(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+ckpt = Checkpointer(model=model, optimizer=optimizer, every_steps=10)  # commits measure the checkpoint's time
+step = ckpt.restore()
+print(f"resumed from step {step}" if step else "starting fresh", flush=True)
+while step < steps:
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
+    optimizer.zero_grad()
+    model(x).pow(2).mean().backward()
+    optimizer.step()
+    step += 1
+    print(f"step {step} at {time.time():.3f}", flush=True)
+    ckpt.step(step)
+    if ckpt.should_stop:
+        print(f"stopping at step {step}", flush=True)
+        break
+    time.sleep(pause)
+ckpt.close()
+if step >= steps:
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    print(f"final weights sha256 {digest}", flush=True)
+"""
+FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
+STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
+
+
+def _job(name: str, steps: int, setup: str = "echo setting up", recovery: str = "") -> str:
+    return (f"name: {name}\nsetup: {setup!r}\nrun: python train.py {steps} 0.05\n"
+            "resources: {cloud: [local]}\n"
+            f"recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 'off'{recovery}}}\n")
+
+
+def _unix(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _submit(tmp_path: Path, runner, text: str) -> str:
+    path = write_job(tmp_path / "job", text, {"train.py": TRAINEE})
+    return runner.json("submit", str(path))["id"]
+
+
+def _uninterrupted(tmp_path: Path, steps: int) -> str:
+    folder = tmp_path / "uninterrupted"
+    folder.mkdir()
+    (folder / "train.py").write_text(TRAINEE)
+    out = subprocess.run([sys.executable, "train.py", str(steps), "0"], cwd=folder, capture_output=True, text=True,
+                         timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    return FINAL.search(out.stdout).group(1)
+
+
+def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_bit_exact(tmp_path, runner,
+                                                                                          controller):
+    steps = 400
+    job_id = _submit(tmp_path, runner, _job("train-through", steps))
+    runner.wait_for_output(job_id, r"^step 30 at ")  # a few commits: the agent knows a checkpoint's time
+    assert runner("preempt", job_id, "--notice", "aws").returncode == 0
+
+    job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=240, what="the end")
+    assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
+    first, second = runner.json("restarts", job_id)
+    standby = first["standby"]
+    assert first["end_reason"] == "preempted" and first["notice"]["source"] == "aws"
+    assert standby["reason"] == "notice" and standby["outcome"] == "took over"
+    # The replacement was launched before the old attempt ended, and it is the node the next attempt ran on.
+    assert _unix(standby["launched_at"]) < _unix(first["ended_at"]) + 1  # ended_at has whole seconds
+    assert standby["ready_at"] is not None and _unix(standby["launched_at"]) <= _unix(standby["ready_at"])
+    assert second["node"] == standby["node"] and second["zone"] != first["zone"]
+    # Training went on after the notice, on the old node.
+    old_output = runner("logs", job_id, "--attempt", "1").stdout
+    after_notice = [int(s) for s, t in STEP.findall(old_output) if float(t) > _unix(standby["launched_at"])]
+    assert after_notice, "no step was trained on the old node after the replacement's launch"
+    stopped_at = int(re.search(r"^stopping at step (\d+)$", old_output, re.M).group(1))
+    assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] == max(after_notice)
+    assert first["lost_seconds"] == 0.0
+    logs = runner("logs", job_id).stdout
+    assert f"resumed from step {stopped_at}" in logs
+    assert FINAL.search(logs).group(1) == _uninterrupted(tmp_path, steps)
+
+
+def test_a_short_gcp_notice_checkpoints_at_once_as_before(tmp_path, runner, controller):
+    """GCP's 30 s at this clock is 6 s: less than twice the checkpoint's time plus the 5 s margin and a 5 s
+    lead, so the agent stops at once and no replacement is prepared."""
+    job_id = _submit(tmp_path, runner, _job("short-notice", 300))
+    runner.wait_for_output(job_id, r"^step 30 at ")
+    assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
+    job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=240, what="the end")
+    assert job["state"] == "SUCCEEDED"
+    first, second = runner.json("restarts", job_id)
+    assert first["end_reason"] == "preempted" and "standby" not in first
+    assert first["checkpoint_step"] == second["resumed_from_step"] > 30
+    events = runner.json("status", job_id)
+    assert events["preemptions"] == 1
+
+
+def test_a_false_notice_keeps_the_old_node_training_and_releases_the_replacement(tmp_path, runner, controller):
+    """The replacement never gets ready (its setup outlasts the test); the node is not reclaimed at the
+    deadline: the old node keeps training and the replacement is released."""
+    marker = tmp_path / "first-setup-done"
+    setup = f"if [ -e {marker} ]; then sleep 600; else touch {marker}; fi"
+    job_id = _submit(tmp_path, runner, _job("false-notice", 100000, setup=setup))
+    runner.wait_for_output(job_id, r"^step 30 at ")
+    assert runner("preempt", job_id, "--notice", "aws", "--no-reclaim").returncode == 0
+
+    def released(job) -> bool:
+        standby = (job["current_attempt"] or {}).get("standby") or {}
+        return standby.get("outcome") == "released: false notice"
+
+    job = runner.wait_for(job_id, released, timeout=180, what="the replacement's release")
+    attempt = job["current_attempt"]
+    assert job["state"] == "RUNNING" and job["attempts"] == 1 and job["preemptions"] == 0
+    assert attempt["notice"] is None and "false notice" in attempt["message"]
+    released_at = _unix(attempt["standby"]["released_at"])
+    output = runner.wait_for_output(job_id, rf"^step \d+ at {int(released_at) + 2}")  # still training after
+    assert "stopping at step" not in output
+    assert runner("cancel", job_id).returncode == 0
+    runner.wait_for(job_id, lambda j: j["state"] == "CANCELLED", timeout=60, what="the cancel")
+
+
+def test_a_rebalance_standby_is_released_when_no_notice_follows(tmp_path, runner, controller):
+    job_id = _submit(tmp_path, runner, _job("standby", 100000,
+                                            recovery=", prepare_on: [rebalance, notice], standby_timeout: 5s"))
+    runner.wait_for_output(job_id, r"^step 10 at ")
+    assert runner("preempt", job_id, "--notice", "aws", "--rebalance").returncode == 0
+
+    def released(job) -> bool:
+        standby = (job["current_attempt"] or {}).get("standby") or {}
+        return standby.get("outcome") == "released"
+
+    job = runner.wait_for(job_id, released, timeout=120, what="the standby's release")
+    standby = job["current_attempt"]["standby"]
+    assert standby["reason"] == "rebalance"
+    assert _unix(standby["released_at"]) - _unix(standby["launched_at"]) >= 5
+    assert job["state"] == "RUNNING" and job["attempts"] == 1 and job["preemptions"] == 0
+    assert runner("cancel", job_id).returncode == 0
+    runner.wait_for(job_id, lambda j: j["state"] == "CANCELLED", timeout=60, what="the cancel")
+
+
+@pytest.mark.parametrize("value", ["[sometimes]", "notice"])
+def test_an_unknown_prepare_on_value_is_refused_naming_the_key(tmp_path, runner, value):
+    path = write_job(tmp_path / "job", f"name: bad\nrun: 'true'\nrecovery: {{prepare_on: {value}}}\n")
+    result = runner("validate", str(path))
+    assert result.returncode == 2 and "prepare_on" in (result.stdout + result.stderr)
