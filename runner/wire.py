@@ -140,7 +140,17 @@ def attempt_cost(attempt: Attempt, now: float | None = None) -> float:
     """Per-second billing from launch to end (or to now for the running attempt), summed over every node."""
     end = attempt.ended_at or now or time.time()
     per_hour = sum(n.price_per_hour for n in attempt.nodes) if attempt.nodes else attempt.price_per_hour
-    return round(per_hour * max(0.0, end - attempt.started_at) / 3600.0, 6)
+    return round(per_hour * max(0.0, end - attempt.started_at) / 3600.0 + standby_cost(attempt, now), 6)
+
+
+def standby_cost(attempt: Attempt, now: float | None = None) -> float:
+    """A replacement prepared during this attempt is billed from its launch until it took over (its own attempt
+    bills it from then) or was released; a node still preparing, until now."""
+    standby = attempt.standby
+    if not standby or not standby.get("launched_at"):
+        return 0.0
+    end = standby.get("took_over_at") or standby.get("released_at") or now or time.time()
+    return float(standby.get("price_per_hour") or 0.0) * max(0.0, end - standby["launched_at"]) / 3600.0
 
 
 def node_rows(attempt: Attempt) -> list[dict]:

@@ -74,6 +74,7 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
     offer, spot = choice
     node_id = f"n-{secrets.token_hex(6)}"
     record = {"node": node_id, "reason": signal, "zone": offer.zone, "instance_type": offer.instance_type,
+              "spot": spot, "price_per_hour": (offer.spot_price if spot else offer.on_demand_price) or 0.0,
               "launched_at": now, "ready_at": None, "deadline": deadline, "outcome": "preparing"}
     if signal == NOTICE:
         record["notice_at"] = now
@@ -99,8 +100,7 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
         return CHECKPOINT_NOW  # nothing prepared (declined, failed, or not wanted): today's path
     if standby.ready_at is None:
         return CONTINUE
-    with store.db.transaction() as tx:
-        record = StandbyStore(store).record(tx, node["job_id"], node["attempt"]) or {}
+    record = StandbyStore(store).record(None, node["job_id"], node["attempt"]) or {}
     deadline = record.get("deadline")
     if deadline is not None and now > deadline:
         return CONTINUE  # past its deadline and still beating: reclaimed any moment, or the notice was false
@@ -160,8 +160,7 @@ def release_unneeded(ctx, now: float | None = None) -> None:
     for node in standbys.every_live():
         job = store.job(node.job_id)
         current = store.current_attempt(node.job_id)
-        with store.db.transaction() as tx:
-            record = standbys.record(tx, node.job_id, node.prepared_for) or {}
+        record = standbys.record(None, node.job_id, node.prepared_for) or {}
         why = None
         if job is None or job.state in TERMINAL:
             why, outcome = "the job has ended", "released"

@@ -71,8 +71,9 @@ class StandbyStore:
         return nodes
 
     # --- the record on the attempt it stood by for --------------------------------------------------------
-    def record(self, tx: Tx, job_id: str, attempt: int) -> dict | None:
-        row = tx.one("SELECT standby FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt))
+    def record(self, tx: Tx | None, job_id: str, attempt: int) -> dict | None:
+        sql, params = "SELECT standby FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+        row = tx.one(sql, params) if tx else next(iter(self.db.query(sql, params)), None)
         return json.loads(row["standby"]) if row and row["standby"] else None
 
     def set_record(self, tx: Tx, job_id: str, attempt: int, record: dict) -> None:

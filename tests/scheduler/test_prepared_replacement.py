@@ -1,0 +1,131 @@
+"""A replacement prepared while the job trains on, driven through the store and the reconciler on the
+in-memory provider (runner/scheduler/standby.py): what the node on notice is told, which node the next
+attempt runs on, and when a prepared node is released."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from scheduler_world import make_world
+
+from runner.scheduler import standby
+from runner.scheduler.attempts import end_attempt, hand_over
+from runner.state.standbys import PREPARED, StandbyStore
+
+NOTICE = {"source": "aws", "kind": "termination", "action": "terminate", "received_at": "2026-11-23T10:00:00Z",
+          "deadline": "2026-11-23T10:02:00Z"}
+
+
+@pytest.fixture
+def world(db_url):
+    return make_world(db_url)
+
+
+def _running(world, **recovery) -> tuple[str, object]:
+    job_id = world.submit(recovery={"resume_drill": "off", "max_preemptions": 3, **recovery})
+    world.tick()
+    world.register(job_id)
+    return job_id, world.node(job_id)
+
+
+def _on_notice(world, job_id: str, old, deadline: float | None = None) -> str | None:
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE)
+    return standby.prepare(world.ctx, old, standby.NOTICE, deadline=deadline or time.time() + 120)
+
+
+def _beat(world, node) -> str:
+    return standby.old_node_action(world.store, {"job_id": node.job_id, "attempt": node.attempt})
+
+
+def _commit(world, job_id: str, step: int) -> None:
+    with world.store.db.transaction() as tx:
+        world.store.record_checkpoint(tx, job_id, 1, {"step": step, "durable": True, "emergency": True,
+                                                      "attempt": 1, "time": time.time()})
+
+
+def test_the_old_node_trains_on_until_the_replacement_is_ready_which_then_takes_the_next_attempt(world):
+    job_id, old = _running(world)
+    prepared_id = _on_notice(world, job_id, old)
+    world.tick()  # the reconciler launches it like any launching node
+    prepared = world.store.node(prepared_id)
+    assert prepared.state == "running" and prepared.attempt == PREPARED and prepared.prepared_for == 1
+    assert prepared.offer["zone"] != old.offer["zone"]  # away from the zone that got the notice
+    assert _beat(world, old) == "continue"
+
+    assert standby.mark_ready(world.store, prepared)
+    assert _beat(world, old) == "checkpoint"
+
+    _commit(world, job_id, 57)
+    assert hand_over(world.store, old, 57) == "RECOVERING"
+    world.tick()
+    first, second = world.store.attempts(job_id)
+    assert second.node_id == prepared_id and second.resumed_from_step == 57
+    assert world.store.node(prepared_id).attempt == 2
+    assert first.standby["outcome"] == "took over" and first.standby["ready_at"] is not None
+    assert world.store.job(job_id).state == "PROVISIONING"
+    assert sorted(n.id for n in world.store.nodes(("launching", "running"), job_id=job_id)) == [prepared_id]
+
+
+def test_with_no_replacement_coming_the_old_node_is_told_to_checkpoint_now(world):
+    job_id, old = _running(world, prepare_on=[])
+    assert _on_notice(world, job_id, old) is None
+    assert _beat(world, old) == "checkpoint"
+
+
+def test_a_replacement_that_is_not_ready_at_the_handover_still_takes_the_attempt(world):
+    """The fallback: the next attempt starts on it when it gets ready; nothing else is launched."""
+    job_id, old = _running(world)
+    prepared_id = _on_notice(world, job_id, old)
+    _commit(world, job_id, 40)
+    end_attempt(world.store, job_id, 1, "lost")  # the node vanished before the replacement was ready
+    world.tick()
+    assert world.store.attempts(job_id)[1].node_id == prepared_id
+    assert len(world.store.nodes(("launching", "running"), job_id=job_id)) == 1
+
+
+def test_a_false_notice_releases_the_replacement_and_the_attempt_trains_on(world):
+    job_id, old = _running(world)
+    deadline = time.time() - standby.FALSE_NOTICE_GRACE_SECONDS - 1  # the deadline is long past
+    prepared_id = _on_notice(world, job_id, old, deadline=deadline)
+    with world.store.db.transaction() as tx:  # the old node still heartbeats
+        world.store.update_node(tx, old.id, last_heartbeat=time.time())
+    world.tick()
+    assert world.store.node(prepared_id).state in ("terminating", "terminated")
+    attempt = world.store.current_attempt(job_id)
+    assert attempt.attempt == 1 and attempt.notice is None and "false notice" in attempt.message
+    assert attempt.standby["outcome"] == "released: false notice"
+
+
+def test_a_rebalance_standby_waits_for_its_timeout_and_becomes_the_replacement_if_a_notice_follows(world):
+    job_id, old = _running(world, prepare_on=["rebalance", "notice"], standby_timeout="1h")
+    standby_id = standby.prepare(world.ctx, old, standby.REBALANCE)
+    world.tick()
+    assert world.store.node(standby_id).state == "running"
+    assert _on_notice(world, job_id, old) == standby_id  # the notice reuses the standby
+    assert world.store.current_attempt(job_id).standby["notice_at"] is not None
+
+
+def test_a_rebalance_standby_is_released_after_its_timeout(world):
+    job_id, old = _running(world, prepare_on=["rebalance", "notice"], standby_timeout="10s")
+    standby_id = standby.prepare(world.ctx, old, standby.REBALANCE)
+    world.tick()
+    assert world.store.node(standby_id).state == "running"
+    standby.release_unneeded(world.ctx, now=time.time() + 11)
+    assert world.store.node(standby_id).state == "terminating"
+    assert world.store.current_attempt(job_id).standby["outcome"] == "released"
+
+
+def test_a_job_that_does_not_prepare_on_rebalance_launches_nothing(world):
+    job_id, old = _running(world)
+    assert standby.prepare(world.ctx, old, standby.REBALANCE) is None
+    assert StandbyStore(world.store).live(job_id) is None
+
+
+def test_the_prepared_node_goes_when_the_job_ends(world):
+    job_id, old = _running(world)
+    prepared_id = _on_notice(world, job_id, old)
+    world.tick()
+    end_attempt(world.store, job_id, 1, "cancelled")
+    assert world.store.node(prepared_id).state == "terminating"
