@@ -7,7 +7,8 @@ checkpoint's expected time and its margin eat it) is handled as before; a false 
 reclaimed) keeps the old node training and releases the replacement; an AWS rebalance recommendation
 launches a warm standby where the job asks for one, released when no notice follows in time.
 
-The local market's clock runs at 0.2 (e2e_fixtures.home): AWS's notice leaves 24 s, GCP's 6 s.
+The local market's clock runs at 0.2 (e2e_fixtures.home): AWS's notice leaves 24 s, GCP's 6 s. Each test
+starts two or three nodes that import torch; on a busy machine that alone takes minutes, hence the timeouts.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
 
 
-def _job(name: str, steps: int, setup: str = "echo setting up", recovery: str = "") -> str:
-    return (f"name: {name}\nsetup: {setup!r}\nrun: python train.py {steps} 0.05\n"
+def _job(name: str, steps: int, setup: str = "echo setting up", recovery: str = "", pause: float = 0.05) -> str:
+    return (f"name: {name}\nsetup: {setup!r}\nrun: python train.py {steps} {pause}\n"
             "resources: {cloud: [local]}\n"
             f"recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 'off'{recovery}}}\n")
 
@@ -81,6 +82,7 @@ def _uninterrupted(tmp_path: Path, steps: int) -> str:
     return FINAL.search(out.stdout).group(1)
 
 
+@pytest.mark.timeout(900)
 def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_bit_exact(tmp_path, runner,
                                                                                           controller):
     steps = 400
@@ -110,6 +112,31 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
     assert FINAL.search(logs).group(1) == _uninterrupted(tmp_path, steps)
 
 
+@pytest.mark.timeout(900)
+def test_a_replacement_not_ready_by_the_deadline_takes_over_once_the_node_is_reclaimed(tmp_path, runner,
+                                                                                      controller):
+    """The replacement's setup outlasts the notice: the old node's own timer takes a durable checkpoint and it
+    trains on until it is reclaimed; the replacement then runs the next attempt from the last checkpoint the
+    controller knew of, with the same final weights."""
+    steps = 400  # at most 10 steps a second: the old node is still training when it is reclaimed 24 s in
+    marker = tmp_path / "first-setup-done"
+    setup = f"if [ -e {marker} ]; then sleep 30; else touch {marker}; fi"
+    job_id = _submit(tmp_path, runner, _job("slow-replacement", steps, setup=setup, pause=0.1))
+    runner.wait_for_output(job_id, r"^step 30 at ")
+    assert runner("preempt", job_id, "--notice", "aws").returncode == 0
+
+    job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=280, what="the end")
+    assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
+    first, second = runner.json("restarts", job_id)
+    assert first["end_reason"] == "preempted" and first["standby"]["outcome"] == "took over"
+    assert second["node"] == first["standby"]["node"]
+    assert second["resumed_from_step"] == first["checkpoint_step"] > 30
+    old_output = runner("logs", job_id, "--attempt", "1").stdout
+    assert "stopping at step" not in old_output  # never stopped: it trained until the node went
+    assert FINAL.search(runner("logs", job_id).stdout).group(1) == _uninterrupted(tmp_path, steps)
+
+
+@pytest.mark.timeout(900)
 def test_a_short_gcp_notice_checkpoints_at_once_as_before(tmp_path, runner, controller):
     """GCP's 30 s at this clock is 6 s: less than twice the checkpoint's time plus the 5 s margin and a 5 s
     lead, so the agent stops at once and no replacement is prepared."""
@@ -125,6 +152,7 @@ def test_a_short_gcp_notice_checkpoints_at_once_as_before(tmp_path, runner, cont
     assert events["preemptions"] == 1
 
 
+@pytest.mark.timeout(900)
 def test_a_false_notice_keeps_the_old_node_training_and_releases_the_replacement(tmp_path, runner, controller):
     """The replacement never gets ready (its setup outlasts the test); the node is not reclaimed at the
     deadline: the old node keeps training and the replacement is released."""
@@ -149,6 +177,7 @@ def test_a_false_notice_keeps_the_old_node_training_and_releases_the_replacement
     runner.wait_for(job_id, lambda j: j["state"] == "CANCELLED", timeout=60, what="the cancel")
 
 
+@pytest.mark.timeout(900)
 def test_a_rebalance_standby_is_released_when_no_notice_follows(tmp_path, runner, controller):
     job_id = _submit(tmp_path, runner, _job("standby", 100000,
                                             recovery=", prepare_on: [rebalance, notice], standby_timeout: 5s"))
