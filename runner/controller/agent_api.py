@@ -107,8 +107,9 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
     if gang is not None and gang["node_rank"] != 0:
         drill_seconds = None  # the drill runs once for the whole gang: node 0 drives it
     extra = {}
-    if gang is not None and gang["num_nodes"] > 1 and (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
-        extra["drill_expected_step"] = expected
+    if gang is not None and gang["num_nodes"] > 1:
+        if (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
+            extra["drill_expected_step"] = expected
     offer = node.offer or {}
     placement = {"cloud": offer.get("cloud", node.provider), "zone": offer.get("zone"),
                  "instance_type": offer.get("instance_type"), "spot": bool(node.spot)}
