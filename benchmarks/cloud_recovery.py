@@ -96,7 +96,7 @@ def trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict) -
         "name": name, "setup": f"sleep {profile['setup_s']:.2f}", "run": "python train.py",
         "env": {"BENCH_STATE_MB": str(profile["checkpoint_mb"])},
         "resources": {"cloud": ["local"]},
-        "checkpoint": {"interval": "30m", "keep": 2},
+        "checkpoint": {"interval": "60s", "keep": 2},
         "recovery": {"resume_drill": "off", "prepare_on": yaml.safe_load(prepare_on)},
     }))
     job_id = bench.cli_json("submit", str(folder / "job.yaml"))["id"]

@@ -32,15 +32,21 @@ def test_a_submit_message_names_the_cheapest_offer_in_dollars(tmp_path, runner, 
 
 
 def test_validate_says_when_only_the_file_was_checked(tmp_path, runner):
-    """With no controller to ask, validate passes the file and says plainly that the offers were not checked;
-    it starts no controller for that."""
-    job = write_job(tmp_path / "job", JOBS["B200:8"][0])
+    """With no controller to ask, validate passes the file (its accelerator names are checked against the
+    shipped catalog; whether an offer of that count exists is not) and says plainly that the offers were not
+    checked; it starts no controller for that."""
+    job = write_job(tmp_path / "job", JOBS["H100:3"][0])
     result = runner("validate", str(job), env={"RUNNER_SERVER": "http://127.0.0.1:9", "RUNNER_TOKEN": "x"})
     assert result.returncode == 0
     assert "only the file was checked" in result.stdout
     result = runner("validate", str(job))
     assert result.returncode == 0 and "only the file was checked" in result.stdout
     assert "Started a local controller" not in result.stderr and not (runner.home / CONTROLLER_FILE).exists()
+
+
+def test_validate_without_a_controller_still_refuses_an_unknown_accelerator(tmp_path, runner):
+    result = runner("validate", str(write_job(tmp_path / "job", JOBS["B200:8"][0])))
+    assert result.returncode == 2 and "unknown accelerator 'B200'" in result.stderr
 
 
 def test_validate_passes_a_runnable_job(tmp_path, runner, controller):
