@@ -129,3 +129,23 @@ def test_the_prepared_node_goes_when_the_job_ends(world):
     world.tick()
     end_attempt(world.store, job_id, 1, "cancelled")
     assert world.store.node(prepared_id).state == "terminating"
+
+
+def test_the_attempt_on_a_prepared_replacement_shows_its_boot_and_setup_in_the_ledger(world):
+    """The replacement booted and ran setup before its attempt existed: the restart log's row still shows them."""
+    job_id, old = _running(world)
+    prepared_id = _on_notice(world, job_id, old)
+    world.tick()
+    prepared = world.store.node(prepared_id)
+    launched = prepared.launched_at or prepared.created_at
+    with world.store.db.transaction() as tx:
+        world.store.update_node(tx, prepared_id, launched_at=launched)
+        world.store.note_first_registration(tx, prepared_id, launched + 61.5)
+        world.store.record_setup(tx, prepared_id, launched + 62.0, launched + 107.25)
+    assert standby.mark_ready(world.store, world.store.node(prepared_id))
+    _commit(world, job_id, 57)
+    assert hand_over(world.store, old, 57) == "RECOVERING"
+    world.tick()
+    second = world.store.attempts(job_id)[1]
+    assert second.node_id == prepared_id
+    assert (second.boot_seconds, second.setup_seconds) == (61.5, 45.25)
