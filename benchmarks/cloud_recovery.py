@@ -105,8 +105,10 @@ def trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict) -
     bench.cli("preempt", job_id, "--notice", profile["notice"])
     _wait(lambda: len(STEP.findall(bench.cli("logs", job_id, "--attempt", "2", check=False).stdout)) >= 5,
           1800, "the next attempt's steps")
+    # The ledger's figures arrive with the next attempt's first telemetry report (batched every few seconds).
+    rows = _wait(lambda: (lambda r: r if len(r) > 1 and r[1].get("gap_seconds") is not None else None)(
+        bench.cli_json("restarts", job_id)), 300, "the ledger's gap")
     status = bench.cli_json("status", job_id)
-    rows = bench.cli_json("restarts", job_id)
     bench.cli("cancel", job_id)
     old = [(int(s), float(t)) for s, t in STEP.findall(bench.cli("logs", job_id, "--attempt", "1").stdout)]
     new = [(int(s), float(t)) for s, t in STEP.findall(bench.cli("logs", job_id, "--attempt", "2").stdout)]
