@@ -15,10 +15,13 @@ from ..scheduler.reconciler import SchedulerContext
 from ..state import Store
 from .agent_wheel import AgentWheel
 from .auth import principal
+from .group_commit import GroupCommit
 from .heartbeat_reads import heartbeat_reads
 from .heartbeats import HeartbeatBook
 from .logstore import LogStore
 from .workdirs import FileWorkdirs
+
+LOG_LANES = 4  # log-chunk transactions at once on a shared database (runner/controller/group_commit.py)
 
 
 @dataclass
@@ -30,6 +33,8 @@ class ControllerState:
     scheduler: SchedulerContext
     heartbeats: HeartbeatBook | None = None  # set by create_app: heartbeats written once a second, together
     heartbeat_reads: object | None = None  # set by create_app: the heartbeat's reads (heartbeat_reads.py)
+    report_commits: GroupCommit | None = None  # set by create_app on a shared database: reports committed in groups
+    log_commits: tuple[GroupCommit, ...] = ()  # set by create_app where output is kept in the database: lanes
     is_leader: Callable[[], bool] = lambda: True  # runs the scheduler and reconciler (runner/controller/leadership.py)
 
     workdir_archives: object | None = None  # where uploaded workdirs are kept (default: files in the data dir)
@@ -59,6 +64,13 @@ def create_app(state: ControllerState, routers: tuple = ()):
 
     state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
     state.heartbeat_reads = state.heartbeat_reads or heartbeat_reads(state.store)
+    if state.report_commits is None and state.store.db.shared:  # a commit is a round trip there (SQLite: local)
+        state.report_commits = GroupCommit(state.store.db.transaction, "report-commits")
+    if not state.log_commits and hasattr(state.logs, "append_in"):  # output in the database, not in files
+        # Chunks are not serialized writes: several lanes, each a group commit, write at once (a node's chunks
+        # always take the same lane).
+        state.log_commits = tuple(GroupCommit(lambda: state.store.db.transaction(serialized=False), f"log-commits-{n}")
+                                  for n in range(LOG_LANES))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -68,6 +80,8 @@ def create_app(state: ControllerState, routers: tuple = ()):
             yield
         finally:
             state.heartbeat_reads.stop()
+            for commits in (*state.log_commits, *filter(None, [state.report_commits])):
+                commits.stop()  # what is waiting is committed and answered first
             state.heartbeats.stop()  # the last second's heartbeats are written before the server exits
 
     # No /openapi.json: every endpoint needs a token, and the API's description is not one to hand out.

@@ -72,18 +72,19 @@ def principal(request: Request) -> Principal:
     return _principal(_bearer(request), request.app.state.controller)
 
 
-def node_caller(authorization: str, state):
-    """The calling node's row for an Authorization header, refused with the 401 and 403 of ``require_node``."""
-    who = _principal(bearer_token(authorization), state)
+def node_caller(authorization: str, state, tx=None):
+    """The calling node's row for an Authorization header, refused with the 401 and 403 of ``require_node``;
+    read inside ``tx`` where given."""
+    who = _principal(bearer_token(authorization), state, tx)
     if who.kind != "node":
         raise HTTPException(403, NODE_ONLY)
     return who.node
 
 
-def _principal(token: str, state) -> Principal:
+def _principal(token: str, state, tx=None) -> Principal:
     if _is_admin(token, state):
         return Principal("admin")
-    node = state.store.node_by_token_hash(hash_token(token))
+    node = state.store.node_by_token_hash(hash_token(token), tx)
     if node is None or node.state == NODE_TERMINATED:
         raise HTTPException(401, "invalid token")
     return Principal("node", node)

@@ -1,10 +1,17 @@
 """The agent's reports (POST /v1/agent/events): notices, durable checkpoints, restores, telemetry, setup
-timing, the handover, messages. Answered by the front door (runner/controller/front_door.py) on a thread: each is a
-write transaction, and waiting for the write lock must not hold up the event loop's heartbeats."""
+timing, the handover, messages. Answered by the front door (runner/controller/front_door.py): on a shared
+database (Postgres) each report is written with the others that arrive meanwhile, in one transaction on a
+thread of its own (runner/controller/group_commit.py), and answered once that commits; on SQLite, and for
+the handover and a replacement's ``ready`` (which take their own transaction), each runs in a transaction of
+its own on the loop's threads."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
 import time
+from typing import Callable
 
 import structlog
 from fastapi import HTTPException
@@ -14,7 +21,7 @@ from ..scheduler.attempts import hand_over
 from ..wire import HANDOVER, READY, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY, SetupReport
 from . import metrics, reports, telemetry
 from .auth import node_caller
-from .front_door import ON_A_THREAD, LeanRoute, json_object
+from .front_door import AWAITED, LeanRoute, json_object
 
 # What an agent's notice report adds for the controller alone (kept out of the restart log's notice): whether
 # it trains on while a replacement gets ready, and how long it expects its emergency checkpoint to take.
@@ -24,52 +31,85 @@ EVENTS_PATH = "/v1/agent/events"
 log = structlog.get_logger(__name__)
 
 
-def agent_event(state, authorization: str, body: bytes) -> dict:
+async def agent_event(state, authorization: str, body: bytes) -> dict:
     """Record one report of the calling node's attempt; ``accepted`` says whether it was kept."""
+    loop = asyncio.get_running_loop()
+    if _takes_its_own_transaction(body):
+        return await loop.run_in_executor(None, own_transaction_report, state, authorization, body)
+    if state.report_commits is None:  # SQLite: a transaction of its own, on a thread
+        return await loop.run_in_executor(None, report_alone, state, authorization, body)
+    answer, then = await state.report_commits.run(lambda tx: record_report(state, authorization, body, tx))
+    if then is not None:  # after the commit, as on SQLite
+        await loop.run_in_executor(None, then)
+    return answer
+
+
+def own_transaction_report(state, authorization: str, body: bytes) -> dict:
+    """The handover and a replacement's ``ready``: each takes a transaction of its own."""
     node = node_caller(authorization, state)
     kind, data = _event(json_object(body))
-    job_id, attempt = node.job_id, node.attempt
-    if kind == HANDOVER:
-        reports.step(data.get("step"), "data.step")
-        new_state = hand_over(state.store, node, data["step"])
-        if new_state is not None:
-            state.scheduler.nudge.set()  # launch the next attempt now
-        return {"accepted": new_state is not None}
     if kind == READY:  # a prepared replacement has run setup: the node on notice may stop now
-        ready = standby.mark_ready(state.store, node)
-        return {"accepted": ready}
+        return {"accepted": standby.mark_ready(state.store, node)}
+    reports.step(data.get("step"), "data.step")
+    new_state = hand_over(state.store, node, data["step"])
+    if new_state is not None:
+        state.scheduler.nudge.set()  # launch the next attempt now
+    return {"accepted": new_state is not None}
+
+
+def _takes_its_own_transaction(body: bytes) -> bool:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(value, dict) and value.get("kind") in (HANDOVER, READY)
+
+
+def report_alone(state, authorization: str, body: bytes) -> dict:
     with state.store.db.transaction() as tx:
-        if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
-            telemetry.record_report(tx, job_id, attempt, data, rank=node.rank)
-            return {"accepted": True}
-        if kind == REPORT_SETUP:  # on the node's row (when it is ready) and the ledger's setup phase of the attempt
-            return {"accepted": _record_setup(state, tx, node, data)}
-        if kind == REPORT_MANIFEST:
-            return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}
-        if kind in metrics.NOTICE_KINDS:
-            metrics.record_notice(tx, job_id, attempt, data)
-        if kind == "notice":
-            notice = {k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS}
-            if state.store.job(job_id, tx).num_nodes > 1:
-                notice = {**notice, "node_rank": node.rank}
-            state.store.set_attempt_notice(tx, job_id, attempt, notice)
-            state.store.add_event(tx, job_id, "notice", f"{data.get('source')} {data.get('action')} "
-                                  f"notice, deadline {data.get('deadline')}", attempt=attempt)
-        elif kind == "checkpoint":
-            reports.step(data.get("step"), "data.step")
-            if not data.get("durable"):
-                return {"accepted": False}  # only a checkpoint on the durable tier survives the node
-            checkpoint = {**data, "attempt": attempt, "time": data.get("time", time.time())}
-            accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
-            if accepted:
-                metrics.record_commit(tx, job_id, attempt, checkpoint)
-            return {"accepted": accepted}
-        else:
-            if kind == "restored":
-                _record_restored_step(state, tx, job_id, attempt, data)
-            state.store.add_event(tx, job_id, kind, str(data.get("message", data)), attempt=attempt)
-    _prepare_replacement(state, node, kind, data)
-    return {"accepted": True}
+        answer, then = record_report(state, authorization, body, tx)
+    if then is not None:
+        then()
+    return answer
+
+
+def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Callable[[], None] | None]:
+    """Any report but the handover and ``ready``, written in ``tx`` (every read in it too: a group holds the write
+    lock); with what to do once it is committed (prepare a replacement), if anything."""
+    node = node_caller(authorization, state, tx)
+    kind, data = _event(json_object(body))
+    job_id, attempt = node.job_id, node.attempt
+    if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
+        telemetry.record_report(tx, job_id, attempt, data, rank=node.rank)
+        return {"accepted": True}, None
+    if kind == REPORT_SETUP:  # on the node's row (when it is ready) and the ledger's setup phase of the attempt
+        return {"accepted": _record_setup(state, tx, node, data)}, None
+    if kind == REPORT_MANIFEST:
+        return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}, None
+    if kind in metrics.NOTICE_KINDS:
+        metrics.record_notice(tx, job_id, attempt, data)
+    if kind == "notice":
+        notice = {k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS}
+        if state.store.job(job_id, tx).num_nodes > 1:
+            notice = {**notice, "node_rank": node.rank}
+        state.store.set_attempt_notice(tx, job_id, attempt, notice)
+        state.store.add_event(tx, job_id, "notice", f"{data.get('source')} {data.get('action')} "
+                              f"notice, deadline {data.get('deadline')}", attempt=attempt)
+    elif kind == "checkpoint":
+        reports.step(data.get("step"), "data.step")
+        if not data.get("durable"):
+            return {"accepted": False}, None  # only a checkpoint on the durable tier survives the node
+        checkpoint = {**data, "attempt": attempt, "time": data.get("time", time.time())}
+        accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
+        if accepted:
+            metrics.record_commit(tx, job_id, attempt, checkpoint)
+        return {"accepted": accepted}, None
+    else:
+        if kind == "restored":
+            _record_restored_step(state, tx, job_id, attempt, data)
+        state.store.add_event(tx, job_id, kind, str(data.get("message", data)), attempt=attempt)
+    prepares = (kind == "notice" and data.get("prepare")) or kind == "rebalance"  # as _prepare_replacement asks
+    return {"accepted": True}, functools.partial(_prepare_replacement, state, node, kind, data) if prepares else None
 
 
 def _prepare_replacement(state, node, kind: str, data: dict) -> None:
@@ -86,7 +126,7 @@ def _prepare_replacement(state, node, kind: str, data: dict) -> None:
         log.exception("preparing a replacement failed", job=node.job_id, kind=kind)
 
 
-ROUTE = LeanRoute(agent_event, max_body=1 << 20, runs=ON_A_THREAD)
+ROUTE = LeanRoute(agent_event, max_body=1 << 20, runs=AWAITED)
 
 
 def _event(body: dict) -> tuple[str, dict]:

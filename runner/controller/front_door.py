@@ -7,11 +7,11 @@ plain function ``handler(state, authorization, body) -> payload``; every other r
 passes through untouched. Refusals are the ``{"detail": ...}`` bodies and status codes the framework gives
 the other endpoints (``HTTPException`` raised by a handler is answered as FastAPI would answer it).
 
-Where a handler runs (``LeanRoute.runs``): a log chunk's read and append run on the event loop with SQLite,
-where they take microseconds, and on the loop's threads with a database that controllers share (Postgres),
-where each read is a network round trip; a report's write transaction always runs on a thread, since waiting
-for the write lock must not hold up the loop; the heartbeat awaits a read that, on Postgres, is batched with
-the other beats' (runner/controller/heartbeat_reads.py).
+Where a handler runs (``LeanRoute.runs``): all three agent routes are coroutines that do their own waiting.
+The heartbeat awaits a read that, on Postgres, is batched with the other beats' (runner/controller/heartbeat_reads.py);
+a report, and a log chunk kept in a shared database, await the commit of the transaction they share with the
+others that arrived meanwhile (runner/controller/group_commit.py); a log chunk kept in files (SQLite) is
+appended at once on the loop, where it takes microseconds.
 """
 
 from __future__ import annotations

@@ -86,6 +86,18 @@ class Tx:
     def all(self, sql: str, params: tuple = ()) -> list[dict]:
         return [dict(row) for row in self._conn.execute(self._translate(sql), params)]
 
+    @contextmanager
+    def savepoint(self) -> Iterator["Tx"]:
+        """A part of the transaction that an exception undoes on its own, leaving the rest to commit."""
+        self._conn.execute("SAVEPOINT part")
+        try:
+            yield self
+        except BaseException:
+            self._conn.execute("ROLLBACK TO SAVEPOINT part")
+            self._conn.execute("RELEASE SAVEPOINT part")
+            raise
+        self._conn.execute("RELEASE SAVEPOINT part")
+
 
 class SQLiteDatabase(Database):
     """SQLite with WAL, one connection per thread, ``BEGIN IMMEDIATE`` writes."""

@@ -22,21 +22,28 @@ class DatabaseLogStore:
         return _size(self.db.query, job_id, attempt, node)
 
     def append(self, job_id: str, attempt: int, offset: int, data: bytes, node: int = 0) -> int:
-        """Store ``data`` that starts at ``offset``; return the new size (the offset to send next).
+        """Store ``data`` that starts at ``offset`` in a transaction of its own; return the new size (the offset
+        to send next)."""
+        with self.db.transaction(serialized=False) as tx:
+            return self.append_in(tx, job_id, attempt, offset, data, node)
+
+    def append_in(self, tx, job_id: str, attempt: int, offset: int, data: bytes, node: int = 0) -> int:
+        """``append`` inside ``tx`` (a group of chunks committed together: runner/controller/group_commit.py);
+        the chunk is stored once ``tx`` commits.
 
         Not serialized with the other writers (200 chunks a second at 2,000 nodes would queue behind every
         other write): a chunk is keyed by where it starts, so of two appends racing on one stream (a retry
-        after a lost reply) the second finds its start taken, reads the new end and stores only what is new."""
+        after a lost reply) the second finds its start taken (Postgres waits for the first to commit), reads
+        the new end and stores only what is new."""
         for _ in range(_RACES):
-            with self.db.transaction(serialized=False) as tx:
-                size = _size(tx.all, job_id, attempt, node)
-                if offset > size:
-                    return size  # a gap: the agent resends from here
-                new = bytes(data[size - offset:])
-                if not new or tx.execute("INSERT INTO log_chunks (job_id, attempt, node, start, data) "
-                                         "VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
-                                         (job_id, attempt, node, size, new)):
-                    return max(size, offset + len(data))
+            size = _size(tx.all, job_id, attempt, node)
+            if offset > size:
+                return size  # a gap: the agent resends from here
+            new = bytes(data[size - offset:])
+            if not new or tx.execute("INSERT INTO log_chunks (job_id, attempt, node, start, data) "
+                                     "VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
+                                     (job_id, attempt, node, size, new)):
+                return max(size, offset + len(data))
         raise RuntimeError(f"log stream {job_id}/{attempt}/{node}: {_RACES} appends raced this one; send it again")
 
     def read(self, job_id: str, attempt: int, offset: int = 0, limit: int = 1 << 20, node: int = 0) -> bytes:

@@ -216,9 +216,11 @@ class Store:
         row = tx.one(sql, params) if tx else next(iter(self.db.query(sql, params)), None)
         return Node.from_row(row) if row else None
 
-    def node_by_token_hash(self, token_hash: str) -> Node | None:
-        """The node a token belongs to, read fresh each time (by the index of migration 9)."""
-        rows = self.db.query("SELECT * FROM nodes WHERE token_hash = ?", (token_hash,))
+    def node_by_token_hash(self, token_hash: str, tx: Tx | None = None) -> Node | None:
+        """The node a token belongs to, read fresh each time (by the index of migration 9); inside ``tx`` where
+        given (a write transaction must not wait for a second connection while it holds the write lock)."""
+        sql, params = "SELECT * FROM nodes WHERE token_hash = ?", (token_hash,)
+        rows = tx.all(sql, params) if tx else self.db.query(sql, params)
         return Node.from_row(rows[0]) if rows else None
 
     def heartbeat_views(self, token_hashes: list[str]) -> dict[str, dict]:
