@@ -292,3 +292,8 @@ def controller_with_a_sleeping_job(folder: Path, db_url: str | None = None) -> I
     finally:
         controller.stop()
         kill_nodes(home)
+
+
+def controller_store_url(home: Path, db_url: str | None) -> str:
+    """The database a test `Controller` in ``home`` keeps its state in: ``db_url``, or SQLite in its home."""
+    return db_url or f"sqlite:///{home / 'runner.db'}"

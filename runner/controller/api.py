@@ -316,14 +316,15 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
     """Chaos for the local provider: a notice through the node's metadata server, then the node's loss."""
     state = _state(request)
     job = _job_or_404(state, job_id)
-    if job.state in TERMINAL:  # as cancel says it
-        raise HTTPException(409, f"{job_id} already ended ({job.state}); there is no node to preempt")
+    # Bad input first: it is bad whatever the job's state.
     if body.notice not in ("aws", "gcp", "azure"):
         raise HTTPException(422, f"notice: {body.notice!r} is not one of aws, gcp, azure")
     num_nodes = job.num_nodes
     if not 0 <= body.node < num_nodes:
         ranks = "0" if num_nodes == 1 else f"0 to {num_nodes - 1}"
         raise HTTPException(422, f"node: job {job_id} has no node of rank {body.node}; its node ranks are {ranks}")
+    if job.state in TERMINAL:  # as cancel says it
+        raise HTTPException(409, f"{job_id} already ended ({job.state}); there is no node to preempt")
     nodes = [n for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n.rank == body.node and n.attempt > 0]
     if not nodes:
         raise HTTPException(409, f"job {job_id} has no running node of rank {body.node} to preempt")

@@ -161,8 +161,8 @@ def _record_setup(state, tx, node, data: dict) -> bool:
         raise HTTPException(422, str(exc)) from None
     state.store.record_setup(tx, node.id, report.started_at, report.ended_at)
     telemetry.record_setup(tx, node.job_id, node.attempt, report.to_json(), rank=node.rank)
-    if report.ended_at is not None:
-        how = "" if report.exit_code in (0, None) else f", exit code {report.exit_code}"
+    if report.ended_at is not None and report.exit_code is not None:  # a job without setup reports 0 s, no code
+        how = "" if report.exit_code == 0 else f", exit code {report.exit_code}"
         state.store.add_event(tx, node.job_id, "setup", f"setup on node {node.id} took "
                               f"{report.ended_at - report.started_at:.1f}s{how}", attempt=node.attempt)
     return True

@@ -64,11 +64,13 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
         return existing.id
     resources = Resources.model_validate(job.spec["resources"])
     offers = [o for p in ctx.providers.values() for o in p.offers()]
-    avoid = placement.recent_preempted_zones(store.attempts(job.id)) | {current.zone}
+    attempts = store.attempts(job.id)
+    avoid = placement.recent_preempted_zones(attempts) | {current.zone}
+    speed_of = placement.speeds(job, attempts, offers)  # where a step is cheapest, as the next launch would be
     choice = None
     for zones in (avoid, set()):  # away from the zone that got the signal, where an offer fits there
         choice = choice or placement.choose(offers, resources, avoid_zones=zones, backoff=ctx.backoff, now=now,
-                                            on_demand_backoff=ctx.on_demand_backoff)
+                                            on_demand_backoff=ctx.on_demand_backoff, speed_of=speed_of)
     if choice is None:
         log.info("no offer for a prepared replacement now", job=job.id, signal=signal)
         return None

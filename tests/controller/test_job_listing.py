@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from conftest import Controller, Runner
+from conftest import Controller, Runner, controller_store_url
 from runner.controller import api
 from runner.spec import validate_job
 from runner.state import Store, job_changes, open_database
@@ -45,7 +45,7 @@ def _write_jobs(store: Store) -> None:
 def site(tmp_path_factory, module_controller_db):
     home = tmp_path_factory.mktemp("listing")
     controller = Controller(home, db_url=module_controller_db).start()
-    store = Store(open_database(module_controller_db or f"sqlite:///{home / 'runner.db'}"))
+    store = Store(open_database(controller_store_url(home, module_controller_db)))
     _write_jobs(store)
     runner = Runner(home)
     runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})

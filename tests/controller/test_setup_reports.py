@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from conftest import controller_with_a_sleeping_job
+from conftest import controller_store_url, controller_with_a_sleeping_job
 from runner import wire
 from runner.state import Store, open_database
 
@@ -13,7 +13,7 @@ from runner.state import Store, open_database
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, module_controller_db):
     with controller_with_a_sleeping_job(tmp_path_factory.mktemp("setup"), module_controller_db) as server:
-        store = Store(open_database(module_controller_db or f"sqlite:///{server.home / 'runner.db'}"))
+        store = Store(open_database(controller_store_url(server.home, module_controller_db)))
         server.node_id = server.runner.json("status", server.job_id)["current_attempt"]["node"]
         server.store = store
         yield server

@@ -43,7 +43,7 @@ JOB = """
 name: alternatives
 run: python train.py
 resources: {cloud: [local], accelerators: [T4:1, L4:1], spot_policy: spot}
-recovery: {max_preemptions: 5, max_failures: 0, resume_drill: "off"}
+recovery: {max_preemptions: 5, max_failures: 0, resume_drill: "off", prepare_on: []}  # each relaunch placed at the handover, whose placement figures the attempt message carries
 """
 
 

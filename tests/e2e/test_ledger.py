@@ -51,7 +51,7 @@ name: ledger
 setup: sleep 0.5
 run: python train.py
 resources: {cloud: [local]}
-recovery: {max_preemptions: 2, max_failures: 1, resume_drill: "off"}
+recovery: {max_preemptions: 2, max_failures: 1, resume_drill: "off", prepare_on: []}  # each relaunch on a fresh node, as this ledger test measures it (a prepared replacement is tested in test_train_through_notice.py)
 """
 STEP = re.compile(r"^step (\d+) at (\d+\.\d+)$", re.M)
 
