@@ -45,7 +45,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.recovery_bench import Bench, BenchError  # noqa: E402
+from benchmarks.recovery_bench import Bench, wait_until  # noqa: E402
 from benchmarks.report import machine  # noqa: E402
 
 PROFILES = {
@@ -100,14 +100,18 @@ def trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict) -
         "recovery": {"resume_drill": "off", "prepare_on": yaml.safe_load(prepare_on)},
     }))
     job_id = bench.cli_json("submit", str(folder / "job.yaml"))["id"]
-    _wait(lambda: re.search(r"^step 20 at", bench.cli("logs", job_id).stdout, re.M), 1800, "step 20")
+    wait_until(lambda: re.search(r"^step 20 at", bench.cli("logs", job_id).stdout, re.M), 1800, "step 20",
+               poll=0.5)
     sent = time.time()
     bench.cli("preempt", job_id, "--notice", profile["notice"])
-    _wait(lambda: len(STEP.findall(bench.cli("logs", job_id, "--attempt", "2", check=False).stdout)) >= 5,
-          1800, "the next attempt's steps")
+    wait_until(lambda: len(STEP.findall(bench.cli("logs", job_id, "--attempt", "2", check=False).stdout)) >= 5,
+               1800, "the next attempt's steps", poll=0.5)
     # The ledger's figures arrive with the next attempt's first telemetry report (batched every few seconds).
-    rows = _wait(lambda: (lambda r: r if len(r) > 1 and r[1].get("gap_seconds") is not None else None)(
-        bench.cli_json("restarts", job_id)), 300, "the ledger's gap")
+    def ledger_row():
+        rows = bench.cli_json("restarts", job_id)
+        return rows if len(rows) > 1 and rows[1].get("gap_seconds") is not None else None
+
+    rows = wait_until(ledger_row, 300, "the ledger's gap", poll=0.5)
     status = bench.cli_json("status", job_id)
     bench.cli("cancel", job_id)
     old = [(int(s), float(t)) for s, t in STEP.findall(bench.cli("logs", job_id, "--attempt", "1").stdout)]
@@ -122,16 +126,6 @@ def trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict) -
         "restore": second.get("restore_seconds"),
         "goodput": (status.get("goodput") or {}).get("ratio"),
     }
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise BenchError(f"timed out waiting for {what}")
 
 
 def _median(rows: list[dict], key: str):
