@@ -1,8 +1,9 @@
 """A job with accelerator alternatives runs where a step is cheapest, on the local market (a real controller,
 real nodes, the checkpoint library's telemetry).
 
-The job accepts a T4 or an L4. Its training step takes four times longer on the simulated T4 (``sim-t4``) than
-on the simulated L4 (``sim-l4``), which costs about 1.5 times as much an hour: the L4's step is the cheaper.
+The job accepts a T4 or an L4. Its training step takes twenty times longer on the simulated T4 (``sim-t4``) than
+on the simulated L4 (``sim-l4``), which costs about 1.5 times as much an hour: the L4's step is the cheaper, and stays
+so on a busy machine (the L4 wins while the library's own overhead per step stays under about 0.38 s).
 Before anything is measured the job goes where the hour is cheapest (the T4). After that attempt measured its
 speed, the relaunch that a preemption causes lands on the L4, estimated from the T4's speed through the
 catalog's relative-throughput table; the one after that on the L4 again, now measured there.
@@ -23,7 +24,7 @@ import torch
 from runner.checkpoint import Checkpointer
 
 where = os.environ["RUNNER_INSTANCE_TYPE"]
-delay = {"sim-t4": 0.04, "sim-l4": 0.01}[where]  # four times the speed on the L4
+delay = {"sim-t4": 0.2, "sim-l4": 0.01}[where]  # twenty times the speed on the L4
 ckpt = Checkpointer(model=torch.nn.Linear(2, 1), every_steps=50)
 step = ckpt.restore()
 print(f"attempt {os.environ['RUNNER_ATTEMPT']} on {where} in {os.environ['RUNNER_ZONE']} "
@@ -33,7 +34,7 @@ while True:
     time.sleep(delay)
     step += 1
     ckpt.step(step)
-    if (step - start) % 50 == 0:
+    if (step - start) % 25 == 0:
         print(f"attempt {os.environ['RUNNER_ATTEMPT']} trained {step - start}", flush=True)
     if ckpt.should_stop:
         break
@@ -57,7 +58,7 @@ def test_the_relaunch_after_a_measured_attempt_lands_on_the_cheaper_step(tmp_pat
     write_job(tmp_path / "job", JOB, {"train.py": TRAIN})
     job_id = runner.json("submit", str(tmp_path / "job" / "job.yaml"))["id"]
 
-    trained(runner, job_id, 1, 250)  # 10 s or more on the T4: its speed is reported
+    trained(runner, job_id, 1, 50)  # 10 s or more on the T4: its speed is reported
     runner.wait_for(job_id, lambda j: (j.get("steps_per_second") or 0) > 0, timeout=60, what="a measured speed")
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
     trained(runner, job_id, 2, 600)
