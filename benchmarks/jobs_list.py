@@ -27,16 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import requests  # noqa: E402
 
 from runner.spec import validate_job  # noqa: E402
+from runner.spec.stored import stored_job  # noqa: E402
 from runner.state import Store, open_database  # noqa: E402
 from runner.state import job_changes  # noqa: E402
+from runner.state.values import Offer  # noqa: E402
 
-OFFER = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type": "cpu", "spot_price": 0.1,
-         "on_demand_price": 0.3}
+OFFER = Offer("local", "local", "local-a", "cpu", None, 0, 2, 4.0, 0.1, 0.3)
 DAY = 86400.0
 
 
 def fill(store: Store, jobs: int, recent: int, running: int) -> None:
-    spec = validate_job({"name": "bench", "run": "train", "recovery": {"resume_drill": "off"}}).model_dump()
+    spec = stored_job(validate_job({"name": "bench", "run": "train", "recovery": {"resume_drill": "off"}}), None)
     now = time.time()
     with store.db.transaction() as tx:
         for i in range(jobs):

@@ -25,6 +25,7 @@ import structlog  # noqa: E402
 from runner.providers.memory import MemoryProvider  # noqa: E402
 from runner.scheduler.reconciler import Reconciler, SchedulerContext, threaded_calls  # noqa: E402
 from runner.spec import validate_job  # noqa: E402
+from runner.spec.stored import stored_job  # noqa: E402
 from runner.state import Store, open_database  # noqa: E402
 
 
@@ -33,7 +34,7 @@ def build(directory: Path, nodes: int, per_node: bool = False, **calls) -> tuple
     provider = MemoryProvider(zone_capacity=nodes, describes_in_batch=not per_node)
     ctx = SchedulerContext(store=store, providers={provider.name: provider}, controller_url="http://controller",
                            node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}", **calls)
-    spec = validate_job({"name": "bench", "run": "train", "recovery": {"resume_drill": "off"}}).model_dump()
+    spec = stored_job(validate_job({"name": "bench", "run": "train", "recovery": {"resume_drill": "off"}}), None)
     with store.db.transaction() as tx:
         for i in range(nodes):
             store.insert_job(tx, f"bench-{i}", "bench", spec, "PENDING", time.time())

@@ -181,7 +181,7 @@ def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float |
         "started_at": iso(attempt.started_at),
         "ended_at": iso(attempt.ended_at),
         "end_reason": attempt.end_reason,
-        "notice": attempt.notice,
+        "notice": attempt.notice.to_json() if attempt.notice else None,
         "checkpoint_step": attempt.checkpoint_step,
         "resumed_from_step": attempt.resumed_from_step,
         "lost_seconds": attempt.lost_seconds,

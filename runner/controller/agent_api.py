@@ -19,7 +19,6 @@ from ..scheduler import failures
 from ..scheduler.drill import drill_due, record_drill_result, restart_after_drill
 from ..scheduler.standby import release_failed_standby
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING, TERMINAL
-from ..spec import RecoverySpec
 from ..ledger import boot_seconds
 from ..state import ledger
 from ..state.rows import Attempt, Job, Node
@@ -101,7 +100,7 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
     """What an attempt runs, where it checkpoints, what it resumes from, whether it drills, its gang."""
     job = state.store.job(job_id)
     spec = job.spec
-    drill_seconds = RecoverySpec.model_validate(spec["recovery"]).resume_drill_seconds()
+    drill_seconds = spec.recovery.resume_drill_seconds()
     prepared = node.attempt == PREPARED  # setting up for an attempt not created yet: no gang fields, no port
     gang = None if prepared else gang_agent.gang_fields(state, job, attempt, node, address)
     if gang is not None and gang["node_rank"] != 0:
@@ -110,22 +109,21 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
     if gang is not None and gang["num_nodes"] > 1:
         if (expected := gang_agent.drill_expected_step(state, job_id, attempt)) is not None:
             extra["drill_expected_step"] = expected
-    offer = node.offer or {}
-    placement = {"cloud": offer.get("cloud", node.provider), "zone": offer.get("zone"),
-                 "instance_type": offer.get("instance_type"), "spot": bool(node.spot)}
+    placement = {"cloud": node.offer.cloud, "zone": node.offer.zone, "instance_type": node.offer.instance_type,
+                 "spot": bool(node.spot)}
     return {**extra, "gang": gang, "placement": placement,
         "job_id": job.id,
         "attempt": attempt,
         "name": job.name,
-        "setup": spec["setup"],
-        "run": spec["run"],
-        "env": spec["env"],
-        "has_workdir": bool(spec.get("workdir_digest")),
+        "setup": spec.setup,
+        "run": spec.run,
+        "env": dict(spec.env),
+        "has_workdir": bool(spec.workdir_digest),
         "checkpoint": {
-            "local_dir": spec["checkpoint"]["local_dir"],
-            "durable_url": spec["checkpoint"]["durable_url"] or _default_durable_url(state, node),
-            "interval": spec["checkpoint"]["interval"],
-            "keep": spec["checkpoint"]["keep"],
+            "local_dir": spec.checkpoint.local_dir,
+            "durable_url": spec.checkpoint.durable_url or _default_durable_url(state, node),
+            "interval": spec.checkpoint.interval,
+            "keep": spec.checkpoint.keep,
             "resume": job.checkpoint,
         },
         "resume_drill_seconds": drill_seconds if drill_due(state.store.attempts(job_id)) else None,
@@ -141,7 +139,7 @@ def _default_durable_url(state, node: Node) -> str | None:
 @router.get("/workdir")
 def workdir(request: Request, who: Principal = Depends(require_node)):
     state = _state(request)
-    digest = state.store.job(who.node.job_id).spec.get("workdir_digest")
+    digest = state.store.job(who.node.job_id).spec.workdir_digest
     if not digest or not state.workdirs.has(digest):
         raise HTTPException(404, "this job has no workdir")
     return StreamingResponse(state.workdirs.stream(digest), media_type="application/gzip")

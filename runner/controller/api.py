@@ -15,6 +15,7 @@ from .. import ledger, wire
 from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import ALLOWED, TERMINAL
 from ..spec import SpecError, validate_job
+from ..spec.stored import stored_job
 from ..state import ledger as stored_ledger, telemetry
 from ..state.rows import Job
 from ..state.store import NODE_RUNNING
@@ -69,8 +70,7 @@ def submit(body: SubmitRequest, request: Request, who: Principal = Depends(requi
                                  f"hex digits), not a string of {len(body.workdir_digest)} characters")
     if body.workdir_digest and not state.workdirs.has(body.workdir_digest):
         raise HTTPException(422, "workdir_digest: upload the workdir first (PUT /v1/workdirs)")
-    stored = spec.model_dump()
-    stored["workdir_digest"] = body.workdir_digest
+    stored = stored_job(spec, body.workdir_digest)
     with state.store.db.transaction() as tx:
         job_id = _new_job_id(state.store, tx, spec.name)
         state.store.insert_job(tx, job_id, spec.name, stored, "PENDING", time.time())
@@ -209,8 +209,8 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     summary = wire.job_summary(job, attempts)
     spans = stored_ledger.node_spans(state.store.db, job_id)
     summary["goodput"] = ledger.goodput(attempts, spans, time.time()).to_json()
-    summary["spec"] = {k: v for k, v in job.spec.items() if k != "env"}  # env may hold secrets
-    summary["spec"]["env"] = sorted(job.spec.get("env", {}))
+    summary["spec"] = job.spec.model_dump(exclude={"env"})  # env may hold secrets: only its names
+    summary["spec"]["env"] = sorted(job.spec.env)
     failure = state.store.last_event(job_id, "checkpoint_failed")
     placed = state.store.last_event(job_id, PLACEMENT_EVENT)  # the cost policy's last choice, for a deadline job
     summary["cost_policy"] = placed.message if placed else None
@@ -219,12 +219,12 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     summary["last_checkpoint_failure"] = ({"time": wire.iso(failure.time), "attempt": failure.attempt,
                                            "message": failure.message} if failure else None)
     nodes = state.store.nodes(job_id=job_id)
-    summary["node"] = ({"id": nodes[-1].id, "state": nodes[-1].state, "zone": nodes[-1].offer["zone"],
+    summary["node"] = ({"id": nodes[-1].id, "state": nodes[-1].state, "zone": nodes[-1].offer.zone,
                         "last_heartbeat": wire.iso(nodes[-1].last_heartbeat), "progress": nodes[-1].progress}
                        if nodes else None)
     if job.num_nodes > 1:  # a gang: every live node, in rank order
         summary["num_nodes"] = job.num_nodes
-        summary["nodes"] = [{"rank": n.rank, "id": n.id, "state": n.state, "zone": n.offer["zone"],
+        summary["nodes"] = [{"rank": n.rank, "id": n.id, "state": n.state, "zone": n.offer.zone,
                              "last_heartbeat": wire.iso(n.last_heartbeat), "progress": n.progress}
                             for n in sorted(nodes, key=lambda n: (n.rank, n.created_at))]
     return summary

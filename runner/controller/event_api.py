@@ -18,6 +18,7 @@ from fastapi import HTTPException
 
 from ..scheduler import standby
 from ..scheduler.attempts import hand_over
+from ..state.values import Notice
 from ..wire import HANDOVER, READY, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY, SetupReport
 from . import metrics, reports, telemetry
 from .auth import node_caller
@@ -89,9 +90,9 @@ def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Cal
     if kind in metrics.NOTICE_KINDS:
         metrics.record_notice(tx, job_id, attempt, data)
     if kind == "notice":
-        notice = {k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS}
+        notice = Notice.from_json({k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS})
         if state.store.job(job_id, tx).num_nodes > 1:
-            notice = {**notice, "node_rank": node.rank}
+            notice = notice.with_rank(node.rank)
         state.store.set_attempt_notice(tx, job_id, attempt, notice)
         state.store.add_event(tx, job_id, "notice", f"{data.get('source')} {data.get('action')} "
                               f"notice, deadline {data.get('deadline')}", attempt=attempt)

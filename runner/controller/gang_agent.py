@@ -65,7 +65,7 @@ def register(state, node: Node, address: str) -> tuple[int, dict | None]:
 def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) -> dict:
     """What the job's environment says about the gang (docs/multinode.md); a single node is a gang of one."""
     store, gangs = state.store, GangStore(state.store)
-    resources = Resources.model_validate(job.spec["resources"])
+    resources = job.spec.resources
     row = next(a for a in store.attempts(job.id) if a.attempt == attempt)
     port = row.master_port
     if port is None:  # a single-node attempt: its port is chosen when its node first registers
@@ -85,9 +85,8 @@ def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) 
 
 def _node_accelerators(node: Node, resources: Resources) -> tuple[str, int] | None:
     """The accelerators of the node's own offer (which of the job's alternatives it got), else the job's first."""
-    offer = node.offer or {}
-    if offer.get("accelerator"):
-        return offer["accelerator"], int(offer.get("accelerator_count") or 1)
+    if node.offer.accelerator:
+        return node.offer.accelerator, int(node.offer.accelerator_count or 1)
     return resources.accelerator()
 
 
@@ -133,7 +132,7 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
             rank, why = gone
             return end_attempt(store, job_id, attempt, "preempted" if why == "preempted" else "lost", ranks=(rank,),
                                message=f"node of rank {rank} is gone ({why}); its peers stopped")
-        noticed = (current.notice or {}).get("node_rank")
+        noticed = current.notice.node_rank if current.notice else None
         if noticed is not None and not any(r.rank == noticed and r.exit_reason for r in ranks):
             return None  # a peer failed after another node's notice: that node's report (or its loss) explains it
     codes = {r.rank: r.exit_code for r in ranks}

@@ -10,9 +10,7 @@ gang node kept after its attempt, a move to spot) take the slower reads they alw
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from functools import lru_cache
 
 from fastapi import HTTPException
 
@@ -20,6 +18,7 @@ from ..costpolicy import observe
 from ..scheduler import standby
 from ..scheduler.spot_return import move_request
 from ..scheduler.states import TERMINAL
+from ..spec.stored import StoredJob
 from ..state.standbys import PREPARED
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING
 from ..wire import MOVE_TO_SPOT, STANDBY_WAIT
@@ -96,8 +95,6 @@ async def _off_the_loop(state, function, *args):
     return function(*args)
 
 
-@lru_cache(maxsize=4096)
-def _spec_flags(spec_text: str) -> tuple[bool, bool]:
-    """Whether a job is a gang and whether the cost policy may move it (its spec is fixed at submit)."""
-    spec = json.loads(spec_text)
-    return spec["resources"].get("num_nodes", 1) > 1, observe.has_deadline(spec)
+def _spec_flags(spec: StoredJob) -> tuple[bool, bool]:
+    """Whether a job is a gang and whether the cost policy may move it."""
+    return spec.resources.num_nodes > 1, observe.has_deadline(spec)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..providers.offers import Offer
 from ..spec.deadline import deadline_at
+from ..spec.schema import JobSpec
 from ..state.rows import Attempt, Job
 from .throughput import Measurement
 
@@ -14,16 +15,15 @@ DEFAULT_RESTART_SECONDS = 300.0  # a launch and restore before any was measured
 RATE_HISTORY_SECONDS = 7 * 86400.0  # the zone history the observed preemption rates are taken over
 
 
-def has_deadline(spec: dict) -> bool:
+def has_deadline(spec: JobSpec) -> bool:
     """Whether the cost policy places this job: spot_policy auto with a deadline and total_steps."""
-    recovery = spec.get("recovery") or {}
-    return (spec.get("resources") or {}).get("spot_policy") == "auto" and bool(recovery.get("deadline")) \
-        and bool(recovery.get("total_steps"))
+    recovery = spec.recovery
+    return spec.resources.spot_policy == "auto" and bool(recovery.deadline) and bool(recovery.total_steps)
 
 
 def job_deadline(job: Job) -> float:
     """The job's deadline in unix seconds (a duration counts from its submission)."""
-    return deadline_at(job.spec["recovery"]["deadline"], job.created_at)
+    return deadline_at(job.spec.recovery.deadline, job.created_at)
 
 
 def steps_per_second(job: Job, attempts: list[Attempt]) -> float | None:

@@ -10,6 +10,7 @@ from ..state import Store
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, Node
 from ..state.standbys import StandbyStore
+from ..state.values import Notice
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
 from ..wire import NODE_KEPT
 from .gang import node_end_reasons
@@ -19,7 +20,7 @@ from .transitions import AttemptEnd, transition
 
 
 def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: float | None = None,
-                exit_code: int | None = None, notice: dict | None = None, drill: dict | None = None,
+                exit_code: int | None = None, notice: Notice | None = None, drill: dict | None = None,
                 message: str | None = None, force_state: str | None = None, ranks: Iterable[int] = (),
                 drain_until: float | None = None, trained_nothing: bool = False) -> str | None:
     """End a running attempt and move the job on; return the new state, or None if already ended.
@@ -42,10 +43,10 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         own_checkpoint = checkpoint.get("attempt") == attempt
         commit_at = checkpoint.get("time") if own_checkpoint else None
         working_since = store.restored_at(tx, job_id, attempt) or current.running_at
-        recovery = job.spec["recovery"]
+        recovery = job.spec.recovery
         state, why = next_state(
             reason, preemptions=job.preemptions, failures=job.failures,
-            max_preemptions=recovery["max_preemptions"], max_failures=recovery["max_failures"],
+            max_preemptions=recovery.max_preemptions, max_failures=recovery.max_failures,
         )
         if force_state is not None:
             state, why = force_state, message or why
@@ -58,8 +59,8 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)
         if current.num_nodes > 1:
-            if notice and notice.get("node_rank") is not None and reason == "preempted":
-                ranks = (notice["node_rank"],)  # the node on notice ended it, whoever reported first
+            if notice and notice.node_rank is not None and reason == "preempted":
+                ranks = (notice.node_rank,)  # the node on notice ended it, whoever reported first
             _end_gang(store, tx, current, reason, ranks, job_goes_on=state not in TERMINAL)
         elif drain_until is not None:
             store.drain_node(tx, current.node_id, drain_until)

@@ -40,9 +40,9 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
     live = store.nodes(job_id=job.id)
     if any(node.state != NODE_RUNNING for node in live):
         return []  # a launch in flight, or a release to finish first (its zone slot frees when it is gone)
-    resources = Resources.model_validate(job.spec["resources"])
+    resources = job.spec.resources
     num_nodes = resources.num_nodes
-    kept = [KeptNode(n.rank, n.id, Offer(**n.offer), n.spot) for n in live]
+    kept = [KeptNode(n.rank, n.id, n.offer, n.spot) for n in live]
     attempts = store.attempts(job.id)
     offers = [o for p in ctx.providers.values() for o in p.offers()]
     avoid = placement.recent_preempted_zones(attempts)
@@ -87,18 +87,18 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
         spot0 = rank0.spot if rank0 else plan.candidate.spot
         previous = attempts[-1].master_port if attempts else None
         port = ctx.providers[offer0.cloud].rendezvous_port(previous)
-        attempt = store.insert_attempt(tx, job.id, rank0.node_id if rank0 else new_ids[0], offer0.to_json(),
+        attempt = store.insert_attempt(tx, job.id, rank0.node_id if rank0 else new_ids[0], offer0,
                                        spot0, resumed, now, num_nodes=num_nodes, master_port=port)
         for node_id in plan.release:
             store.update_node(tx, node_id, state=NODE_TERMINATING)
             gangs.mark_released(tx, node_id, NODE_RELEASED)
         for rank, node in plan.keep.items():
-            gangs.add(tx, job.id, attempt, rank, node.node_id, node.offer.to_json(), node.spot)
+            gangs.add(tx, job.id, attempt, rank, node.node_id, node.offer, node.spot)
         for rank, node_id in new_ids.items():
             offer = plan.candidate.offer
             store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
-                              offer.to_json(), plan.candidate.spot, now, rank=rank)
-            gangs.add(tx, job.id, attempt, rank, node_id, offer.to_json(), plan.candidate.spot)
+                              offer, plan.candidate.spot, now, rank=rank)
+            gangs.add(tx, job.id, attempt, rank, node_id, offer, plan.candidate.spot)
         what = (f"ranks {sorted(plan.keep)} kept, " if plan.keep else "") + (
             f"ranks {list(plan.launch)} launched" if plan.launch else "no node launched")
         moved = f"; the gang moves: {len(plan.release)} kept node(s) released" if plan.release else ""
@@ -154,7 +154,7 @@ def abandon_gang_launch(ctx, tx, node: Node, exc: ProviderError) -> None:
     gangs.forget_attempt(tx, job_id, attempt)
     job = store.job(job_id, tx)
     why = (f"the gang of {job.num_nodes} nodes could not be completed in "
-           f"{node.offer['zone']} ({exc}); released the {len(launched)} other node(s) launched for it and "
+           f"{node.offer.zone} ({exc}); released the {len(launched)} other node(s) launched for it and "
            "will try again (other zones next, this one after a backoff)")
     if job.state == PROVISIONING:
         transition(tx, job_id, RECOVERING, now=time.time(), message=why)

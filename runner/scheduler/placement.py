@@ -142,7 +142,7 @@ def choose_for_deadline(offers: list[Offer], resources: Resources, *, job: Job, 
     if not ranked:
         return None, None  # every fitting offer is backed off (or, for a gang, no zone has room), as for any job
     ranked = by_step_cost(ranked, avoid_zones, speed_of)
-    total, step = job.spec["recovery"]["total_steps"], job.step
+    total, step = job.spec.recovery.total_steps, job.step
     overall = observe.steps_per_second(job, attempts)
     speed = _speed_with_fallback(speed_of, overall)
     if all(speed(c.offer) is None for c in ranked):

@@ -20,8 +20,6 @@ import structlog
 
 from ..providers.base import LaunchRequest, NodeBootstrap, Provider
 from ..providers.errors import ProviderError
-from ..providers.offers import Offer
-from ..spec import Resources
 from ..state import Store
 from ..state.rows import Job, Node
 from ..state.store import NODES_HOLDING_A_JOB, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
@@ -145,7 +143,7 @@ def _launch_job(ctx: SchedulerContext, job: Job) -> None:
         return
     if job.cancel_requested or store.nodes(NODES_HOLDING_A_JOB, job_id=job.id):
         return
-    resources = Resources.model_validate(job.spec["resources"])
+    resources = job.spec.resources
     attempts = store.attempts(job.id)
     avoid = placement.recent_preempted_zones(attempts)
     offers = [o for p in ctx.providers.values() for o in p.offers()]
@@ -175,11 +173,11 @@ def _launch_job(ctx: SchedulerContext, job: Job) -> None:
         if fresh.state != job.state or store.has_unterminated_node(tx, job.id):
             return
         resumed = (fresh.checkpoint or {}).get("step", 0)
-        attempt = store.insert_attempt(tx, job.id, node_id, offer.to_json(), spot, resumed, time.time())
+        attempt = store.insert_attempt(tx, job.id, node_id, offer, spot, resumed, time.time())
         if reason:
             store.add_event(tx, job.id, placement.PLACEMENT_EVENT, reason, attempt=attempt)
         store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(token),
-                          offer.to_json(), spot, time.time())
+                          offer, spot, time.time())
     _launch(ctx, store.node(node_id))
 
 
@@ -196,7 +194,7 @@ def _launch(ctx: SchedulerContext, node: Node) -> None:
     """Ask the node's provider for it and return; :func:`collect_launches` applies the answer."""
     provider = ctx.providers[node.provider]
     gang_size = ctx.store.job(node.job_id).num_nodes
-    request = LaunchRequest(node.id, node.job_id, node.attempt, Offer(**node.offer), node.spot,
+    request = LaunchRequest(node.id, node.job_id, node.attempt, node.offer, node.spot,
                             NodeBootstrap(ctx.controller_urls() if ctx.controller_urls else ctx.controller_url,
                                           node.id, ctx.node_token(node.id)),
                             gang_size=gang_size)
@@ -219,7 +217,7 @@ def collect_launches(ctx: SchedulerContext) -> None:
 
 def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
     store = ctx.store
-    offer = Offer(**node.offer)
+    offer = node.offer
     key = (offer.cloud, offer.zone, offer.instance_type)
     backoff = ctx.backoff if node.spot else ctx.on_demand_backoff
     if answer.error is not None:

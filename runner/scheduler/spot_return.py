@@ -18,7 +18,6 @@ import structlog
 
 from ..costpolicy import Decision, observe, return_to_spot
 from ..providers.offers import Offer
-from ..spec import Resources
 from ..state.gangs import GangStore
 from ..state.store import NODE_RUNNING
 from ..state import Store
@@ -111,7 +110,7 @@ def weigh_move(ctx, job: Job, current: Attempt, now: float) -> Decision:
     room = None
     if job.num_nodes > 1:
         counts = GangStore(store).live_nodes_per_zone()
-        mine = Counter((n.provider, n.offer["zone"]) for n in store.nodes((NODE_RUNNING,), job_id=job.id))
+        mine = Counter((n.provider, n.offer.zone) for n in store.nodes((NODE_RUNNING,), job_id=job.id))
 
         def room(candidate) -> bool:
             offer, key = candidate.offer, (candidate.offer.cloud, candidate.offer.zone)
@@ -119,11 +118,11 @@ def weigh_move(ctx, job: Job, current: Attempt, now: float) -> Decision:
             return free >= job.num_nodes
 
     markets = placement.spot_markets_now(
-        offers, Resources.model_validate(job.spec["resources"]),
+        offers, job.spec.resources,
         zone_history=zone_preemptions(store.db, now - observe.RATE_HISTORY_SECONDS, now),
         avoid_zones=placement.recent_preempted_zones(attempts, now), backoff=ctx.backoff, now=now,
         speed=speed, room=room, nodes=job.num_nodes)
-    steps_left = max(0, job.spec["recovery"]["total_steps"] - job.step)
+    steps_left = max(0, job.spec.recovery.total_steps - job.step)
     moves = [a.ended_at for a in attempts if a.end_reason == MOVED and a.ended_at]
     price_here = sum(n.price_per_hour for n in current.nodes) if current.nodes else current.price_per_hour
     return return_to_spot(now=now, deadline=observe.job_deadline(job), work_left=steps_left,

@@ -23,7 +23,7 @@ import time
 
 import structlog
 
-from ..spec import RecoverySpec, Resources
+from ..spec import JobSpec
 from ..state import ledger
 from ..state.rows import Node
 from ..state.standbys import StandbyStore
@@ -41,8 +41,8 @@ FALSE_NOTICE_GRACE_SECONDS = 20.0
 CONTINUE = "continue"
 
 
-def prepare_on(spec: dict) -> list[str]:
-    return RecoverySpec.model_validate(spec["recovery"]).prepare_on
+def prepare_on(spec: JobSpec) -> list[str]:
+    return spec.recovery.prepare_on
 
 
 def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: float | None = None) -> str | None:
@@ -62,7 +62,7 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
                 store.add_event(tx, job.id, "standby", f"notice: the standby {existing.id} is the replacement",
                                 attempt=current.attempt)
         return existing.id
-    resources = Resources.model_validate(job.spec["resources"])
+    resources = job.spec.resources
     offers = [o for p in ctx.providers.values() for o in p.offers()]
     attempts = store.attempts(job.id)
     avoid = placement.recent_preempted_zones(attempts) | {current.zone}
@@ -86,7 +86,7 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
         if fresh is None or fresh.attempt != current.attempt or standbys.live(job.id, tx) is not None:
             return None
         standbys.insert(tx, node_id, job.id, current.attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
-                        offer.to_json(), spot, now, record)
+                        offer, spot, now, record)
         what = "a preemption notice" if signal == NOTICE else "a rebalance recommendation"
         store.add_event(tx, job.id, "standby", f"{what}: replacement {node_id} launched in {offer.zone} "
                         f"({offer.instance_type}) while the job trains on", attempt=current.attempt)
@@ -158,7 +158,7 @@ def take_over(ctx, job) -> bool:
         store.set_attempt_message(tx, job.id, attempt, f"started on the replacement {node.id} prepared during "
                                   f"attempt {node.prepared_for} ({ready} at the handover)")
         transition(tx, job.id, PROVISIONING, now=now,
-                   message=f"attempt {attempt} on the prepared replacement {node.id} in {node.offer.get('zone')}")
+                   message=f"attempt {attempt} on the prepared replacement {node.id} in {node.offer.zone}")
     log.info("next attempt on the prepared replacement", job=job.id, node=node.id, attempt=attempt)
     return True
 
@@ -179,7 +179,7 @@ def release_unneeded(ctx, now: float | None = None) -> None:
         elif current.attempt != node.prepared_for:
             why, outcome = f"attempt {node.prepared_for} it stood by for has ended", "released"
         elif record.get("reason") == REBALANCE and record.get("notice_at") is None and current.notice is None:
-            timeout = RecoverySpec.model_validate(job.spec["recovery"]).standby_timeout_seconds()
+            timeout = job.spec.recovery.standby_timeout_seconds()
             if now - node.created_at >= timeout:
                 why, outcome = f"no notice followed the rebalance recommendation within {timeout:g}s", "released"
         elif current.notice is not None and record.get("deadline") is not None:

@@ -12,6 +12,7 @@ import structlog
 
 from ..state import Tx
 from ..state import job_changes as rows
+from ..state.values import Notice
 from .states import ALLOWED, END_REASONS, TERMINAL
 
 log = structlog.get_logger(__name__)
@@ -28,7 +29,7 @@ class AttemptEnd:
     attempt: int
     reason: str
     exit_code: int | None = None
-    notice: dict | None = None
+    notice: Notice | None = None
     checkpoint_step: int | None = None
     lost_seconds: float | None = None
     drill: dict | None = None

@@ -11,6 +11,7 @@ import json
 
 from .db import Tx
 from .rows import AttemptNode
+from .values import Offer
 from .store import LIVE_NODE_STATES, Store
 
 
@@ -20,13 +21,13 @@ class GangStore:
         self.db = store.db
 
     # --- planning -----------------------------------------------------------------------------
-    def add(self, tx: Tx, job_id: str, attempt: int, rank: int, node_id: str, offer: dict, spot: bool) -> None:
+    def add(self, tx: Tx, job_id: str, attempt: int, rank: int, node_id: str, offer: Offer, spot: bool) -> None:
         """Give ``rank`` of an attempt to a node (a new one, or one kept from the previous attempt)."""
-        price = offer["spot_price"] if spot else offer["on_demand_price"]
+        price = offer.price(spot)
         tx.execute(
             """INSERT INTO attempt_nodes (job_id, attempt, rank, node_id, zone, instance_type, spot, price_per_hour)
                VALUES (?,?,?,?,?,?,?,?)""",
-            (job_id, attempt, rank, node_id, offer["zone"], offer["instance_type"], int(spot), price or 0.0),
+            (job_id, attempt, rank, node_id, offer.zone, offer.instance_type, int(spot), price or 0.0),
         )
 
     def forget_attempt(self, tx: Tx, job_id: str, attempt: int) -> None:

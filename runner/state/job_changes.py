@@ -10,6 +10,7 @@ import json
 import time
 
 from .db import Tx
+from .values import Notice
 
 JOB_COUNTERS = ("preemptions", "failures")
 
@@ -29,7 +30,7 @@ def set_job_state(tx: Tx, job_id: str, state: str, now: float, message: str, end
 
 
 def end_attempt(tx: Tx, job_id: str, attempt: int, now: float, reason: str, *, exit_code: int | None,
-                notice: dict | None, checkpoint_step: int | None, lost_seconds: float | None,
+                notice: Notice | None, checkpoint_step: int | None, lost_seconds: float | None,
                 drill: dict | None, message: str | None) -> bool:
     """Write a running attempt's end (its restart-log fields); False when it was not running."""
     return tx.execute(
@@ -37,7 +38,7 @@ def end_attempt(tx: Tx, job_id: str, attempt: int, now: float, reason: str, *, e
                notice = COALESCE(?, notice), checkpoint_step = COALESCE(?, checkpoint_step),
                lost_seconds = ?, drill = COALESCE(?, drill), message = COALESCE(?, message)
            WHERE job_id = ? AND attempt = ? AND end_reason = 'running'""",
-        (now, reason, exit_code, encode_json(notice), checkpoint_step, lost_seconds, encode_json(drill), message,
+        (now, reason, exit_code, encode_json(notice and notice.to_json()), checkpoint_step, lost_seconds, encode_json(drill), message,
          job_id, attempt),
     ) > 0
 

@@ -1,7 +1,8 @@
 """The rows of the controller's tables as frozen dataclasses, one per table, typed whichever database read them.
 
 Each class has one ``from_row`` that turns a database row (a dict) into it: a REAL column becomes a float, a
-flag a bool, a JSON column its decoded value, and ``cancel_requested`` (0 for "never") a timestamp or None,
+flag a bool, a JSON column its decoded value (typed where it has a type: a job's spec a ``StoredJob``, a
+node's offer an ``Offer``, an attempt's notice a ``Notice``), and ``cancel_requested`` (0 for "never") a timestamp or None,
 so no field changes type by accident. A column that a later migration adds and the class does not know yet
 is ignored. The fields are in the table's column order and ``from_row`` passes them by position: a controller
 with 2,000 nodes builds many rows a second, and keyword arguments cost 10-15 % more per row
@@ -13,6 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from ..spec.stored import StoredJob, load_stored_job
+from .values import Notice, Offer
 
 Row = Mapping[str, Any]
 
@@ -27,7 +31,7 @@ def _float_or_none(value) -> float | None:
 class Job:
     id: str
     name: str
-    spec: dict  # the validated job file as JSON (with the uploaded ``workdir_digest``), fixed at submit
+    spec: StoredJob  # the validated job file (with the uploaded ``workdir_digest``), fixed at submit
     state: str
     created_at: float
     updated_at: float
@@ -42,7 +46,7 @@ class Job:
     @classmethod
     def from_row(cls, row: Row) -> Job:
         ended_at, checkpoint, cancel = row["ended_at"], row["checkpoint"], row["cancel_requested"]
-        return cls(row["id"], row["name"], _loads(row["spec"]), row["state"], float(row["created_at"]),
+        return cls(row["id"], row["name"], load_stored_job(row["spec"]), row["state"], float(row["created_at"]),
                    float(row["updated_at"]), None if ended_at is None else float(ended_at), row["preemptions"],
                    row["failures"], row["step"], _loads(checkpoint) if checkpoint else None,
                    float(cancel) if cancel else None, row["message"])
@@ -50,7 +54,7 @@ class Job:
     @property
     def num_nodes(self) -> int:
         """How many nodes each attempt runs on (``resources.num_nodes``; more than one: a gang)."""
-        return self.spec["resources"].get("num_nodes", 1)
+        return self.spec.resources.num_nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +106,7 @@ class Attempt:
     running_at: float | None
     ended_at: float | None
     end_reason: str
-    notice: dict | None
+    notice: Notice | None
     checkpoint_step: int | None
     resumed_from_step: int
     lost_seconds: float | None
@@ -132,7 +136,7 @@ class Attempt:
         return cls(row["job_id"], row["attempt"], row["node_id"], row["cloud"], row["region"], row["zone"],
                    row["instance_type"], bool(row["spot"]), float(row["price_per_hour"]), float(row["started_at"]),
                    None if running_at is None else float(running_at), None if ended_at is None else float(ended_at),
-                   row["end_reason"], _loads(notice) if notice else None, row["checkpoint_step"],
+                   row["end_reason"], Notice.from_json(_loads(notice)) if notice else None, row["checkpoint_step"],
                    row["resumed_from_step"], None if lost is None else float(lost), row["exit_code"],
                    _loads(drill) if drill else None, row["message"], row["num_nodes"], row["master_port"],
                    row["steps"], None if rate is None else float(rate), None if memory is None else float(memory),
@@ -150,7 +154,7 @@ class Node:
     provider: str
     state: str
     token_hash: str
-    offer: dict  # the provider's offer it was launched from (Offer.to_json())
+    offer: Offer  # the provider's offer it was launched from
     spot: bool
     provider_ref: str | None
     created_at: float
@@ -172,7 +176,7 @@ class Node:
         registered_at, last_heartbeat, progress = row["registered_at"], row["last_heartbeat"], row["progress"]
         terminate_at, terminated_at = row["terminate_at"], row["terminated_at"]
         return cls(row["id"], row["job_id"], row["attempt"], row["provider"], row["state"], row["token_hash"],
-                   _loads(row["offer"]), bool(row["spot"]), row["provider_ref"], float(row["created_at"]),
+                   Offer.from_json(_loads(row["offer"])), bool(row["spot"]), row["provider_ref"], float(row["created_at"]),
                    None if registered_at is None else float(registered_at),
                    None if last_heartbeat is None else float(last_heartbeat), _loads(progress) if progress else None,
                    None if terminate_at is None else float(terminate_at),

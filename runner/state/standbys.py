@@ -13,6 +13,7 @@ import json
 
 from .db import Tx
 from .rows import Node
+from .values import Offer
 from .store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING, Store
 
 PREPARED = 0  # a prepared node's attempt number until it takes over
@@ -25,7 +26,7 @@ class StandbyStore:
         self.db = store.db
 
     def insert(self, tx: Tx, node_id: str, job_id: str, for_attempt: int, provider: str, token_hash: str,
-               offer: dict, spot: bool, now: float, record: dict) -> None:
+               offer: Offer, spot: bool, now: float, record: dict) -> None:
         """A prepared node row (launched by the reconciler like any ``launching`` node) and its record."""
         self.store.insert_node(tx, node_id, job_id, PREPARED, provider, token_hash, offer, spot, now)
         tx.execute("UPDATE nodes SET prepared_for = ? WHERE id = ?", (for_attempt, node_id))

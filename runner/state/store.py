@@ -12,7 +12,9 @@ from typing import Any, Callable
 
 from .db import Database, Tx
 from .job_changes import add_event
+from ..spec.stored import StoredJob, load_stored_job
 from .rows import Attempt, AttemptNode, Event, Job, Node
+from .values import Notice, Offer
 
 NODE_LAUNCHING = "launching"      # row written, provider launch may or may not have happened
 NODE_RUNNING = "running"          # provider confirmed the launch
@@ -31,10 +33,10 @@ class Store:
         self.db = db
 
     # --- jobs -------------------------------------------------------------
-    def insert_job(self, tx: Tx, job_id: str, name: str, spec: dict, state: str, now: float) -> None:
+    def insert_job(self, tx: Tx, job_id: str, name: str, spec: StoredJob, state: str, now: float) -> None:
         tx.execute(
             "INSERT INTO jobs (id, name, spec, state, created_at, updated_at) VALUES (?,?,?,?,?,?)",
-            (job_id, name, json.dumps(spec), state, now, now),
+            (job_id, name, json.dumps(spec.to_json()), state, now, now),
         )
         tx.execute(
             "INSERT INTO events (job_id, time, kind, to_state, message) VALUES (?,?,?,?,?)",
@@ -127,19 +129,19 @@ class Store:
         return True
 
     # --- attempts ---------------------------------------------------------
-    def insert_attempt(self, tx: Tx, job_id: str, node_id: str, offer: dict, spot: bool,
+    def insert_attempt(self, tx: Tx, job_id: str, node_id: str, offer: Offer, spot: bool,
                        resumed_from_step: int, now: float, num_nodes: int = 1, master_port: int | None = None) -> int:
         """A new attempt; a gang's (``num_nodes`` > 1) names its rank-0 node and per-node price here, and its
         ranks in ``attempt_nodes`` (runner/state/gangs.py)."""
         row = tx.one("SELECT COALESCE(MAX(attempt), 0) + 1 AS n FROM attempts WHERE job_id = ?", (job_id,))
         attempt = row["n"]
-        price = offer["spot_price"] if spot else offer["on_demand_price"]
+        price = offer.price(spot)
         tx.execute(
             """INSERT INTO attempts (job_id, attempt, node_id, cloud, region, zone, instance_type, spot,
                    price_per_hour, started_at, resumed_from_step, num_nodes, master_port)
                VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-            (job_id, attempt, node_id, offer["cloud"], offer["region"], offer["zone"],
-             offer["instance_type"], int(spot), price or 0.0, now, resumed_from_step, num_nodes, master_port),
+            (job_id, attempt, node_id, offer.cloud, offer.region, offer.zone,
+             offer.instance_type, int(spot), price or 0.0, now, resumed_from_step, num_nodes, master_port),
         )
         return attempt
 
@@ -178,9 +180,9 @@ class Store:
     def set_attempt_message(self, tx: Tx, job_id: str, attempt: int, message: str) -> None:
         tx.execute("UPDATE attempts SET message = ? WHERE job_id = ? AND attempt = ?", (message, job_id, attempt))
 
-    def set_attempt_notice(self, tx: Tx, job_id: str, attempt: int, notice: dict) -> None:
+    def set_attempt_notice(self, tx: Tx, job_id: str, attempt: int, notice: Notice) -> None:
         tx.execute("UPDATE attempts SET notice = COALESCE(notice, ?) WHERE job_id = ? AND attempt = ?",
-                   (json.dumps(notice), job_id, attempt))
+                   (json.dumps(notice.to_json()), job_id, attempt))
 
     def delete_running_attempt(self, tx: Tx, job_id: str, attempt: int) -> None:
         """An attempt whose launch failed is taken back (it never ran; the restart log does not show it)."""
@@ -204,11 +206,11 @@ class Store:
 
     # --- nodes ------------------------------------------------------------
     def insert_node(self, tx: Tx, node_id: str, job_id: str, attempt: int, provider: str,
-                    token_hash: str, offer: dict, spot: bool, now: float, rank: int = 0) -> None:
+                    token_hash: str, offer: Offer, spot: bool, now: float, rank: int = 0) -> None:
         tx.execute(
             """INSERT INTO nodes (id, job_id, attempt, provider, state, token_hash, offer, spot, created_at, rank)
                VALUES (?,?,?,?,?,?,?,?,?,?)""",
-            (node_id, job_id, attempt, provider, NODE_LAUNCHING, token_hash, json.dumps(offer), int(spot), now, rank),
+            (node_id, job_id, attempt, provider, NODE_LAUNCHING, token_hash, json.dumps(offer.to_json()), int(spot), now, rank),
         )
 
     def node(self, node_id: str, tx: Tx | None = None) -> Node | None:
@@ -226,7 +228,7 @@ class Store:
     def heartbeat_views(self, token_hashes: list[str]) -> dict[str, dict]:
         """What heartbeats are answered from, for many tokens in one read, by token hash (an unknown token is
         absent): each token's node (id, job_id, attempt, rank, state), its job's ``job_state``,
-        ``cancel_requested`` and ``spec`` (JSON text, fixed at submit), and whether the node's attempt is the
+        ``cancel_requested`` and ``spec`` (a StoredJob, fixed at submit), and whether the node's attempt is the
         job's running one (``attempt_current``), on spot (``attempt_spot``) and on notice (``attempt_on_notice``);
         a prepared replacement (attempt 0) has ``prepared_for``."""
         marks = ",".join("?" * len(token_hashes))
@@ -242,7 +244,7 @@ class Store:
                WHERE n.token_hash IN ({marks})""", tuple(token_hashes))
         return {row["token_hash"]: {**decode(row, NODE_COLUMNS), "job_state": row["job_state"],
                                     "cancel_requested": _timestamp_or_none(row["cancel_requested"]),
-                                    "spec": row["spec"], "attempt_spot": FLAG(row["attempt_spot"]),
+                                    "spec": load_stored_job(row["spec"]), "attempt_spot": FLAG(row["attempt_spot"]),
                                     "attempt_on_notice": bool(row["attempt_on_notice"]),
                                     "attempt_current": bool(row["attempt_current"])} for row in rows}
 

@@ -78,19 +78,19 @@ def _restored_at(events) -> dict[int, float]:
 
 def _notices(events, attempts: list[Attempt]) -> dict[int, list[dict]]:
     """Per attempt, the notices it received (a gang's at the rank that received it)."""
-    ranks = {a.attempt: (a.notice or {}).get("node_rank") for a in attempts}
+    ranks = {a.attempt: a.notice.node_rank if a.notice else None for a in attempts}
     notices: dict[int, list[dict]] = {}
     for event in events:
         if event.kind in NOTICE_KINDS and event.attempt is not None:
             notices.setdefault(event.attempt, []).append(
                 {"time": event.time, "title": event.message, "node_rank": ranks.get(event.attempt)})
     for attempt in attempts:  # a notice recorded on the attempt whose event was not kept
-        notice = attempt.notice or {}
-        if attempt.attempt not in notices and notice.get("received_at"):
-            received = _unix(notice["received_at"])
+        notice = attempt.notice
+        if attempt.attempt not in notices and notice and notice.received_at:
+            received = _unix(notice.received_at)
             if received is not None:
-                notices[attempt.attempt] = [{"time": received, "node_rank": notice.get("node_rank"),
-                                                "title": f"{notice.get('source')} {notice.get('action')} notice"}]
+                notices[attempt.attempt] = [{"time": received, "node_rank": notice.node_rank,
+                                                "title": f"{notice.source} {notice.action} notice"}]
     return notices
 
 

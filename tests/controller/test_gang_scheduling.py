@@ -16,6 +16,7 @@ from runner.scheduler.reconciler import Reconciler, SchedulerContext
 from runner.spec import validate_job
 from runner.state import Store, open_database
 from runner.state.gangs import GangStore
+from runner.spec.stored import stored_job
 
 ZONES = ("zone-a", "zone-b")
 
@@ -33,7 +34,7 @@ def world(db_url):
         spec = validate_job({"name": "gang", "run": "train", "resources": {"num_nodes": 2},
                              "recovery": {"resume_drill": "off"}})
         with store.db.transaction() as tx:
-            store.insert_job(tx, "gang-1", "gang", spec.model_dump(), "PENDING", time.time())
+            store.insert_job(tx, "gang-1", "gang", stored_job(spec, None), "PENDING", time.time())
         return store, market, Reconciler(ctx)
     return build
 

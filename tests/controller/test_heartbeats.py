@@ -8,9 +8,9 @@ import pytest
 
 from runner.controller.heartbeats import HeartbeatBook
 from runner.state import Store, open_database
+from stored import job_spec, offer as make_offer
 
-OFFER = {"cloud": "memory", "region": "mem", "zone": "mem-a", "instance_type": "cpu", "spot_price": 0.01,
-         "on_demand_price": 0.05}
+OFFER = make_offer(cloud="memory", region="mem", zone="mem-a", spot_price=0.01, on_demand_price=0.05)
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def book(store):
 def store(db_url):
     store = Store(open_database(db_url))
     with store.db.transaction() as tx:
-        store.insert_job(tx, "j1", "job", {"recovery": {}}, "PENDING", time.time())
+        store.insert_job(tx, "j1", "job", job_spec(), "PENDING", time.time())
         for n in range(3):
             store.insert_node(tx, f"n{n}", "j1", 1, "memory", f"hash-{n}", OFFER, True, time.time())
     return store

@@ -13,17 +13,16 @@ import requests
 
 from conftest import Controller, Runner, controller_store_url
 from runner.controller import api
-from runner.spec import validate_job
 from runner.state import Store, job_changes, open_database
+from stored import job_spec, offer as make_offer
 
-OFFER = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type": "cpu", "spot_price": 0.1,
-         "on_demand_price": 0.3}
+OFFER = make_offer()
 OLD, RECENT, RUNNING = 30, 5, 3  # ended three days ago; ended an hour ago (FAILED); running
 
 
 def _write_jobs(store: Store) -> None:
     """Jobs written straight through the store, as a controller that has run for a while holds them."""
-    spec = validate_job({"name": "listed", "run": "true", "recovery": {"resume_drill": "off"}}).model_dump()
+    spec = job_spec("listed", recovery={"resume_drill": "off"})
     now = time.time()
     kinds = [("old", "SUCCEEDED", now - 3 * 86400)] * OLD + [("recent", "FAILED", now - 3600)] * RECENT + \
         [("running", "RUNNING", None)] * RUNNING
@@ -104,5 +103,5 @@ def test_a_job_id_that_is_taken_is_drawn_again(site, monkeypatch):
     monkeypatch.setattr(api.secrets, "token_hex", lambda n: next(draws))
     with site.store.db.transaction() as tx:
         first = api._new_job_id(site.store, tx, "dup")
-        site.store.insert_job(tx, first, "dup", {}, "CANCELLED", time.time())
+        site.store.insert_job(tx, first, "dup", job_spec("dup"), "CANCELLED", time.time())
         assert first == "dup-0000000000" and api._new_job_id(site.store, tx, "dup") == "dup-0123456789"

@@ -33,6 +33,7 @@ recovery: {resume_drill: "off"}
 TRAIN = """
 import time
 from runner.checkpoint import Checkpointer
+from stored import job_spec, offer as make_offer
 
 ckpt = Checkpointer(extra={"x": 0}, interval="1h")
 step = ckpt.restore()
@@ -178,7 +179,7 @@ def test_the_restart_log_notice_keeps_its_shape(preempted):
 
 
 # --- the collector over a SQLite store ------------------------------------------------------------------
-OFFER = {"cloud": "local", "region": "local", "instance_type": "sim-t4", "spot_price": 0.36, "on_demand_price": 1.0}
+OFFER = {"instance_type": "sim-t4", "spot_price": 0.36, "on_demand_price": 1.0}
 
 
 @pytest.fixture
@@ -186,15 +187,15 @@ def store(db_url) -> Store:
     """One job: attempt 1 in local-a ran 1010-1100 and was preempted; attempt 2 in local-b runs since 1130."""
     store = Store(open_database(db_url))
     with store.db.transaction() as tx:
-        store.insert_job(tx, "j1", "j", {}, "PENDING", 1000.0)
+        store.insert_job(tx, "j1", "j", job_spec("j"), "PENDING", 1000.0)
         transition(tx, "j1", PROVISIONING, now=1000.0, message="launching")
-        store.insert_attempt(tx, "j1", "n1", {**OFFER, "zone": "local-a"}, True, 0, 1000.0)
+        store.insert_attempt(tx, "j1", "n1", make_offer(**OFFER, zone="local-a"), True, 0, 1000.0)
         store.mark_attempt_running(tx, "j1", 1, 1010.0)
         transition(tx, "j1", RUNNING, now=1010.0, message="running")
         transition(tx, "j1", RECOVERING, now=1100.0, message="preempted",
                    attempt_end=AttemptEnd(attempt=1, reason="preempted"))
         transition(tx, "j1", PROVISIONING, now=1101.0, message="relaunching")
-        store.insert_attempt(tx, "j1", "n2", {**OFFER, "zone": "local-b"}, True, 0, 1105.0)
+        store.insert_attempt(tx, "j1", "n2", make_offer(**OFFER, zone="local-b"), True, 0, 1105.0)
         store.mark_attempt_running(tx, "j1", 2, 1130.0)
         transition(tx, "j1", RUNNING, now=1130.0, message="running")
     return store

@@ -10,16 +10,17 @@ from runner.scheduler.outcomes import next_state
 from runner.scheduler.states import ALLOWED, TERMINAL
 from runner.scheduler.transitions import AttemptEnd, InvalidTransition, transition
 from runner.state import Store, open_database
+from runner.state.values import Notice
+from stored import job_spec, offer as make_offer
 
-OFFER = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type": "sim", "spot_price": 0.1,
-         "on_demand_price": 0.3}
+OFFER = make_offer(instance_type="sim")
 
 
 @pytest.fixture
 def store(db_url):
     store = Store(open_database(db_url))
     with store.db.transaction() as tx:
-        store.insert_job(tx, "j1", "job", {"recovery": {}}, "PENDING", time.time())
+        store.insert_job(tx, "j1", "job", job_spec(), "PENDING", time.time())
     return store
 
 
@@ -44,9 +45,9 @@ def test_ending_an_attempt_writes_the_restart_log_and_counts_preemptions(store):
         transition(tx, "j1", "RUNNING", now=time.time(), message="up")
         transition(tx, "j1", "RECOVERING", now=time.time(), message="preempted",
                    attempt_end=AttemptEnd(attempt=attempt, reason="preempted", exit_code=143,
-                                          notice={"source": "aws"}, checkpoint_step=12))
+                                          notice=Notice.from_json({"source": "aws"}), checkpoint_step=12))
     (row,) = store.attempts("j1")
-    assert row.end_reason == "preempted" and row.exit_code == 143 and row.notice == {"source": "aws"}
+    assert row.end_reason == "preempted" and row.exit_code == 143 and row.notice.to_json() == {"source": "aws"}
     assert row.checkpoint_step == 12 and row.ended_at is not None
     assert store.job("j1").preemptions == 1
     assert [e.to_state for e in store.events("j1")] == ["PENDING", "PROVISIONING", "RUNNING", "RECOVERING"]

@@ -18,6 +18,7 @@ from runner.scheduler.transitions import transition
 from runner.spec import validate_job
 from runner.state import Store, open_database
 from runner.state.rows import Node
+from runner.spec.stored import stored_job
 
 
 @dataclass
@@ -34,7 +35,7 @@ class World:
         spec = {"name": "job", "run": "train", "recovery": {"resume_drill": "off"}, **spec}
         job_id = f"{spec['name']}-{next(self._ids)}"
         with self.store.db.transaction() as tx:
-            self.store.insert_job(tx, job_id, spec["name"], validate_job(spec).model_dump(), "PENDING", time.time())
+            self.store.insert_job(tx, job_id, spec["name"], stored_job(validate_job(spec), None), "PENDING", time.time())
         return job_id
 
     def tick(self, times: int = 1) -> None:

@@ -17,6 +17,7 @@ from runner.controller.logstore import LogStore
 from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.policy import BackoffBook
+from runner.state.values import Notice
 
 from scheduler_world import make_world
 
@@ -35,7 +36,7 @@ def first_hour_then_preempted(world, job_id: str) -> None:
     with world.store.db.transaction() as tx:
         world.store.mark_attempt_running(tx, job_id, 1, now - 3600)
         world.store.record_checkpoint(tx, job_id, 1, {"step": 1000, "time": now, "durable": True})
-    end_attempt(world.store, job_id, 1, "preempted", notice={"source": "aws", "action": "terminate"})
+    end_attempt(world.store, job_id, 1, "preempted", notice=Notice.from_json({"source": "aws", "action": "terminate"}))
     world.tick()  # releases the node, then places the relaunch
 
 
@@ -92,7 +93,7 @@ def test_without_spot_capacity_it_waits_while_the_deadline_allows_else_goes_on_d
     with world.store.db.transaction() as tx:
         world.store.mark_attempt_running(tx, job_id, 1, now - 3600)
         world.store.record_checkpoint(tx, job_id, 1, {"step": 1000, "time": now, "durable": True})
-    end_attempt(world.store, job_id, 1, "preempted", notice={"source": "aws", "action": "terminate"})
+    end_attempt(world.store, job_id, 1, "preempted", notice=Notice.from_json({"source": "aws", "action": "terminate"}))
     world.tick()
     attempts = world.store.attempts(job_id)
     if placed is None:

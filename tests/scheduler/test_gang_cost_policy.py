@@ -24,6 +24,7 @@ from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.policy import BackoffBook
 from runner.scheduler.spot_return import CHECK_EVERY_SECONDS, MOVE_EVENT
+from runner.state.values import Notice
 
 from scheduler_world import make_world
 
@@ -82,7 +83,7 @@ def on_demand_after_a_preemption(world, api) -> str:
     with world.store.db.transaction() as tx:
         world.store.record_checkpoint(tx, job_id, 1, {"step": 1000, "time": now, "durable": True})
     end_attempt(world.store, job_id, 1, "preempted", ranks=(1,),
-                notice={"source": "aws", "action": "terminate", "node_rank": 1})
+                notice=Notice.from_json({"source": "aws", "action": "terminate", "node_rank": 1}))
     world.ctx.backoff.record_failure(ZONE_B, now)  # zone-b: no spot capacity
     world.tick(3)  # releases the preempted node and the kept spot one, then places the whole gang on on-demand
     second = nodes_of(world, job_id, 2)

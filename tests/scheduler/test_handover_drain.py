@@ -8,9 +8,10 @@ import pytest
 from scheduler_world import make_world
 
 from runner.scheduler.attempts import close_drained, hand_over
+from runner.state.values import Notice
 
-NOTICE = {"source": "aws", "kind": "termination", "action": "terminate", "received_at": "2026-11-23T10:00:00Z",
-          "deadline": "2026-11-23T10:02:00Z"}
+NOTICE = Notice.from_json({"source": "aws", "kind": "termination", "action": "terminate",
+                            "received_at": "2026-11-23T10:00:00Z", "deadline": "2026-11-23T10:02:00Z"})
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def world(db_url):
     return make_world(db_url)
 
 
-def _running_on_notice(world, step: int = 57, notice: dict | None = NOTICE) -> tuple[str, dict]:
+def _running_on_notice(world, step: int = 57, notice: Notice | None = NOTICE) -> tuple[str, dict]:
     """A running job whose node is on notice and has committed the emergency checkpoint of ``step``."""
     job_id = world.submit(recovery={"resume_drill": "off", "max_preemptions": 3})
     world.tick()

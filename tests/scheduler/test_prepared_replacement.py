@@ -12,9 +12,10 @@ from scheduler_world import make_world
 from runner.scheduler import standby
 from runner.scheduler.attempts import end_attempt, hand_over
 from runner.state.standbys import PREPARED, StandbyStore
+from runner.state.values import Notice
 
-NOTICE = {"source": "aws", "kind": "termination", "action": "terminate", "received_at": "2026-11-23T10:00:00Z",
-          "deadline": "2026-11-23T10:02:00Z"}
+NOTICE = Notice.from_json({"source": "aws", "kind": "termination", "action": "terminate",
+                            "received_at": "2026-11-23T10:00:00Z", "deadline": "2026-11-23T10:02:00Z"})
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_the_old_node_trains_on_until_the_replacement_is_ready_which_then_takes_
     world.tick()  # the reconciler launches it like any launching node
     prepared = world.store.node(prepared_id)
     assert prepared.state == "running" and prepared.attempt == PREPARED and prepared.prepared_for == 1
-    assert prepared.offer["zone"] != old.offer["zone"]  # away from the zone that got the notice
+    assert prepared.offer.zone != old.offer.zone  # away from the zone that got the notice
     assert _beat(world, old) == "continue"
 
     assert standby.mark_ready(world.store, prepared)

@@ -22,6 +22,7 @@ from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.policy import BackoffBook
 from runner.scheduler.spot_return import CHECK_EVERY_SECONDS, MOVE_EVENT, MOVE_GRACE_SECONDS
+from runner.state.values import Notice
 
 from scheduler_world import make_world
 
@@ -68,7 +69,7 @@ def on_demand_after_a_preemption(world) -> str:
     with world.store.db.transaction() as tx:
         world.store.mark_attempt_running(tx, job_id, 1, now - 3600)
         world.store.record_checkpoint(tx, job_id, 1, {"step": 1000, "time": now, "durable": True})
-    end_attempt(world.store, job_id, 1, "preempted", notice={"source": "aws", "action": "terminate"})
+    end_attempt(world.store, job_id, 1, "preempted", notice=Notice.from_json({"source": "aws", "action": "terminate"}))
     world.ctx.backoff.record_failure(ZONE_B, now)  # zone-b: no spot capacity
     world.tick()
     world.register(job_id)

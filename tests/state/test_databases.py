@@ -15,6 +15,7 @@ from runner.state.logs import DatabaseLogStore
 from runner.state.migrations import MIGRATIONS, apply_migrations, schema_version
 from runner.state.secrets import shared_secret
 from runner.state.workdirs import DatabaseWorkdirs
+from stored import job_spec, offer as make_offer
 
 
 def test_every_migration_applies_and_reopening_applies_none(empty_db_url):
@@ -159,10 +160,9 @@ def test_rows_decode_to_their_declared_types(db_url):
     from runner.state import Store
 
     store = Store(open_database(db_url))
-    offer = {"cloud": "local", "region": "r", "zone": "z", "instance_type": "t", "spot_price": 0.1,
-             "on_demand_price": 0.3}
+    offer = make_offer(region="r", zone="z", instance_type="t")
     with store.db.transaction() as tx:
-        store.insert_job(tx, "j", "j", {"recovery": {}}, "PENDING", 1000)
+        store.insert_job(tx, "j", "j", job_spec("j"), "PENDING", 1000)
         store.insert_attempt(tx, "j", "n1", offer, True, 0, 1000)
         store.insert_node(tx, "n1", "j", 1, "local", "hash", offer, False, 1000)
     job = store.job("j")

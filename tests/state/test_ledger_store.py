@@ -10,9 +10,9 @@ import pytest
 from runner import wire
 from runner.state import Store, ledger, open_database
 from runner.state.gangs import GangStore
+from stored import job_spec, offer as make_offer
 
-OFFER = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type": "sim-t4", "spot_price": 0.1,
-         "on_demand_price": 0.3}
+OFFER = make_offer(instance_type="sim-t4")
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def store(db_url) -> Store:
 def _job(store: Store, job_id: str, num_nodes: int = 1) -> float:
     now = time.time() - 100
     with store.db.transaction() as tx:
-        store.insert_job(tx, job_id, job_id, {"resources": {"num_nodes": num_nodes}}, "RUNNING", now)
+        store.insert_job(tx, job_id, job_id, job_spec(job_id, resources={"num_nodes": num_nodes}), "RUNNING", now)
         store.insert_attempt(tx, job_id, "n-0", OFFER, True, 0, now, num_nodes=num_nodes)
         for rank in range(num_nodes if num_nodes > 1 else 0):
             GangStore(store).add(tx, job_id, 1, rank, f"n-{rank}", OFFER, True)

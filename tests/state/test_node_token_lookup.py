@@ -7,16 +7,16 @@ import time
 import pytest
 
 from runner.state import Store, open_database
+from stored import job_spec, offer as make_offer
 
-OFFER = {"cloud": "memory", "region": "mem", "zone": "mem-a", "instance_type": "cpu", "spot_price": 0.01,
-         "on_demand_price": 0.05}
+OFFER = make_offer(cloud="memory", region="mem", zone="mem-a", spot_price=0.01, on_demand_price=0.05)
 
 
 def test_a_token_finds_its_node_with_its_current_state(db_url):
     """Looked up twice around a state change, the second answer has the new state; an unknown hash finds nothing."""
     store = Store(open_database(db_url))
     with store.db.transaction() as tx:
-        store.insert_job(tx, "j1", "job", {"recovery": {}}, "PENDING", time.time())
+        store.insert_job(tx, "j1", "job", job_spec(), "PENDING", time.time())
         store.insert_node(tx, "n1", "j1", 1, "memory", "hash-1", OFFER, True, time.time())
     assert store.node_by_token_hash("hash-1").state == "launching"
     with store.db.transaction() as tx:
@@ -31,7 +31,7 @@ def test_a_heartbeat_view_reads_the_node_its_job_and_whether_its_attempt_runs(db
     store = Store(open_database(db_url))
     now = time.time()
     with store.db.transaction() as tx:
-        store.insert_job(tx, "j1", "job", {"recovery": {}, "resources": {}}, "RUNNING", now)
+        store.insert_job(tx, "j1", "job", job_spec(), "RUNNING", now)
         store.insert_attempt(tx, "j1", "n1", OFFER, True, 0, now)
         store.insert_node(tx, "n1", "j1", 1, "memory", "hash-1", OFFER, True, now)
     view = store.heartbeat_views(["hash-1"])["hash-1"]

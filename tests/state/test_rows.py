@@ -14,6 +14,21 @@ from runner.state.rows import Attempt, AttemptNode, Event, Job, Node
 SQLITE_ONLY = "the table's columns are read with SQLite's PRAGMA table_info (the schema is the same on both)"
 ROWS = {"jobs": Job, "attempts": Attempt, "attempt_nodes": AttemptNode, "nodes": Node, "events": Event}
 JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress", "standby"}
+# The JSON columns whose value has a type of its own (runner/spec/stored.py, runner/state/values.py): each holds
+# what a controller writes there, and comes back as its type, which turns into the same JSON again.
+TYPED = {"spec": {"name": "job", "workdir": ".", "setup": None, "run": "true", "env": {"A": "1"},
+                  "resources": {"cloud": None, "accelerators": "T4:1", "cpus": None, "memory_gb": None,
+                                "regions": None, "spot_policy": "spot", "max_price_per_hour": None, "num_nodes": 1},
+                  "checkpoint": {"local_dir": None, "durable_url": None, "interval": "auto", "keep": 3},
+                  "recovery": {"max_preemptions": 50, "max_failures": 2, "resume_drill": "10m", "deadline": None,
+                               "total_steps": None, "prepare_on": ["notice"], "standby_timeout": "10m"},
+                  "workdir_digest": None},
+         "offer": {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "g4dn.xlarge",
+                   "accelerator": "T4", "accelerator_count": 1, "cpus": 4, "memory_gb": 16.0, "spot_price": 0.2,
+                   "on_demand_price": 0.526},
+         "notice": {"source": "aws", "kind": "termination", "action": "terminate",
+                    "received_at": "2026-11-23T10:00:00Z", "deadline": "2026-11-23T10:02:00Z", "terminal": True,
+                    "id": "aws:termination", "node_rank": 1, "column": "notice"}}
 
 
 def _columns(tmp_path, table: str) -> list[tuple[str, str]]:
@@ -25,7 +40,9 @@ def _distinct_row(columns: list[tuple[str, str]]) -> dict:
     """A row whose every column holds a value of its type that no other column holds."""
     row = {}
     for i, (name, kind) in enumerate(columns, start=1):
-        if name in JSON_COLUMNS:
+        if name in TYPED:
+            row[name] = json.dumps(TYPED[name])
+        elif name in JSON_COLUMNS:
             row[name] = json.dumps({"column": name, "resources": {}})
         elif kind == "TEXT":
             row[name] = f"{name}-value"
@@ -47,7 +64,9 @@ def test_each_field_comes_from_its_own_column_and_every_column_is_known(tmp_path
     declared = {f.name: f.type.split(" ")[0] for f in dataclasses.fields(cls)}  # "float | None" -> "float"
     for name, _ in columns:
         value = getattr(typed, name)
-        if name in JSON_COLUMNS:
+        if name in TYPED:
+            assert value.to_json() == TYPED[name] and list(value.to_json()) == list(TYPED[name]), name
+        elif name in JSON_COLUMNS:
             assert value == {"column": name, "resources": {}}, name
         elif declared[name] == "bool":
             assert value is True, name

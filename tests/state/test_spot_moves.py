@@ -6,8 +6,9 @@ from __future__ import annotations
 from runner.providers.memory import memory_offers
 from runner.state import Store, open_database
 from runner.state.spot_moves import OnDemandAttempt, on_demand_attempts
+from stored import job_spec
 
-OFFER = memory_offers(("zone-a",))[0].to_json()
+OFFER = memory_offers(("zone-a",))[0]
 
 
 def test_only_registered_on_demand_attempts_of_running_uncancelled_jobs_with_their_move_request(db_url):
@@ -17,7 +18,7 @@ def test_only_registered_on_demand_attempts_of_running_uncancelled_jobs_with_the
                 ("on-demand", "RUNNING", False, True, 1.0), ("moving", "RUNNING", False, True, 2.0),
                 ("on-spot", "RUNNING", True, True, 3.0), ("booting", "PROVISIONING", False, False, 4.0),
                 ("cancelled", "RUNNING", False, True, 5.0)]:
-            store.insert_job(tx, job_id, job_id, {}, state, created)
+            store.insert_job(tx, job_id, job_id, job_spec(job_id), state, created)
             attempt = store.insert_attempt(tx, job_id, f"n-{job_id}", OFFER, spot, 0, created)
             if registered:
                 store.mark_attempt_running(tx, job_id, attempt, created + 1)

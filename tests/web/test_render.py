@@ -12,6 +12,7 @@ import pytest
 from runner.state import Store, ledger, open_database
 from runner.state.gangs import GangStore
 from runner.web import render, views
+from stored import job_spec, offer as make_offer
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>'\""
 
@@ -35,10 +36,9 @@ def store(db_url) -> Store:
 
 def _job(store: Store, zone: str = "local-a", message: str | None = None) -> dict:
     now = time.time() - 60
-    offer = {"cloud": "local", "region": "local", "zone": zone, "instance_type": "sim-t4", "spot_price": 0.1,
-             "on_demand_price": 0.3}
+    offer = make_offer(zone=zone, instance_type="sim-t4")
     with store.db.transaction() as tx:
-        store.insert_job(tx, "web-1", "web", {"resources": {}}, "RUNNING", now)
+        store.insert_job(tx, "web-1", "web", job_spec("web"), "RUNNING", now)
         store.insert_attempt(tx, "web-1", "n-1", offer, True, 0, now + 1)
         store.add_event(tx, "web-1", "notice", message or "aws terminate notice", attempt=1, now=now + 30)
     return {"id": "web-1", "name": "web", "state": "RUNNING", "message": message, "attempts": 1, "preemptions": 0,
@@ -106,7 +106,7 @@ def test_the_drill_verdict_in_words():
 def test_a_job_without_attempts_says_why_it_waits(store):
     """A job with no attempt yet says so, with its message, instead of an empty timeline."""
     with store.db.transaction() as tx:
-        store.insert_job(tx, "web-2", "web", {"resources": {}}, "PENDING", time.time())
+        store.insert_job(tx, "web-2", "web", job_spec("web"), "PENDING", time.time())
     status = {"id": "web-2", "name": "web", "state": "PENDING", "message": "no capacity in any zone", "attempts": 0,
               "preemptions": 0, "step": 0, "cost_usd": 0.0, "age_seconds": 1.0}
     text = _summary(store, status)
@@ -116,11 +116,10 @@ def test_a_job_without_attempts_says_why_it_waits(store):
 def test_a_multi_node_attempt_has_a_lane_and_a_log_per_node(store):
     """A gang's attempt has a lane and a log per node, each named by that node's own end."""
     now = time.time() - 60
-    offer = {"cloud": "local", "region": "local", "zone": "local-a", "instance_type": "sim-t4", "spot_price": 0.1,
-             "on_demand_price": 0.3}
+    offer = make_offer(instance_type="sim-t4")
     gangs = GangStore(store)
     with store.db.transaction() as tx:
-        store.insert_job(tx, "gang-1", "gang", {"resources": {"num_nodes": 2}}, "RUNNING", now)
+        store.insert_job(tx, "gang-1", "gang", job_spec("gang", resources={"num_nodes": 2}), "RUNNING", now)
         store.insert_attempt(tx, "gang-1", "n-0", offer, True, 0, now + 1, num_nodes=2)
         for rank in (0, 1):
             gangs.add(tx, "gang-1", 1, rank, f"n-{rank}", offer, True)
