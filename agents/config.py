@@ -8,13 +8,15 @@ from pathlib import Path
 
 import yaml
 
+from runner.errors import ConfigError
+
 MODES = ("supervise", "sidecar")
 WATCH = ("auto", "off", "aws", "gcp", "azure")
 SOCKET_NAME = "control.sock"
 SOCKET_PATH_LIMIT = 107  # bytes of an AF_UNIX path on Linux, less the terminating NUL
 
 
-class AgentConfigError(Exception):
+class AgentConfigError(ConfigError):
     pass
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import structlog
 
 from runner import sdnotify, wire
+from runner.errors import RunnerError
 from runner.logconfig import configure_logging
 
 from .cancel import CancelStop
@@ -51,7 +52,7 @@ def run_agent(config_path: Path) -> int:
     return Agent(config).run()
 
 
-class JobCannotStart(Exception):
+class JobCannotStart(RunnerError):
     """The job's workdir or command cannot be brought to life on this node: the attempt fails, saying why."""
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import structlog  # noqa: E402
 
-from runner.providers.memory import MemoryProvider  # noqa: E402
+from runner.providers.memory import MemoryProvider, PerNodeMemoryProvider  # noqa: E402
 from runner.scheduler.reconciler import Reconciler, SchedulerContext, threaded_calls  # noqa: E402
 from runner.spec import validate_job  # noqa: E402
 from runner.spec.stored import stored_job  # noqa: E402
@@ -31,7 +31,7 @@ from runner.state import Store, open_database  # noqa: E402
 
 def build(directory: Path, nodes: int, per_node: bool = False, **calls) -> tuple[Reconciler, Store]:
     store = Store(open_database(f"sqlite:///{directory / 'runner.db'}"))
-    provider = MemoryProvider(zone_capacity=nodes, describes_in_batch=not per_node)
+    provider = (PerNodeMemoryProvider if per_node else MemoryProvider)(zone_capacity=nodes)
     ctx = SchedulerContext(store=store, providers={provider.name: provider}, controller_url="http://controller",
                            node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}", **calls)
     spec = stored_job(validate_job({"name": "bench", "run": "train", "recovery": {"resume_drill": "off"}}), None)

@@ -6,8 +6,10 @@ from collections.abc import Mapping
 
 import requests
 
+from .errors import InputError, RunnerError, Unreachable
 
-class ClientError(Exception):
+
+class ClientError(RunnerError):
     """A request failed; ``exit_code`` follows the contract (1 failed, 2 bad input, 3 unreachable)."""
 
     exit_code = 1
@@ -17,11 +19,11 @@ class ClientError(Exception):
         self.status = status
 
 
-class ControllerUnreachable(ClientError):
+class ControllerUnreachable(ClientError, Unreachable):
     exit_code = 3
 
 
-class BadRequest(ClientError):
+class BadRequest(ClientError, InputError):
     exit_code = 2
 
 

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import yaml
 
-
-class ConfigError(Exception):
-    """config.yaml cannot be used; the message names the file and the key."""
+from .errors import ConfigError  # noqa: F401 - its home before runner/errors.py; callers import it from here
 
 
 def runner_home() -> Path:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from runner.errors import RunnerError
+
 SOURCES = ("aws", "gcp", "azure", "signal")  # signal: SIGTERM at shutdown, handled as a notice
 KINDS = ("termination", "rebalance", "maintenance")
 
@@ -121,7 +123,7 @@ class Notice:
                    parse_iso(data["received_at"]), deadline, left, dict(data.get("detail") or {}), replayed=True)
 
 
-class WatcherError(Exception):
+class WatcherError(RunnerError):
     """The metadata server could not be read. Never a notice: the loop logs it, backs off and retries.
 
     ``persistent`` marks a configuration problem that will not go away by itself; the message says

@@ -16,8 +16,10 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from runner.errors import RunnerError
 
-class DeadlineExceeded(requests.Timeout):
+
+class DeadlineExceeded(RunnerError, requests.Timeout):
     """The whole answer did not arrive within the request's deadline."""
 
 

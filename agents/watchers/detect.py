@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from runner.errors import RunnerError
+
 from .aws import AWSWatcher
 from .azure import AzureWatcher
 from .base import Watcher, http_session
@@ -28,7 +30,7 @@ LINK_LOCAL = {"aws": "http://169.254.169.254", "gcp": "169.254.169.254", "azure"
 PROBE_TIMEOUT = 0.5
 
 
-class NoMetadataServer(RuntimeError):
+class NoMetadataServer(RunnerError, RuntimeError):
     """No cloud metadata server answered."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import RunnerError
 
-class CheckpointError(Exception):
+
+class CheckpointError(RunnerError):
     """Base class of the library's errors."""
 
 

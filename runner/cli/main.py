@@ -10,8 +10,7 @@ import traceback
 import click
 
 from ..client import ClientError
-from ..home import ConfigError
-from ..spec.errors import SpecError
+from ..errors import InputError
 
 # Each command's module is imported only when that command runs: `runner agent` on a node and every quick
 # `runner status` start without the job-file schema, the tables and the simulator they do not use.
@@ -55,15 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0
-    except SpecError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 2
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 2
     except ClientError as exc:
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
+    except InputError as exc:  # a job file, config.yaml, an argument: the message names the key and the fix
+        click.echo(f"error: {exc}", err=True)
+        return 2
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the one catch-all: a plain line, the traceback only with --debug

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from ..providers.base import default_checkpoint_url
 from ..scheduler.attempts import catch_up, close_drained, end_attempt
 from ..scheduler.spot_return import finish_move
 from ..scheduler import failures
@@ -132,8 +133,7 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
 
 def _default_durable_url(state, node: Node) -> str | None:
     """The node's provider default (submit refused jobs that could land where there is none)."""
-    provider = state.scheduler.providers.get(node.provider)
-    return provider.default_checkpoint_url(node.job_id) if provider else None
+    return default_checkpoint_url(state.scheduler.providers.get(node.provider), node.job_id)
 
 
 @router.get("/workdir")

@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from ..distribution import DIST_NAME, wheel_filename
+from ..errors import RunnerError
 
 log = structlog.get_logger(__name__)
 
@@ -37,7 +38,7 @@ PACKAGES = ("runner", "agents")
 BUILD_TIMEOUT_SECONDS = 300
 
 
-class WheelUnavailable(Exception):
+class WheelUnavailable(RunnerError):
     """The controller cannot produce its wheel; the message says why."""
 
 

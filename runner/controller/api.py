@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from .. import ledger, wire
+from ..providers.base import InjectsNotices, RefreshesPrices, default_checkpoint_url, gang_capacity
 from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import ALLOWED, TERMINAL
 from ..spec import SpecError, validate_job
@@ -128,7 +129,7 @@ def gang_too_big(state, spec) -> str | None:
         return None
     allowed = {name: p for name, p in state.scheduler.providers.items()
                if spec.resources.cloud is None or name in spec.resources.cloud}
-    most = {name: p.gang_capacity() for name, p in allowed.items()}
+    most = {name: gang_capacity(p) for name, p in allowed.items()}
     if any(capacity >= wanted for capacity in most.values()):
         return None
     limits = "; ".join(f"{name} holds at most {n} nodes of a gang in one zone"
@@ -144,7 +145,7 @@ def missing_durable_url(state, spec) -> str | None:
         return None
     for name, provider in state.scheduler.providers.items():
         allowed = spec.resources.cloud is None or name in spec.resources.cloud
-        if allowed and provider.default_checkpoint_url(spec.name) is None:
+        if allowed and default_checkpoint_url(provider, spec.name) is None:
             return (f"checkpoint.durable_url: required for a job that may run on {name}, where a node's disk goes "
                     f"with the node; set it to a bucket (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX), or set "
                     f"clouds.{name}.checkpoint_url in config.yaml as the default for every job")
@@ -330,7 +331,7 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
         raise HTTPException(409, f"job {job_id} has no running node of rank {body.node} to preempt")
     node = nodes[-1]
     provider = state.scheduler.providers[node.provider]
-    if not hasattr(provider, "inject_notice"):
+    if not isinstance(provider, InjectsNotices):
         raise HTTPException(409, f"the {node.provider} provider cannot inject notices; only local can")
     if body.rebalance:
         if body.notice != "aws":
@@ -361,7 +362,8 @@ def offers(request: Request, accelerators: list[str] | None = Query(None), cloud
     providers = _state(request).scheduler.providers.values()
     if refresh:
         for provider in providers:
-            provider.refresh_prices()
+            if isinstance(provider, RefreshesPrices):
+                provider.refresh_prices()
     every = [o for p in providers for o in p.offers()]
     try:
         wanted = [part.strip() for text in accelerators or [] for part in text.split(",") if part.strip()]

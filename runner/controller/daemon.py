@@ -34,11 +34,12 @@ from .auth import hash_token, node_token, write_secret
 from .discovery import ControllerDirectory
 from .leadership import LeaderLoop
 from .logstore import LogStore
+from ..errors import RunnerError
 
 log = structlog.get_logger(__name__)
 
 
-class ServerError(Exception):
+class ServerError(RunnerError):
     """The controller cannot start; the message says why and what to do."""
 
 

@@ -15,6 +15,7 @@ import time
 
 from fastapi import HTTPException
 
+from ..providers.base import rendezvous_port
 from ..providers.errors import ProviderError
 from ..scheduler.attempts import end_attempt
 from ..scheduler.gang import gang_outcome, gpus_per_node
@@ -71,7 +72,7 @@ def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) 
     if port is None:  # a single-node attempt: its port is chosen when its node first registers
         provider = state.scheduler.providers.get(row.cloud)
         with store.db.transaction() as tx:
-            gangs.set_master_port(tx, job.id, attempt, provider.rendezvous_port() if provider else 29500)
+            gangs.set_master_port(tx, job.id, attempt, rendezvous_port(provider))
         port = next(a for a in store.attempts(job.id) if a.attempt == attempt).master_port
     if row.num_nodes > 1:
         ranks = gangs.nodes_of(job.id, attempt)
@@ -218,7 +219,7 @@ def _restart_after_drill(state, current: Attempt, drill: dict, exit_code: int | 
         rank0 = store.node(ranks[0].node_id, tx)
         nxt = store.insert_attempt(tx, job_id, rank0.id, rank0.offer, rank0.spot, resumed, now,
                                    num_nodes=current.num_nodes,
-                                   master_port=provider.rendezvous_port(current.master_port))
+                                   master_port=rendezvous_port(provider, current.master_port))
         for rank in ranks:
             node = store.node(rank.node_id, tx)
             gangs.add(tx, job_id, nxt, rank.rank, node.id, node.offer, node.spot)

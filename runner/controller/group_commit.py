@@ -21,13 +21,14 @@ from typing import Any, Callable, ContextManager
 import structlog
 
 from .heartbeat_reads import _fail, _hand_back, _settle
+from ..errors import RunnerError
 
 log = structlog.get_logger(__name__)
 
 MAX_GROUP = 200  # requests in one transaction: bounds how long the write lock is held
 
 
-class GroupCommitFailed(RuntimeError):
+class GroupCommitFailed(RunnerError, RuntimeError):
     """The transaction of a group failed: none of its requests' writes was kept."""
 
 

@@ -11,9 +11,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from ..errors import InputError
 
 
-class TraceError(ValueError):
+class TraceError(InputError, ValueError):
     """A trace folder or file that cannot be replayed; the message names it and the fix."""
 
 

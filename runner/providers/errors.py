@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import CloudError
 
-class ProviderError(Exception):
+
+class ProviderError(CloudError):
     """A provider operation failed; ``retryable`` says whether another offer may succeed."""
 
     retryable = True

@@ -12,8 +12,8 @@ benchmark runs on it (its nodes are played by the benchmark). What it can be tol
 - ``preempt(node_id)`` / ``lose(node_id)``: a node is reclaimed after a notice, or vanishes without one.
 
 ``launch`` is idempotent per node id, ``terminate`` is idempotent, every launch and terminate is recorded.
-Describes are answered in one call per tick (``describes_in_batch``, as a cloud's batch API would), unless
-the provider is made with ``describes_in_batch=False``: then node by node, as a cloud's per-node API.
+Describes are answered in one call per tick (``DescribesInBatch``, as a cloud's batch API would);
+``PerNodeMemoryProvider`` answers them node by node, as a cloud's per-node API.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from .base import LaunchRequest, NodeStatus, Provider
+from .base import CheckpointBucket, DescribesInBatch, HoldsGangs, LaunchRequest, NodeStatus, Provider
 from .errors import NoCapacityError, ProviderError
 from .offers import Offer
 
@@ -47,14 +47,15 @@ def memory_offers(zones: tuple[str, ...] = ("mem-a", "mem-b", "mem-c")) -> list[
             for i, zone in enumerate(zones)]
 
 
-class MemoryProvider(Provider):
-    """Nodes that exist only in this object; see the module docstring for what a test can script."""
+class PerNodeMemoryProvider(Provider, HoldsGangs, CheckpointBucket):
+    """Nodes that exist only in this object, described node by node; see the module docstring for what a test
+    can script."""
 
     describe_interval = 0.0
 
     def __init__(self, offers: list[Offer] | None = None, *, name: str = "memory", zone_capacity: int = 64,
                  checkpoint_url: str | None = "memory://checkpoints",
-                 on_launch: Callable[[LaunchRequest], None] | None = None, describes_in_batch: bool = True):
+                 on_launch: Callable[[LaunchRequest], None] | None = None):
         self.name = name
         self._offers = list(offers) if offers is not None else memory_offers()
         self.zone_capacity = zone_capacity
@@ -65,7 +66,6 @@ class MemoryProvider(Provider):
         self.terminate_calls: list[str] = []
         self._refusals: Counter = Counter()
         self._refusal_errors: dict[str | None, ProviderError] = {}
-        self.describes_in_batch = describes_in_batch
         self._gate = threading.Event()
         self._gate.set()
         self._describe_gate, self._held_describes = threading.Event(), None  # None: all held while the gate is shut
@@ -168,3 +168,7 @@ class MemoryProvider(Provider):
         node = self.nodes.get(node_id)
         if node is not None and node.state == ALIVE:
             node.state = TERMINATED
+
+
+class MemoryProvider(PerNodeMemoryProvider, DescribesInBatch):
+    """The in-memory provider whose describes of a tick are one call."""

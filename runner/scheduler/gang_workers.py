@@ -16,6 +16,7 @@ import time
 
 import structlog
 
+from ..providers.base import free_slots as provider_free_slots, rendezvous_port
 from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
@@ -54,7 +55,7 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
     counts = gangs.live_nodes_per_zone()
 
     def free_slots(offer: Offer) -> int:
-        return ctx.providers[offer.cloud].free_slots(offer.zone, counts.get((offer.cloud, offer.zone), 0))
+        return provider_free_slots(ctx.providers[offer.cloud], offer.zone, counts.get((offer.cloud, offer.zone), 0))
 
     reason = None
     if observe.has_deadline(job.spec):  # the deadline policy over the zones that hold the whole gang
@@ -86,7 +87,7 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
         offer0 = rank0.offer if rank0 else plan.candidate.offer
         spot0 = rank0.spot if rank0 else plan.candidate.spot
         previous = attempts[-1].master_port if attempts else None
-        port = ctx.providers[offer0.cloud].rendezvous_port(previous)
+        port = rendezvous_port(ctx.providers[offer0.cloud], previous)
         attempt = store.insert_attempt(tx, job.id, rank0.node_id if rank0 else new_ids[0], offer0,
                                        spot0, resumed, now, num_nodes=num_nodes, master_port=port)
         for node_id in plan.release:

@@ -6,7 +6,7 @@ throttled API holds up no other node and no other worker. Each tick:
 - :func:`request_describes` asks about every running or draining node that is due (``describe_interval``
   of its provider since the last describe; a node whose describe is still out is skipped). A node past its
   ``terminate_at`` (a drained node's deadline, the simulated spot market's reclaim) is terminated first.
-  A provider whose describes are local or batched (``describes_in_batch``) gets one call for all its nodes.
+  A provider whose describes are local or batched (``DescribesInBatch``) gets one call for all its nodes.
 - :func:`apply_describes` applies what has come back: load the node, decide with :func:`gone_reason`,
   apply. An answer about a node that has moved on since it was asked (released, or on another attempt) is
   ignored, and a provider error is never a lost node: the node is described again later.
@@ -19,7 +19,7 @@ from functools import partial
 
 import structlog
 
-from ..providers.base import NodeStatus, Provider
+from ..providers.base import DescribesInBatch, NodeStatus, Provider
 from ..providers.errors import ProviderError
 from ..state.rows import Node
 from ..state.store import NODE_DRAINING, NODE_RUNNING, NODE_TERMINATING
@@ -72,7 +72,7 @@ def request_describes(ctx) -> None:
             ctx.described_at[node_id] = clock
         if reclaim:
             ctx.describes.request(node_id, partial(_reclaim, provider, node_id, ref), asked=attempt)
-        elif provider.describes_in_batch:
+        elif isinstance(provider, DescribesInBatch):
             batches.setdefault(node["provider"], {})[node_id] = (attempt, ref)
         else:
             ctx.describes.request(node_id, partial(provider.describe, node_id, ref), asked=attempt)
@@ -87,7 +87,7 @@ def _reclaim(provider: Provider, node_id: str, provider_ref: str | None) -> Node
     return provider.describe(node_id, provider_ref)
 
 
-def _describe_many(provider: Provider, refs: dict[str, str | None], node_ids: list[str]) -> dict[str, NodeStatus]:
+def _describe_many(provider: DescribesInBatch, refs: dict[str, str | None], node_ids: list[str]) -> dict[str, NodeStatus]:
     return provider.describe_many([(node_id, refs[node_id]) for node_id in node_ids])
 
 

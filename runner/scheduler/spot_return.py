@@ -17,6 +17,7 @@ from collections import Counter
 import structlog
 
 from ..costpolicy import Decision, observe, return_to_spot
+from ..providers.base import free_slots
 from ..providers.offers import Offer
 from ..state.gangs import GangStore
 from ..state.store import NODE_RUNNING
@@ -114,7 +115,7 @@ def weigh_move(ctx, job: Job, current: Attempt, now: float) -> Decision:
 
         def room(candidate) -> bool:
             offer, key = candidate.offer, (candidate.offer.cloud, candidate.offer.zone)
-            free = ctx.providers[offer.cloud].free_slots(offer.zone, counts.get(key, 0) - mine.get(key, 0))
+            free = free_slots(ctx.providers[offer.cloud], offer.zone, counts.get(key, 0) - mine.get(key, 0))
             return free >= job.num_nodes
 
     markets = placement.spot_markets_now(

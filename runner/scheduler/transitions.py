@@ -14,11 +14,12 @@ from ..state import Tx
 from ..state import job_changes as rows
 from ..state.values import Notice
 from .states import ALLOWED, END_REASONS, TERMINAL
+from ..errors import RunnerError
 
 log = structlog.get_logger(__name__)
 
 
-class InvalidTransition(Exception):
+class InvalidTransition(RunnerError):
     """A state change the table does not allow."""
 
 

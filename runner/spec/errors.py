@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 
-class SpecError(Exception):
+
+class SpecError(InputError):
     """A job file that cannot be used; ``problems`` holds one line per key at fault."""
 
     def __init__(self, source: str, problems: list[str]):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from runner.providers.base import NodeStatus
-from runner.providers.memory import MemoryProvider
+from runner.providers.memory import MemoryProvider, PerNodeMemoryProvider
 from runner.scheduler.node_watch import gone_reason
 from runner.scheduler.reconciler import CANCEL_GRACE_SECONDS, threaded_calls
 
@@ -29,7 +29,7 @@ def _threaded_world(db_url, provider):
 @pytest.fixture
 def per_node(db_url):
     """A cloud that is described node by node, its calls on the controller's threads."""
-    yield from _threaded_world(db_url, MemoryProvider(describes_in_batch=False))
+    yield from _threaded_world(db_url, PerNodeMemoryProvider())
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_gone_reason_ends_only_the_attempt_that_was_asked_about(status, node, re
 def test_with_a_clouds_describe_interval_the_running_nodes_are_read_a_few_times_an_interval(db_url):
     """A 10 s describe interval: ticks in between do not read the running nodes at all (at 2,000 nodes that read
     costs the API's event loop ~20 ms a tick); once a quarter interval has passed, a lost node is found."""
-    world = make_world(db_url, MemoryProvider(describes_in_batch=False))
+    world = make_world(db_url, PerNodeMemoryProvider())
     world.provider.describe_interval = 10.0
     job_id = world.submit()
     world.tick()

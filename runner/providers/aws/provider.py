@@ -19,7 +19,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ... import __version__
-from ..base import LaunchRequest, NodeStatus, Provider
+from ..base import CheckpointBucket, CloudGangs, LaunchRequest, NodeStatus, Provider
 from ..bootstrap import render_bootstrap
 from ..catalog import load_catalog
 from ..errors import ProviderError
@@ -140,7 +140,7 @@ def _per_region(config: dict, key: str, regions: tuple[str, ...], check) -> dict
     return {region: check(f"{key}.{region}", v) for region, v in value.items() if v is not None}
 
 
-class AWSProvider(Provider):
+class AWSProvider(Provider, CloudGangs, CheckpointBucket):
     """EC2 nodes launched from the AWS rows of the offer catalog, with live spot prices."""
 
     name = "aws"

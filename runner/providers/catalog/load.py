@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..offers import Offer
+from ...errors import InputError
 
 CATALOG_DIR = Path(__file__).resolve().parent
 DEFAULT_CATALOG = CATALOG_DIR / "offers.csv"
@@ -15,7 +16,7 @@ COLUMNS = ("cloud", "region", "zone", "instance_type", "accelerator", "accelerat
            "memory_gb", "on_demand_price", "spot_price")
 
 
-class CatalogError(ValueError):
+class CatalogError(InputError, ValueError):
     """The catalog file is missing, malformed, or holds an impossible row."""
 
 

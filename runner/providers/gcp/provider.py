@@ -21,7 +21,7 @@ import time
 
 import structlog
 
-from ..base import LaunchRequest, NodeStatus, Provider
+from ..base import CheckpointBucket, CloudGangs, LaunchRequest, NodeStatus, Provider
 from ..bootstrap import render_bootstrap
 from ..errors import ProviderError
 from ..offers import Offer
@@ -35,7 +35,7 @@ ALIVE = frozenset({"PROVISIONING", "STAGING", "RUNNING", "REPAIRING"})
 STOPPED = frozenset({"STOPPING", "PENDING_STOP", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"})
 
 
-class GCPProvider(Provider):
+class GCPProvider(Provider, CloudGangs, CheckpointBucket):
     """Compute Engine nodes in the zones of ``clouds.gcp``; credentials from the usual Google chain."""
 
     name = "gcp"

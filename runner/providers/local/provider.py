@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 import yaml
 
-from ..base import LaunchRequest, NodeStatus, Provider
+from ..base import DefaultCheckpoints, DescribesInBatch, HoldsGangs, LaunchRequest, NodeStatus, Provider
 from ..errors import NoCapacityError, ProviderError
 from ..offers import Offer
 from ...local_durable import throttle_environment
@@ -35,12 +35,12 @@ NODE_ADDRESS = "127.0.0.1"  # every simulated node is this machine
 GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 
 
-class LocalProvider(Provider):
-    """A simulated spot market on this machine."""
+class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
+    """A simulated spot market on this machine (its describes are free: all of a tick's are one call); it also
+    injects notices (``InjectsNotices``)."""
 
     name = "local"
     describe_interval = 0.0  # a local check is free
-    describes_in_batch = True  # so all of a tick's are one call
 
     def __init__(self, data_dir: Path, zones: list[str] | None = None, time_scale: float = 1.0,
                  no_capacity: list[str] | None = None, zone_capacity: int = DEFAULT_ZONE_CAPACITY,

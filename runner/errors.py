@@ -1,0 +1,38 @@
+"""The root of every error runner raises, and its branches (standard library only: the agent and the
+checkpoint library import it without the controller).
+
+``except RunnerError`` catches anything the project raises on purpose; the branches say what kind of failure
+it is, and so what a command does with it:
+
+- ``InputError``: bad input (a job file, an argument, a trace file); the CLI exits 2.
+  - ``ConfigError``: a configuration file or setting (``config.yaml``, the agent's config); the CLI exits 2.
+- ``CloudError``: a provider or its cloud refused or failed (``runner.providers.errors.ProviderError``).
+- ``Unreachable``: a service we need did not answer: the controller (``runner.client.ControllerUnreachable``,
+  exit 3) or the database (``runner.state.DatabaseUnreachable``).
+- ``runner.checkpoint.errors.CheckpointError``: checkpointing or restoring failed.
+
+Each project exception keeps its own name and the builtin base its callers catch (``CatalogError`` is still a
+``ValueError``): ``class CatalogError(InputError, ValueError)``.
+"""
+
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    """Anything runner raises on purpose."""
+
+
+class InputError(RunnerError):
+    """Bad input, named with the key or value at fault and the fix."""
+
+
+class ConfigError(InputError):
+    """A configuration that cannot be used; the message names the file and the key."""
+
+
+class CloudError(RunnerError):
+    """A provider or its cloud refused or failed."""
+
+
+class Unreachable(RunnerError):
+    """A service we need (the controller, the database) did not answer."""
