@@ -5,10 +5,13 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import yaml
+from pydantic import field_validator, model_validator
 
 from runner.errors import ConfigError
+from runner.validation import Section, validate
 
 MODES = ("supervise", "sidecar")
 WATCH = ("auto", "off", "aws", "gcp", "azure")
@@ -64,6 +67,43 @@ def control_socket_path(scratch_dir: Path, node_id: str) -> Path:
     return Path(tempfile.gettempdir()) / f"runner-{node_id}.sock"
 
 
+class AgentConfigFile(Section):
+    """The agent's config file: the keys of :class:`AgentConfig`, checked."""
+
+    scratch_dir: Optional[str] = None
+    controller_url: Optional[str] = None
+    node_id: Optional[str] = None
+    token: Optional[str] = None
+    mode: str = "supervise"
+    cloud: Optional[str] = None
+    zone: Optional[str] = None
+    heartbeat_seconds: float = 2.0
+    stop_grace_seconds: float = 10.0
+    drill_timeout_seconds: float = 120.0
+    gcp_spot_grace_seconds: Optional[float] = None
+    watch: str = "auto"
+    address: Optional[str] = None
+
+    @field_validator("mode", "watch")
+    @classmethod
+    def _one_of(cls, value, info):
+        choices = MODES if info.field_name == "mode" else WATCH
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    @model_validator(mode="after")
+    def _what_the_mode_needs(self):
+        required = ("scratch_dir",) if self.mode == "sidecar" else ("controller_url", "node_id", "token", "scratch_dir")
+        missing = [key for key in required if not getattr(self, key)]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        if self.mode == "sidecar" and bool(self.controller_url) != bool(self.token):
+            raise ValueError("controller_url and token go together: give both to report to the controller, or "
+                             "neither to run the sidecar standalone")
+        return self
+
+
 def load_agent_config(path: Path) -> AgentConfig:
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
@@ -73,24 +113,9 @@ def load_agent_config(path: Path) -> AgentConfig:
         raise AgentConfigError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(data, dict):
         raise AgentConfigError(f"{path}: expected a mapping of keys such as scratch_dir and mode")
-    unknown = set(data) - set(AgentConfig.__dataclass_fields__)
-    if unknown:
-        raise AgentConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}")
-    mode = data.get("mode", "supervise")
-    if mode not in MODES:
-        raise AgentConfigError(f"{path}: mode: {mode!r} is not one of {', '.join(MODES)}")
-    if data.get("watch", "auto") not in WATCH:
-        raise AgentConfigError(f"{path}: watch: {data['watch']!r} is not one of {', '.join(WATCH)}")
-    required = ("scratch_dir",) if mode == "sidecar" else ("controller_url", "node_id", "token", "scratch_dir")
-    missing = [k for k in required if not data.get(k)]
-    if missing:
-        raise AgentConfigError(f"{path}: missing {', '.join(missing)}")
-    if mode == "sidecar" and bool(data.get("controller_url")) != bool(data.get("token")):
-        raise AgentConfigError(f"{path}: controller_url and token go together: give both to report to the "
-                               "controller, or neither to run the sidecar standalone")
-    data["scratch_dir"] = Path(data["scratch_dir"])
-    config = AgentConfig(**data)
-    if mode == "sidecar" and len(str(config.control_socket).encode()) > SOCKET_PATH_LIMIT:
+    checked = validate(AgentConfigFile, data, source=str(path), error=AgentConfigError)
+    config = AgentConfig(**{**checked.model_dump(exclude_unset=True), "scratch_dir": Path(checked.scratch_dir)})
+    if config.mode == "sidecar" and len(str(config.control_socket).encode()) > SOCKET_PATH_LIMIT:
         raise AgentConfigError(f"{path}: scratch_dir: {str(config.scratch_dir)!r} is too long for the control "
                                f"socket inside it (at most {SOCKET_PATH_LIMIT - len(SOCKET_NAME) - 1} bytes); "
                                "mount the shared volume at a shorter path")

@@ -15,7 +15,7 @@ def runner_home() -> Path:
 
 
 def load_config(home: Path | None = None) -> dict:
-    """``$RUNNER_HOME/config.yaml`` as a dict ({} when absent)."""
+    """``$RUNNER_HOME/config.yaml`` as a dict ({} when absent), checked (runner/config_file.py)."""
     path = (home or runner_home()) / "config.yaml"
     if not path.exists():
         return {}
@@ -25,35 +25,25 @@ def load_config(home: Path | None = None) -> dict:
         raise ConfigError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping with keys such as server: and clouds:")
-    unknown = set(data) - {"server", "token", "clouds", "scheduler"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: server, token, clouds, scheduler)")
+    from .config_file import RunnerConfig  # pydantic: only where there is a file to check
+    from .validation import validate
+
+    validate(RunnerConfig, data, source=str(path), error=ConfigError)
     return data
 
 
 def scheduler_settings(config: dict) -> dict:
-    """``scheduler:`` of config.yaml, checked: ``auto_on_demand_after`` in seconds (default 10 minutes) and
-    ``gang_timeout``, how long a multi-node job's nodes get to all register (default 10 minutes)."""
-    from .durations import parse_duration
-
+    """``scheduler:`` of config.yaml, checked, in seconds: ``auto_on_demand_after`` and ``gang_timeout``."""
     raw = config.get("scheduler") or {}
     if not isinstance(raw, dict):
         raise ConfigError("config.yaml: scheduler: must be a mapping such as {auto_on_demand_after: 10m}")
-    unknown = set(raw) - {"auto_on_demand_after", "gang_timeout"}
-    if unknown:
-        raise ConfigError(f"config.yaml: scheduler.{sorted(unknown)[0]}: unknown key "
-                          "(known: auto_on_demand_after, gang_timeout)")
-    try:
-        after = parse_duration(raw.get("auto_on_demand_after", "10m"))
-    except ValueError as exc:
-        raise ConfigError(f"config.yaml: scheduler.auto_on_demand_after: {exc}") from None
-    try:
-        gang_timeout = parse_duration(raw.get("gang_timeout", "10m"))
-    except ValueError as exc:
-        raise ConfigError(f"config.yaml: scheduler.gang_timeout: {exc}") from None
-    if gang_timeout <= 0:
-        raise ConfigError("config.yaml: scheduler.gang_timeout: must be a positive duration such as 10m")
-    return {"auto_on_demand_after": after, "gang_timeout": gang_timeout}
+    from .config_file import SchedulerConfig
+    from .durations import parse_duration
+    from .validation import validate
+
+    checked = validate(SchedulerConfig, raw, where="scheduler", source="config.yaml", error=ConfigError)
+    return {"auto_on_demand_after": parse_duration(checked.auto_on_demand_after),
+            "gang_timeout": parse_duration(checked.gang_timeout)}
 
 
 # Files of a local controller under its data dir.

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from ..validation import problems as key_problems
 from .deadline import deadline_problem
 from .errors import SpecError
 from .schema import JobSpec
@@ -60,7 +60,7 @@ def validate_job(data: Any, source: str = "job") -> JobSpec:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(source, [_describe(err) for err in exc.errors()]) from None
+        raise SpecError(source, key_problems(exc, JobSpec)) from None
     problem = deadline_problem(spec.recovery.deadline, time.time())  # at submit: now is the submission
     problems = [problem] if problem else []
     problems += unknown_accelerators(spec.resources)
@@ -81,37 +81,3 @@ def unknown_accelerators(resources) -> list[str]:
     return [f"resources.accelerators{f'[{i}]' if listed else ''}: unknown accelerator {name!r}; "
             f"known accelerators are {', '.join(known)}"
             for i, (name, _) in enumerate(resources.accelerator_options()) if name.upper() not in upper]
-
-
-_UNION_MEMBERS = ("str", "float", "int", "bool")  # pydantic's tags for the members of a Union field
-
-
-def _describe(err: dict) -> str:
-    parts = [p for p in err["loc"] if p not in _UNION_MEMBERS]  # "interval.float" is the key interval
-    loc = [str(part) for part in parts if not isinstance(part, int)]
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "(top level)"
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        return f"{key}: unknown key{_suggestion(loc)}"
-    if kind == "missing":
-        return f"{key}: required key is missing"
-    message = err["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
-    if message.startswith("["):  # a validator naming one item of a list: resources.accelerators[1]: ...
-        return f"{key}{message}"
-    value = err.get("input")
-    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
-        return f"{key}: {message} (got {value!r})"
-    return f"{key}: {message}"
-
-
-def _suggestion(loc: list[str]) -> str:
-    """'(did you mean ...)' for a misspelt key, looked up in the model that owns it."""
-    model: type[BaseModel] = JobSpec
-    for part in loc[:-1]:
-        field = model.model_fields.get(part)
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return ""
-        model = annotation
-    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import boto3
 import structlog
@@ -24,10 +23,10 @@ from ..bootstrap import render_bootstrap
 from ..catalog import load_catalog
 from ..errors import ProviderError
 from ..offers import Offer
-from .errors import AWSConfigError, is_not_found, no_sdk_retry_of_no_capacity, translate, translated
+from .config import AWSSettings, parse_config
+from .errors import is_not_found, no_sdk_retry_of_no_capacity, translate, translated
 from .prices import refresh_spot_prices
 from .requests import (
-    RegionSettings,
     format_ref,
     instances_in,
     node_filters,
@@ -41,103 +40,11 @@ from .requests import (
 
 log = structlog.get_logger(__name__)
 
-KNOWN_KEYS = ("regions", "image_id", "subnet_id", "key_name", "security_group_ids", "iam_instance_profile",
-              "agent_package", "refresh_prices", "checkpoint_url")
 PRICE_TTL_SECONDS = 300.0  # live spot prices are reused this long
 # DescribeInstances is eventually consistent: a just-launched instance may be "not found" for a while.
 NOT_FOUND_GRACE_SECONDS = 180.0
 CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=60,
                        user_agent_extra=f"runner/{__version__}")
-
-
-@dataclass(frozen=True)
-class AWSSettings:
-    """``clouds.aws`` of config.yaml, checked and resolved per region."""
-
-    regions: tuple[str, ...]
-    per_region: dict[str, RegionSettings]
-    agent_package: str | None = None
-    refresh_prices: bool = True
-    checkpoint_url: str | None = None
-
-
-def parse_config(config: dict | None) -> AWSSettings:
-    """Check ``clouds.aws``; raise AWSConfigError naming the key at fault."""
-    if not isinstance(config, dict):
-        raise AWSConfigError("clouds.aws: must be a mapping with at least regions: and image_id:")
-    unknown = sorted(set(config) - set(KNOWN_KEYS))
-    if unknown:
-        raise AWSConfigError(f"clouds.aws: unknown key {unknown[0]!r} (known: {', '.join(KNOWN_KEYS)})")
-    regions = config.get("regions")
-    if isinstance(regions, str):
-        regions = [regions]
-    if not regions or not isinstance(regions, list) or not all(isinstance(r, str) and r for r in regions):
-        raise AWSConfigError("clouds.aws.regions: give a list of region names, e.g. [us-east-1]")
-    regions = tuple(dict.fromkeys(regions))
-
-    images = _per_region(config, "image_id", regions, _text)
-    missing = [r for r in regions if not images.get(r)]
-    if missing:
-        raise AWSConfigError(f"clouds.aws.image_id: no image for region {missing[0]}; give one AMI id, "
-                          f"or a mapping {{{missing[0]}: ami-...}} with an entry per region")
-    subnets = _per_region(config, "subnet_id", regions, _text_list)
-    if isinstance(config.get("subnet_id"), (str, list)) and len(regions) > 1:
-        raise AWSConfigError("clouds.aws.subnet_id: a subnet belongs to one region; with several regions give "
-                          "a mapping {region: subnet-... or [subnet-..., ...]}")
-    groups = _per_region(config, "security_group_ids", regions, _text_list)
-    keys = _per_region(config, "key_name", regions, _text)
-    profile = config.get("iam_instance_profile")
-    if profile is not None and not _is_text(profile):
-        raise AWSConfigError("clouds.aws.iam_instance_profile: give the instance profile's name or ARN")
-    package = config.get("agent_package")
-    if package is not None and not _is_text(package):
-        raise AWSConfigError("clouds.aws.agent_package: give a pip requirement, e.g. spot-runner==0.1.0")
-    refresh = config.get("refresh_prices", True)
-    if not isinstance(refresh, bool):
-        raise AWSConfigError("clouds.aws.refresh_prices: must be true or false")
-    checkpoint_url = config.get("checkpoint_url")
-    if checkpoint_url is not None and not (_is_text(checkpoint_url) and "://" in checkpoint_url):
-        raise AWSConfigError("clouds.aws.checkpoint_url: give a bucket URL such as s3://BUCKET/PREFIX")
-    per_region = {
-        region: RegionSettings(region=region, image_id=images[region], subnet_ids=tuple(subnets.get(region) or ()),
-                               security_group_ids=tuple(groups.get(region) or ()), key_name=keys.get(region),
-                               iam_instance_profile=profile)
-        for region in regions
-    }
-    return AWSSettings(regions=regions, per_region=per_region, agent_package=package, refresh_prices=refresh,
-                       checkpoint_url=checkpoint_url)
-
-
-def _is_text(value) -> bool:
-    return isinstance(value, str) and bool(value.strip())
-
-
-def _text(key: str, value):
-    if not _is_text(value):
-        raise AWSConfigError(f"clouds.aws.{key}: {value!r} is not a non-empty string")
-    return value.strip()
-
-
-def _text_list(key: str, value):
-    values = [value] if isinstance(value, str) else value
-    if not isinstance(values, list) or not all(_is_text(v) for v in values):
-        raise AWSConfigError(f"clouds.aws.{key}: give one id or a list of ids")
-    return tuple(v.strip() for v in values)
-
-
-def _per_region(config: dict, key: str, regions: tuple[str, ...], check) -> dict:
-    """A value for every region: one for all, or a mapping {region: value}."""
-    value = config.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        checked = check(key, value)
-        return {region: checked for region in regions}
-    stray = sorted(set(value) - set(regions))
-    if stray:
-        raise AWSConfigError(f"clouds.aws.{key}: region {stray[0]!r} is not in clouds.aws.regions "
-                          f"({', '.join(regions)})")
-    return {region: check(f"{key}.{region}", v) for region, v in value.items() if v is not None}
 
 
 class AWSProvider(Provider, CloudGangs, CheckpointBucket):

@@ -9,8 +9,11 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from dataclasses import dataclass
+from typing import Optional
 
+from pydantic import Field, field_validator
+
+from ...validation import Section, validate
 from ..base import LaunchRequest
 from ..errors import ProviderError
 from .errors import GCPConfigError
@@ -41,77 +44,101 @@ NAME_PREFIX = "runner-"
 MAX_NAME = 63
 ZONE = re.compile(r"^[a-z]+(-[a-z]+)*\d+-[a-z]$")
 PROJECT = re.compile(r"^[a-z][-a-z0-9.:]{4,61}[a-z0-9]$")
-KNOWN_KEYS = ("project", "zones", "image", "service_account", "network", "subnetwork", "boot_disk_gb",
-              "boot_disk_type", "external_ip", "agent_package", "checkpoint_url")
 
 
-@dataclass(frozen=True)
-class GCPConfig:
-    """``clouds.gcp`` of config.yaml, checked."""
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{value!r} must be a non-empty string")
+    return value.strip()
 
-    project: str
-    zones: tuple[str, ...]
-    image: str
-    service_account: str | None = None
-    network: str | None = None
-    subnetwork: str | None = None
+
+def _required(value):
+    if not value:
+        raise ValueError("required; see docs/gcp.md for an example")
+    return value
+
+
+_MARKED_TEXT = {"service_account": ("@", "an email such as runner@PROJECT.iam.gserviceaccount.com"),
+                "checkpoint_url": ("://", "a URL such as gs://BUCKET/PREFIX")}
+
+
+class GCPConfig(Section):
+    """``clouds.gcp`` of config.yaml, checked (errors name ``clouds.gcp.KEY`` and the fix)."""
+
+    project: str = Field(default=None, validate_default=True)
+    zones: tuple[str, ...] = Field(default=None, validate_default=True)
+    image: str = Field(default=None, validate_default=True)
+    service_account: Optional[str] = None
+    network: Optional[str] = None
+    subnetwork: Optional[str] = None
     boot_disk_gb: int = 100
     boot_disk_type: str = "pd-balanced"
     external_ip: bool = True
-    agent_package: str | None = None
-    checkpoint_url: str | None = None
+    agent_package: Optional[str] = None
+    checkpoint_url: Optional[str] = None
+
+    @field_validator("project", mode="before")
+    @classmethod
+    def _project(cls, value):
+        project = _text(_required(value))
+        if not PROJECT.match(project):
+            raise ValueError(f"{project!r} is not a project id (lowercase letters, digits and '-', 6-30 characters, "
+                             "as `gcloud projects list` shows it)")
+        return project
+
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zones(cls, value):
+        zones = [value] if isinstance(value, str) else _required(value)
+        if not isinstance(zones, list) or not all(isinstance(z, str) for z in zones):
+            raise ValueError("must be a list of zone names such as [us-central1-a]")
+        for zone in zones:
+            if not ZONE.match(zone):
+                raise ValueError(f"{zone!r} is not a zone name (like us-central1-a)")
+        return tuple(dict.fromkeys(zones))
+
+    @field_validator("image", mode="before")
+    @classmethod
+    def _image(cls, value):
+        return _text(_required(value))
+
+    @field_validator("network", "subnetwork", "agent_package", mode="before")
+    @classmethod
+    def _optional_text(cls, value):
+        return _text(value)
+
+    @field_validator("boot_disk_type", mode="before")
+    @classmethod
+    def _disk_type(cls, value):
+        return _text(value) or "pd-balanced"
+
+    @field_validator("boot_disk_gb", "external_ip", mode="before")
+    @classmethod
+    def _exact_type(cls, value, info):
+        if info.field_name == "external_ip" and not isinstance(value, bool):
+            raise ValueError(f"{value!r} must be true or false")
+        if info.field_name == "boot_disk_gb" and (isinstance(value, bool) or not isinstance(value, int) or value < 10):
+            raise ValueError(f"{value!r} must be a whole number of GB, at least 10")
+        return value
+
+    @field_validator(*_MARKED_TEXT, mode="before")
+    @classmethod
+    def _marked_text(cls, value, info):
+        """Text that must contain a mark: an email's @, a URL's ://."""
+        text = _text(value)
+        mark, example = _MARKED_TEXT[info.field_name]
+        if text is not None and mark not in text:
+            raise ValueError(f"{text!r} must be {example}")
+        return text
 
 
 def parse_config(raw: dict | None) -> GCPConfig:
     """Check ``clouds.gcp``; every problem raises GCPConfigError naming ``clouds.gcp.KEY``."""
     if not isinstance(raw, dict):
         raise GCPConfigError("clouds.gcp: must be a mapping with at least project, zones and image")
-    unknown = sorted(set(raw) - set(KNOWN_KEYS))
-    if unknown:
-        raise GCPConfigError(f"clouds.gcp.{unknown[0]}: unknown key (known: {', '.join(KNOWN_KEYS)})")
-    for key in ("project", "zones", "image"):
-        if not raw.get(key):
-            raise GCPConfigError(f"clouds.gcp.{key}: required; see docs/gcp.md for an example")
-    project = _text(raw, "project")
-    if not PROJECT.match(project):
-        raise GCPConfigError(f"clouds.gcp.project: {project!r} is not a project id (lowercase letters, digits "
-                             "and '-', 6-30 characters, as `gcloud projects list` shows it)")
-    zones = raw["zones"]
-    if isinstance(zones, str):
-        zones = [zones]
-    if not isinstance(zones, list) or not all(isinstance(z, str) for z in zones):
-        raise GCPConfigError("clouds.gcp.zones: must be a list of zone names such as [us-central1-a]")
-    for zone in zones:
-        if not ZONE.match(zone):
-            raise GCPConfigError(f"clouds.gcp.zones: {zone!r} is not a zone name (like us-central1-a)")
-    disk_gb = raw.get("boot_disk_gb", 100)
-    if isinstance(disk_gb, bool) or not isinstance(disk_gb, int) or disk_gb < 10:
-        raise GCPConfigError(f"clouds.gcp.boot_disk_gb: {disk_gb!r} must be a whole number of GB, at least 10")
-    external_ip = raw.get("external_ip", True)
-    if not isinstance(external_ip, bool):
-        raise GCPConfigError(f"clouds.gcp.external_ip: {external_ip!r} must be true or false")
-    service_account = _text(raw, "service_account")
-    if service_account is not None and "@" not in service_account:
-        raise GCPConfigError(f"clouds.gcp.service_account: {service_account!r} must be an email such as "
-                             "runner@PROJECT.iam.gserviceaccount.com")
-    checkpoint_url = _text(raw, "checkpoint_url")
-    if checkpoint_url is not None and "://" not in checkpoint_url:
-        raise GCPConfigError(f"clouds.gcp.checkpoint_url: {checkpoint_url!r} must be a URL such as gs://BUCKET/PREFIX")
-    return GCPConfig(
-        project=project, zones=tuple(dict.fromkeys(zones)), image=_text(raw, "image"),
-        service_account=service_account, network=_text(raw, "network"), subnetwork=_text(raw, "subnetwork"),
-        boot_disk_gb=disk_gb, boot_disk_type=_text(raw, "boot_disk_type") or "pd-balanced",
-        external_ip=external_ip, agent_package=_text(raw, "agent_package"), checkpoint_url=checkpoint_url,
-    )
-
-
-def _text(raw: dict, key: str) -> str | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise GCPConfigError(f"clouds.gcp.{key}: {value!r} must be a non-empty string")
-    return value.strip()
+    return validate(GCPConfig, raw, where="clouds.gcp", error=GCPConfigError)
 
 
 def instance_name(node_id: str) -> str:

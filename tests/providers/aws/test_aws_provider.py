@@ -57,7 +57,7 @@ def test_the_package_exports_the_provider_and_its_config_reader():
 
 # --- configuration -------------------------------------------------------------------------------
 @pytest.mark.parametrize("config, named", [
-    ({"regions": ["us-east-1"], "image_id": "ami-1", "image": "x"}, "unknown key 'image'"),
+    ({"regions": ["us-east-1"], "image_id": "ami-1", "image": "x"}, "clouds.aws.image: unknown key"),
     ({"image_id": "ami-1"}, "clouds.aws.regions"),
     ({"regions": ["us-east-1", "us-west-2"], "image_id": {"us-east-1": "ami-1"}}, "no image for region us-west-2"),
     ({"regions": ["us-east-1"], "image_id": {"us-east-1": "ami-1", "eu-west-1": "ami-2"}}, "region 'eu-west-1'"),
