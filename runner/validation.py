@@ -9,7 +9,7 @@ needs only pydantic and the standard library.
 from __future__ import annotations
 
 import difflib
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -66,8 +66,10 @@ def _suggestion(model: type[BaseModel], loc: list[str]) -> str:
     for part in loc[:-1]:
         field = model.model_fields.get(part)
         annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        section = next((t for t in (annotation, *get_args(annotation))  # Optional[Section] too
+                        if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if section is None:
             return ""
-        model = annotation
+        model = section
     close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1) if loc else []
     return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"

@@ -1,0 +1,38 @@
+"""A config.yaml mistake is bad input: the command exits 2 with one line naming the file, the key path and the
+fix, whichever section (the top, scheduler:, a cloud's) holds it, and no controller is started."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import Runner
+
+AWS = {"regions": ["us-east-1"], "image_id": "ami-0abc"}
+
+
+@pytest.mark.parametrize("config, said", [
+    ({"servr": "http://127.0.0.1:8470"}, "servr: unknown key (did you mean 'server'?)"),
+    ({"clouds": {"azure": {}}}, "clouds.azure: unknown key (known keys: local, aws, gcp)"),
+    ({"scheduler": {"gang_timeout": "0s"}}, "scheduler.gang_timeout: must be a positive duration such as 10m"),
+    ({"clouds": "local"}, "clouds: must be a mapping such as {local: {}}"),
+])
+def test_a_mistake_in_config_yaml_exits_2_naming_the_key(tmp_path, config, said):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = Runner(tmp_path)("jobs")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {tmp_path / 'config.yaml'}: {said}"), result.stderr
+    assert not (tmp_path / "controller.json").exists()
+
+
+@pytest.mark.parametrize("aws, said", [
+    ({**AWS, "imag_id": "ami-1"}, "clouds.aws.imag_id: unknown key (did you mean 'image_id'?)"),
+    ({**AWS, "key_name": {"us-east-1": ""}}, "clouds.aws.key_name.us-east-1: '' is not a non-empty string"),
+    ({**AWS, "refresh_prices": "yes"}, "clouds.aws.refresh_prices: must be true or false"),
+])
+def test_a_mistake_in_a_clouds_section_stops_the_server_with_exit_2(tmp_path, aws, said):
+    pytest.importorskip("boto3")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"clouds": {"aws": aws}}))
+    result = Runner(tmp_path)("server", "--port", "0", timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"error: {said}" in result.stderr
