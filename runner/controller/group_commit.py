@@ -14,14 +14,12 @@ transaction, commits once, and only then answers them: an acknowledged write is 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any, Callable, ContextManager
 
 import structlog
 
-from .heartbeat_reads import _fail, _hand_back, _settle
 from ..errors import RunnerError
+from .batching import Batcher, hand_back
 
 log = structlog.get_logger(__name__)
 
@@ -32,56 +30,18 @@ class GroupCommitFailed(RunnerError, RuntimeError):
     """The transaction of a group failed: none of its requests' writes was kept."""
 
 
-class GroupCommit:
+class GroupCommit(Batcher):
     """``await run(work)``: ``work(tx)`` runs in the next group's transaction; its result once that commits."""
 
     def __init__(self, transaction: Callable[[], ContextManager[Any]], name: str, max_group: int = MAX_GROUP):
+        super().__init__(name, max_group, join_seconds=30)
         self._transaction = transaction
-        self._name = name
-        self._max_group = max_group
-        self._waiting: list[tuple[Callable, asyncio.Future, asyncio.AbstractEventLoop]] = []
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
 
     async def run(self, work: Callable[[Any], Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        answer = loop.create_future()
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the controller is stopping")
-            if self._thread is None:  # started on first use: a controller that takes no writes keeps no thread
-                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-                self._thread.start()
-            self._waiting.append((work, answer, loop))
-        self._wake.set()
-        return await answer
+        # the thread starts on first use: a controller that takes no writes keeps no thread
+        return await self._submit(work, start=True)
 
-    def stop(self) -> None:
-        """Commit and answer what is waiting, then end the thread."""
-        with self._lock:
-            self._stopping = True
-            thread = self._thread
-        self._wake.set()
-        if thread is not None:
-            thread.join(30)
-
-    def _serve(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            while True:
-                with self._lock:
-                    group, self._waiting = self._waiting[:self._max_group], self._waiting[self._max_group:]
-                    stopping = self._stopping
-                if not group:
-                    break
-                self._commit(group)
-            if stopping:
-                return
-
-    def _commit(self, group) -> None:
+    def _serve_batch(self, group) -> None:
         outcomes: list[tuple[bool, Any]] = []
         try:
             with self._transaction() as tx:
@@ -96,7 +56,7 @@ class GroupCommit:
             failed = GroupCommitFailed(f"{self._name}: the transaction of {len(group)} requests failed and none "
                                        f"was stored ({type(exc).__name__}: {exc}); send again")
             for _, answer, loop in group:
-                _hand_back(loop, _fail, answer, failed)
+                hand_back(loop, answer, failed, failed=True)
             return
         for (ok, value), (_, answer, loop) in zip(outcomes, group):
-            _hand_back(loop, _settle if ok else _fail, answer, value)
+            hand_back(loop, answer, value, failed=not ok)
