@@ -33,10 +33,21 @@ class SchedulerConfig(Section):
         return value
 
 
+class LocalConfig(Section):
+    """``clouds.local``: the keys of the simulated market; their values are checked by the LocalProvider."""
+
+    zones: Any = None
+    time_scale: Any = None
+    no_capacity: Any = None
+    zone_capacity: Any = None
+    boot_seconds: Any = None
+    durable_mb_per_s: Any = None
+
+
 class CloudsConfig(Section):
     """``clouds:``: the clouds to launch on, each checked by its provider (runner/providers/)."""
 
-    local: Optional[dict[str, Any]] = None
+    local: Optional[LocalConfig] = None
     aws: Optional[dict[str, Any]] = None
     gcp: Optional[dict[str, Any]] = None
 

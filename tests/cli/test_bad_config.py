@@ -16,6 +16,7 @@ AWS = {"regions": ["us-east-1"], "image_id": "ami-0abc"}
     ({"clouds": {"azure": {}}}, "clouds.azure: unknown key (known keys: local, aws, gcp)"),
     ({"scheduler": {"gang_timeout": "0s"}}, "scheduler.gang_timeout: must be a positive duration such as 10m"),
     ({"clouds": "local"}, "clouds: must be a mapping such as {local: {}}"),
+    ({"clouds": {"local": {"zone_capacty": 2}}}, "clouds.local.zone_capacty: unknown key (did you mean 'zone_capacity'?)"),
 ])
 def test_a_mistake_in_config_yaml_exits_2_naming_the_key(tmp_path, config, said):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
