@@ -21,6 +21,9 @@ MAX_RESUME_DRILL_SECONDS = 15 * 60
 PREPARE_SIGNALS = ("rebalance", "notice")  # what may launch a job's replacement while its node still trains
 MAX_NUM_NODES = 1024  # the schema's bound; what fits in one zone is each provider's to say at submit
 MAX_STEP = 2**53  # a step count above this loses precision as a float (progress = step / total_steps) and in JSON
+# The validation context of a job read back from the controller's database (runner/spec/stored.py): the checks
+# that depend on this machine (an installed filesystem) were made at submit, and are not made again.
+STORED = "stored"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):([1-9][0-9]*)$")
 
@@ -124,9 +127,9 @@ class CheckpointSpec(_Section):
 
     @field_validator("durable_url")
     @classmethod
-    def _durable_url(cls, value):
-        if value is not None:
-            check_fsspec_url(value)
+    def _durable_url(cls, value, info):
+        if value is not None and not (info.context or {}).get(STORED):
+            check_fsspec_url(value)  # what this machine has installed: not asked again of a stored job
         return value
 
     @field_validator("interval", mode="before")

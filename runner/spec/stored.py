@@ -3,8 +3,9 @@
 The state layer turns a ``jobs.spec`` row into a :class:`StoredJob` once, when it reads the row, so the rest of
 the controller uses attributes (``job.spec.recovery.deadline``). The stored JSON is ``model_dump()``, the same
 text every version wrote. A spec stored by another version still loads: a key it lacks takes its default, and a
-key this version does not know (a newer version's) is set aside rather than refused, since the job was accepted
-when it was submitted.
+key this version does not know (a newer version's) is set aside rather than refused, and what depends on the
+machine (an fsspec filesystem installed for ``checkpoint.durable_url``) is not checked again: the job was
+accepted when it was submitted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from .schema import JobSpec
+from .schema import STORED, JobSpec
 
 
 class StoredJob(JobSpec):
@@ -52,4 +53,4 @@ def _known(model: type[BaseModel], data: Any) -> Any:
 def load_stored_job(text: str) -> StoredJob:
     """The ``jobs.spec`` column's text as a StoredJob (parsed once per distinct text: a spec is fixed at submit,
     and the model is frozen, so every reader of one job shares it)."""
-    return StoredJob.model_validate(_known(StoredJob, json.loads(text)))
+    return StoredJob.model_validate(_known(StoredJob, json.loads(text)), context={STORED: True})

@@ -59,6 +59,14 @@ def test_a_key_a_newer_version_stored_is_set_aside_not_refused(store):
     assert job.num_nodes == 2 and job.spec.name == "old-job"
 
 
+def test_a_durable_url_whose_filesystem_this_controller_lacks_still_loads(store):
+    """Another controller of the team (or this one before an upgrade) had the filesystem installed."""
+    spec = {**FIRST_RELEASE_SPEC, "checkpoint": {**FIRST_RELEASE_SPEC["checkpoint"],
+                                                 "durable_url": "nosuchfs://team-bucket/ckpt"}}
+    _raw_job(store, "elsewhere-1", spec)
+    assert store.job("elsewhere-1").spec.checkpoint.durable_url == "nosuchfs://team-bucket/ckpt"
+
+
 def test_the_spec_column_holds_the_same_json_as_before(store):
     """What a submit stores: the validated job file's every key, then workdir_digest (no migration)."""
     spec = validate_job({"name": "same", "run": "true", "resources": {"accelerators": ["A100:1", "T4:1"]}})
