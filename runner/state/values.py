@@ -35,9 +35,11 @@ class Offer:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Offer:
-        return cls(**data)
+        """The stored offer; a key a newer version added is set aside."""
+        return cls(**{key: value for key, value in data.items() if key in _OFFER_FIELDS})
 
 
+_OFFER_FIELDS = frozenset(Offer.__dataclass_fields__)
 _NOTICE_FIELDS = ("source", "kind", "action", "received_at", "deadline", "terminal", "id", "node_rank")
 
 
