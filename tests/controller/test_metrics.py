@@ -16,6 +16,7 @@ from runner.controller.metrics import StateCollector, record_commit, record_noti
 from runner.scheduler.states import PROVISIONING, RECOVERING, RUNNING
 from runner.scheduler.transitions import AttemptEnd, transition
 from runner.state import Store, open_database
+from stored import job_spec, offer as make_offer
 
 STATES = ("PENDING", "PROVISIONING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED")
 HELLO = """
@@ -33,7 +34,6 @@ recovery: {resume_drill: "off"}
 TRAIN = """
 import time
 from runner.checkpoint import Checkpointer
-from stored import job_spec, offer as make_offer
 
 ckpt = Checkpointer(extra={"x": 0}, interval="1h")
 step = ckpt.restore()
