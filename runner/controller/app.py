@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from ..scheduler.reconciler import SchedulerContext
 from ..state import Store
+from ..state.logs import DatabaseLogStore
 from .agent_wheel import AgentWheel
 from .auth import principal
 from .group_commit import GroupCommit
@@ -66,7 +67,7 @@ def create_app(state: ControllerState, routers: tuple = ()):
     state.heartbeat_reads = state.heartbeat_reads or heartbeat_reads(state.store)
     if state.report_commits is None and state.store.db.shared:  # a commit is a round trip there (SQLite: local)
         state.report_commits = GroupCommit(state.store.db.transaction, "report-commits")
-    if not state.log_commits and hasattr(state.logs, "append_in"):  # output in the database, not in files
+    if not state.log_commits and isinstance(state.logs, DatabaseLogStore):  # output in the database, not in files
         # Chunks are not serialized writes: several lanes, each a group commit, write at once (a node's chunks
         # always take the same lane).
         state.log_commits = tuple(GroupCommit(lambda: state.store.db.transaction(serialized=False), f"log-commits-{n}")
