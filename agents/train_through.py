@@ -6,11 +6,15 @@ stop is then taken at the first of:
 
 - the controller's word (heartbeat action ``checkpoint``): the replacement is ready to resume, or none is
   coming (the job does not prepare on notices, no offer fits, the replacement failed);
-- the agent's own timer, at the deadline less the time an emergency checkpoint is expected to take and a
-  margin, so that a slow or unreachable controller never costs the checkpoint. The checkpoint taken then
-  does not stop training: if the node is reclaimed, the replacement resumes from it (nothing after it is
-  lost that stopping would have saved); if the notice was false, the job has lost nothing at all. Should
-  the controller still say ``checkpoint`` before the deadline, the emergency stop follows.
+- the agent's own timer, at the deadline less the time an emergency checkpoint is expected to take once
+  and a margin (max(3 s, 25 %)): only its upload must be over before the reclaim, the replacement's
+  download comes after. The agent then asks for a checkpoint with *hold* (runner/checkpoint/hold.py): the
+  library commits the step, durable, and holds the training loop there. Training on would only make steps
+  the replacement redoes; exiting would lose the node should the notice be false. The controller's word
+  before the deadline stops the held job at once (its emergency checkpoint is that step, already durable);
+  the reclaim ends it and the replacement resumes from that step; a node still running a few seconds
+  after the deadline had a false notice, and the agent releases the hold: training goes on here and the
+  controller releases the replacement.
 
 The expected duration is the library's own measure: the ``seconds`` of its recent durable commits (from the
 start of the save to the commit on the durable tier), or a conservative default before the first.
@@ -30,8 +34,10 @@ from .watchers import Notice
 log = structlog.get_logger(__name__)
 
 DEFAULT_CHECKPOINT_SECONDS = 10.0  # no durable commit measured yet
-MARGIN_SECONDS = 5.0               # on top of twice the expected duration: saves vary, the heartbeat takes time
+MARGIN_SECONDS = 3.0               # on top of the expected duration: saves vary, the request takes time
+MARGIN_SHARE = 0.25                # ... or this share of it, when larger
 MIN_LEAD_SECONDS = 5.0             # less time than this to train on: stop at once, as before
+FALSE_NOTICE_GRACE_SECONDS = 5.0   # still running this long after the deadline: the notice was false
 
 
 class CheckpointClock:
@@ -55,7 +61,12 @@ def lead_seconds(seconds_left: float | None, expected: float) -> float:
     """How long training may go on before the emergency checkpoint must start (<= 0: start it now)."""
     if seconds_left is None:
         return 0.0
-    return seconds_left - (2 * expected + MARGIN_SECONDS)
+    return seconds_left - reserve_seconds(expected)
+
+
+def reserve_seconds(expected: float) -> float:
+    """What the deadline must leave for the emergency checkpoint: its expected time once, plus a margin."""
+    return expected + max(MARGIN_SECONDS, MARGIN_SHARE * expected)
 
 
 def trains_through(notice: Notice, expected: float) -> bool:
@@ -92,8 +103,13 @@ class TrainThrough:
             log.info("the replacement is ready (or none is coming): emergency checkpoint now")
             self.stop_now(self.notice)
             return
-        log.warning("the deadline nears with no word from the controller: a durable checkpoint now; training "
-                    "goes on until the node is reclaimed", seconds_left=round(deadline_unix - time.time(), 1))
-        self.send({"op": "checkpoint", "reason": "notice", "deadline": deadline_unix, "stop": False})
-        if self._word.wait(max(0.0, deadline_unix - time.time() - self.expected)):
+        log.warning("the deadline nears and the replacement is not ready: durable checkpoint, then hold",
+                    seconds_left=round(deadline_unix - time.time(), 1))
+        self.send({"op": "checkpoint", "reason": "notice", "deadline": deadline_unix, "stop": False, "hold": True})
+        if self._word.wait(max(0.0, deadline_unix - time.time())):
+            log.info("the replacement is ready: the held job stops")
             self.stop_now(self.notice)
+            return
+        time.sleep(max(0.0, deadline_unix + FALSE_NOTICE_GRACE_SECONDS - time.time()))
+        log.warning("the deadline passed and this node still runs: a false notice; training goes on")
+        self.send({"op": "release"})

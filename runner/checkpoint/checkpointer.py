@@ -22,6 +22,7 @@ from .durable import DurableTier
 from .errors import CheckpointConfigError, RestoreError
 from .folder_format import FolderFormat, incoming_folder
 from .group import Solo, check_same_objects, join
+from .hold import Hold
 from .interval import IntervalPolicy, mtbf_from_env, parse_duration
 from .local import LocalTier
 from .log import get_logger
@@ -150,9 +151,11 @@ class Checkpointer:
         who = {} if self._ranks is None else {"rank": self._ranks.rank, "local_rank": self._ranks.local_rank,
                                                "world_size": self._ranks.world_size}
         self._agent_loss = AgentLoss(agent_loss_grace(), self._queue_request)  # agent_loss.py
+        self._hold = Hold()  # a notice's last seconds with the replacement not ready (hold.py)
         self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who,
                                       on_lost=self._agent_loss.on_lost,
-                                      on_recorded=self._retention.recorded) if control_path else None
+                                      on_recorded=self._retention.recorded,
+                                      on_release=lambda: self._hold.wake(release=True)) if control_path else None
         self.telemetry = StepTelemetry(self._control, rank=None if self._ranks is None else self._ranks.rank,
                                        attempt=self.attempt)
 
@@ -504,11 +507,38 @@ class Checkpointer:
             return
         log.info("checkpoint requested", step=step, reason=request.reason, stop=request.stop,
                  deadline=describe_deadline(request.deadline))
+        if request.hold:
+            self._checkpoint_and_hold(step, request)
+            return
         if not request.stop:
             if self._last_job is None or self._last_job.step != step:
                 self._save(step, emergency=False)
             return
         self._emergency(step, request)
+
+    def _checkpoint_and_hold(self, step: int, request: CheckpointRequest) -> None:
+        """An emergency checkpoint of this step, durable, then the training loop waits here (hold.py)."""
+        job = self._last_job
+        if job is None or job.step != step or job.error is not None:
+            job = self._save(step, emergency=True)
+        self._retention.emergency(step)
+        left = None if request.deadline is None else max(0.0, request.deadline - time.time())
+        durable = job.durable_done.wait(left) and (job.durable_manifest is not None if self.durable is not None
+                                                   else job.error is None)
+        try:
+            self.telemetry.report()  # the held step's time reaches the agent before the attempt may end
+        except Exception as exc:  # noqa: BLE001 - a failed device must not keep the hold from starting
+            log.warning("telemetry report before holding failed", error=f"{type(exc).__name__}: {exc}")
+        self._send({"op": "holding", "step": step, "durable": bool(durable and self.durable is not None)})
+        log.info("holding at an emergency checkpoint until the replacement is ready or the notice proves false",
+                 step=step, durable=durable, deadline=describe_deadline(request.deadline))
+        self._hold.wait(request.deadline, stop_pending=self._stop_pending)
+        released = self._hold.released
+        self._hold.reset()
+        if released or (self._signal_request is None and self._control_request is None):
+            log.info("hold released: training goes on", step=step)
+            return
+        self._serve_request(step)  # a stop: the held step is the emergency checkpoint, already durable
 
     def _emergency(self, step: int, request: CheckpointRequest, origin: str = "self",
                    job: SaveJob | None = None) -> None:
@@ -550,6 +580,11 @@ class Checkpointer:
 
     def _on_signal(self, request: CheckpointRequest) -> None:
         self._signal_request = request.merge(self._signal_request)
+
+    def _stop_pending(self) -> bool:
+        """A stop asked for and not yet served (a signal, the agent's loss): ends a hold."""
+        pending = [r for r in (self._signal_request, self._control_request) if r is not None]
+        return any(r.stop for r in pending)
 
     def _queue_request(self, request: CheckpointRequest) -> None:
         with self._control_lock:

@@ -70,8 +70,8 @@ from .log import get_logger
 log = get_logger()
 
 OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
-                "closed")
-OPS_FROM_AGENT = ("checkpoint", "recorded")
+                "closed", "holding")
+OPS_FROM_AGENT = ("checkpoint", "recorded", "release")
 REASONS = ("notice", "rebalance", "drill", "cancel", "move")
 
 
@@ -104,6 +104,7 @@ class CheckpointRequest:
     reason: str
     stop: bool
     deadline: float | None = None  # unix seconds
+    hold: bool = False  # checkpoint, then hold the training loop until stopped or released (hold.py)
 
     def merge(self, other: "CheckpointRequest | None") -> "CheckpointRequest":
         """The stronger of two pending requests: stop wins, and the earlier deadline."""
@@ -112,7 +113,8 @@ class CheckpointRequest:
         deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
         stop = self.stop or other.stop
         reason = self.reason if self.stop or not other.stop else other.reason
-        return CheckpointRequest(reason, stop, min(deadlines) if deadlines else None)
+        return CheckpointRequest(reason, stop, min(deadlines) if deadlines else None,
+                                 hold=(self.hold or other.hold) and not stop)
 
 
 def parse_request(message: dict) -> CheckpointRequest | None:
@@ -122,19 +124,22 @@ def parse_request(message: dict) -> CheckpointRequest | None:
     deadline = message.get("deadline")
     if not isinstance(deadline, (int, float)) or isinstance(deadline, bool):
         deadline = None
-    return CheckpointRequest(str(message.get("reason") or "notice"), bool(message.get("stop")),
-                             float(deadline) if deadline is not None else None)
+    stop = bool(message.get("stop"))
+    return CheckpointRequest(str(message.get("reason") or "notice"), stop,
+                             float(deadline) if deadline is not None else None,
+                             hold=bool(message.get("hold")) and not stop)
 
 
 class ControlClient:
     """Connects to the agent, says hello, sends events, and hands requests to ``on_request``."""
 
     def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None,
-                 hello: dict | None = None, on_lost=None, on_recorded=None) -> None:
+                 hello: dict | None = None, on_lost=None, on_recorded=None, on_release=None) -> None:
         self.path = path
         self._on_request = on_request
         self._on_lost = on_lost  # called once when the agent closes the channel before close()
         self._on_recorded = on_recorded
+        self._on_release = on_release  # the agent ends a hold: training goes on (hold.py)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -188,6 +193,8 @@ class ControlClient:
                     step = message.get("step")
                     if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
                         self._on_recorded(step)
+                elif message and message["op"] == "release" and self._on_release is not None:
+                    self._on_release()
                 elif line.strip():
                     log.debug("control message ignored", line=line[:200].decode(errors="replace"))
         if not self._closed:

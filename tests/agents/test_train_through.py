@@ -26,8 +26,11 @@ def test_the_expected_checkpoint_time_is_the_slowest_recent_durable_commit():
 
 def test_a_notice_is_trained_through_only_when_its_deadline_leaves_time_beyond_the_checkpoint():
     assert trains_through(_notice(120), expected=2.0)       # AWS's 2 minutes
-    assert trains_through(_notice(30, "gcp"), expected=2.0)  # 30 s less 2 x 2 s + 5 s leaves 21 s
-    assert not trains_through(_notice(30, "gcp"), expected=10.0)  # a slow checkpoint eats GCP's 30 s
+    assert trains_through(_notice(30, "gcp"), expected=2.0)  # 30 s less 2 s + 3 s leaves 25 s
+    # GCP's 30 s with a 10 s checkpoint: the deadline must leave it once (not twice) and a margin, 17 s to train
+    assert trains_through(_notice(30, "gcp"), expected=10.0)
+    assert lead_seconds(30, 10.0) == 17.0 and lead_seconds(120, 40.0) == 70.0  # margin: max(3 s, 25 %)
+    assert not trains_through(_notice(30, "gcp"), expected=20.0)  # a slow checkpoint eats GCP's 30 s
     assert not trains_through(_notice(6, "gcp"), expected=0.2)
     assert not trains_through(_notice(120, "signal"), expected=0.2)  # SIGTERM: the node is going down now
     assert lead_seconds(None, 1.0) == 0.0
@@ -54,13 +57,31 @@ def test_the_controllers_word_stops_the_job_at_once():
     assert recorder.sent == []  # the emergency path sends its own stop request
 
 
-def test_without_a_word_the_timer_takes_a_durable_checkpoint_and_training_goes_on():
+def test_without_a_word_the_timer_takes_a_durable_checkpoint_and_holds_the_job():
     recorder = Recorder()
-    grace = 2 * 0.1 + 5.0 + 0.5  # the timer fires half a second in
+    grace = 0.1 + 3.0 + 0.5  # the timer fires half a second in
     TrainThrough(_notice(grace), 0.1, recorder.stop_now, recorder.send).start()
     deadline = time.monotonic() + 30
     while not recorder.sent and time.monotonic() < deadline:
         time.sleep(0.05)
     assert recorder.sent and recorder.sent[0]["op"] == "checkpoint" and recorder.sent[0]["stop"] is False
-    assert recorder.sent[0]["deadline"] > time.time()
+    assert recorder.sent[0]["hold"] is True and recorder.sent[0]["deadline"] > time.time()
     assert not recorder.stopped.is_set()
+
+
+def test_the_word_during_the_hold_stops_the_job_and_no_word_by_the_deadline_releases_it():
+    ready = Recorder()
+    through = TrainThrough(_notice(0.1 + 3.0 + 0.5 + 5), 0.1, ready.stop_now, ready.send).start()
+    deadline = time.monotonic() + 30
+    while not ready.sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    through.checkpoint_now()  # the replacement got ready while the job held at its checkpoint
+    assert ready.stopped.wait(10)
+    assert [m["op"] for m in ready.sent] == ["checkpoint"]
+
+    false = Recorder()  # nobody says a word and the node outlives the deadline: a false notice
+    TrainThrough(_notice(0.1 + 3.0 + 0.5), 0.1, false.stop_now, false.send).start()
+    deadline = time.monotonic() + 60
+    while len(false.sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [m["op"] for m in false.sent] == ["checkpoint", "release"] and not false.stopped.is_set()

@@ -215,3 +215,50 @@ def test_the_quickstart_takes_its_interval_from_its_job_file(tmp_path, monkeypat
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "checkpoint interval" not in out.stdout + out.stderr
+
+
+def test_a_hold_commits_durably_and_the_loop_waits_there_until_stopped(setup, tmp_path, agent):
+    """checkpoint hold=true (a notice's last seconds, the replacement not ready): the step is committed on
+    the durable tier, 'holding' says so, and step() trains no further until the stop comes, which answers
+    'stopping' at once with that same step."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"file://{tmp_path / 'durable'}", interval="1h")
+    agent.wait_for("hello")
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": time.time() + 60, "stop": False, "hold": True})
+    time.sleep(0.2)
+    trained = []
+
+    def train() -> None:
+        step = 0
+        while step < 500 and not ckpt.should_stop:
+            step += 1
+            trained.append(step)
+            ckpt.step(step)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    holding = agent.wait_for("holding")[0]
+    held = holding["step"]
+    assert holding["durable"] is True and (tmp_path / "durable" / f"step-{held:08d}" / "manifest.json").is_file()
+    time.sleep(0.5)
+    assert trained[-1] == held and thread.is_alive()  # no step after the held one
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": time.time() + 60, "stop": True})
+    thread.join(10)
+    assert not thread.is_alive() and ckpt.should_stop and trained[-1] == held
+    assert agent.wait_for("stopping")[0] == {"op": "stopping", "step": held, "durable": True, "reason": "notice",
+                                             "origin": "self"}
+    assert len(agent.wait_for("committed", count=2)) == 2  # the held step's local and durable commits, no more
+    ckpt.close()
+
+
+def test_a_released_hold_trains_on(setup, tmp_path, agent):
+    """A false notice: the agent releases the hold and training goes on, with no stop."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"file://{tmp_path / 'durable'}", interval="1h")
+    agent.wait_for("hello")
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": time.time() + 60, "stop": False, "hold": True})
+    time.sleep(0.2)
+    threading.Timer(1.0, agent.send, args=({"op": "release"},)).start()
+    ckpt.step(1)  # holds here until the release
+    assert agent.wait_for("holding")[0]["step"] == 1
+    ckpt.step(2)
+    assert not ckpt.should_stop
+    ckpt.close()
