@@ -29,6 +29,7 @@ from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
 from .gang import GangRanks, gang_environment, node_address, register_for_attempt
 from .logship import LogShipper
+from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
 from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
 from .supervisor import Supervisor
@@ -36,6 +37,7 @@ from .watchers import Notice
 
 log = structlog.get_logger(__name__)
 SHUTDOWN_GRACE_SECONDS = 25.0  # SIGTERM at shutdown: GCP powers off ~30 s later
+PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
 
 
 def run_agent(config_path: Path) -> int:
@@ -72,6 +74,7 @@ class Agent(AgentCore):
         self.stop_reason = "cancelled"  # the exit reason of a stop the controller asked for: cancelled or moved
         self.output_tail: OutputTail | None = None
         self.failure_kind: str | None = None  # of a failed exit no relaunch can fix (agents/failure_kind.py)
+        self.prefetch: CheckpointPrefetch | None = None  # the job's checkpoint, fetched while setup runs
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -111,6 +114,8 @@ class Agent(AgentCore):
         attempt exists. False when this node is not needed after all (or cannot get ready)."""
         self.phase = "setup"
         self.shipper = LocalOutput(self.local_log)  # no attempt to ship to yet: the node's own copy
+        # The newest durable checkpoint now, then the emergency one as the node on notice uploads it.
+        self.prefetch = prefetch_for(self.assignment, local_checkpoint_root(self.assignment, self.config.scratch_dir))
         try:
             workdir = self._prepare_workdir()
             setup = self.assignment.get("setup")
@@ -131,11 +136,26 @@ class Agent(AgentCore):
         assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
         if assignment is None or self.cancelled.is_set():
             log.info("the prepared replacement is not needed; stopping")
+            self._end_prefetch()
             return False
         self.assignment = assignment
         log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"],
                  resume_step=(assignment["checkpoint"].get("resume") or {}).get("step"))
+        self._end_prefetch(wait_for=resume_step(assignment))
         return True
+
+    def _end_prefetch(self, wait_for: int | None = None) -> None:
+        """Let the prefetch finish the step this attempt resumes from (the restore reads it locally), then stop
+        it: the job's own process has the node's bandwidth from now on."""
+        prefetch, self.prefetch = self.prefetch, None
+        if prefetch is None:
+            return
+        if wait_for is not None:
+            started = time.monotonic()
+            done = prefetch.wait_for(wait_for, PREFETCH_WAIT_SECONDS)
+            log.info("checkpoint prefetch", step=wait_for, complete=done, waited_s=round(time.monotonic() - started, 2),
+                     fetched_mb=round(prefetch.fetched_bytes / 1e6, 1))
+        prefetch.stop()
 
     def _run_attempts(self, setup_done: bool = False) -> None:
         """Setup once, then the run command; a resume drill continues on this node as the next attempt."""
@@ -189,6 +209,10 @@ class Agent(AgentCore):
     def _run_job(self, workdir: Path, with_setup: bool) -> tuple[str, int | None, str | None, dict | None]:
         env = self._environment()
         setup = self.assignment.get("setup")
+        if setup and with_setup and (step := resume_step(self.assignment)) is not None:
+            # A new node resuming a checkpoint: fetch it while setup runs (agents/prefetch.py).
+            self.prefetch = prefetch_for(self.assignment, local_checkpoint_root(self.assignment, self.config.scratch_dir),
+                                         target=step)
         if setup and with_setup:  # once per node: a new node runs it, a kept gang node or a drill's restart does not
             self.phase = "setup"
             started = time.time()
@@ -199,10 +223,13 @@ class Agent(AgentCore):
             finally:
                 ended = max(started, time.time())
                 self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started, ended, code).to_json())
+            if self.cancelled.is_set() or code != 0:
+                self._end_prefetch()
             if self.cancelled.is_set():
                 return self.stop_reason, code, None, None
             if code != 0:
                 return "failed", code, f"setup failed with exit code {code}", None
+            self._end_prefetch(wait_for=resume_step(self.assignment))
         elif with_setup:  # a job without setup: this new node is ready at once (0 s of setup, not unknown)
             now = time.time()
             self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(now, now).to_json())

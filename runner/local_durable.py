@@ -11,12 +11,19 @@ Every process of a node shares its node's budget: each transfer reserves its byt
 reservation per direction (a leaky bucket with no burst), then sleeps until the reservation ends, so N MB take
 no less than N / rate seconds whatever the number of threads or processes moving them. MB is 10**6 bytes.
 
+Like an object store, a file written here becomes visible under its name only once complete (it is written
+under a hidden temporary name, ``.NAME.part-…``, and renamed), so a reader following a checkpoint as it is
+uploaded (agents/prefetch.py) never copies half a file. With a bandwidth, an upload moves one file at a time
+(:attr:`LocalDurableFileSystem.upload_streams`): the node's budget is shared by every stream, so parallel
+streams would only make each file complete later.
+
 Only the standard library and fsspec: the checkpoint library imports this.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import threading
 import time
@@ -30,6 +37,19 @@ RATE_VARIABLE = "LOCAL_DURABLE_MB_PER_S"  # the node's bandwidth per direction; 
 BUCKET_VARIABLE = "LOCAL_DURABLE_BUCKET_DIR"  # where the node's processes keep their shared reservations
 CHUNK = 1 << 20  # bytes reserved and moved at a time
 UP, DOWN = "up", "down"
+PART_MARK = ".part-"  # a file being written: ``.NAME.part-PID-N`` beside its final name
+_part_numbers = itertools.count()
+
+
+def partial_name(path: str) -> str:
+    """The hidden name a file is written under until it is complete."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}{PART_MARK}{os.getpid()}-{next(_part_numbers)}")
+
+
+def is_partial(name: str) -> bool:
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    return base.startswith(".") and PART_MARK in base
 
 
 def throttle_environment(mb_per_s: float, bucket_dir: Path) -> dict[str, str]:
@@ -120,6 +140,27 @@ class _ThrottledFile(LocalFileOpener):
             self._up.take(len(data.encode()) if isinstance(data, str) else memoryview(data).nbytes)
         return super().write(data, *args, **kwargs)
 
+    def close(self):
+        final = self.__dict__.pop("_final", None)
+        super().close()
+        if final is not None:
+            os.replace(self.path, final)  # complete: visible under its name
+            self.path = final
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        super().__exit__(exc_type, exc_value, traceback)
+        final = self.__dict__.pop("_final", None)
+        if final is None:
+            return
+        if exc_type is None:
+            os.replace(self.path, final)
+            self.path = final
+        else:  # a failed write leaves nothing under the name
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
 
 class LocalDurableFileSystem(LocalFileSystem):
     """The local filesystem under ``local-durable://``, at the node's durable bandwidth (see the module)."""
@@ -144,10 +185,19 @@ class LocalDurableFileSystem(LocalFileSystem):
     def unstrip_protocol(self, name: str) -> str:
         return f"{PROTOCOL}://{self._strip_protocol(name)}"
 
+    @property
+    def upload_streams(self) -> int | None:
+        """How many files an upload should move at once: one under a bandwidth (see the module), else None."""
+        return 1 if self.up is not None else None
+
     def _open(self, path, mode="rb", block_size=None, **kwargs):
         path = self._strip_protocol(path)
         if self.auto_mkdir and ("w" in mode or "x" in mode or "a" in mode):
             self.makedirs(self._parent(path), exist_ok=True)
+        if "w" in mode and "+" not in mode:  # complete, or not there at all
+            opened = _ThrottledFile(partial_name(path), mode, self.up, self.down, fs=self, **kwargs)
+            opened._final = path
+            return opened
         return _ThrottledFile(path, mode, self.up, self.down, fs=self, **kwargs)
 
     def put_file(self, path1, path2, callback=None, **kwargs):
@@ -157,8 +207,17 @@ class LocalDurableFileSystem(LocalFileSystem):
         target = self._strip_protocol(path2)
         if self.auto_mkdir:
             self.makedirs(self._parent(target), exist_ok=True)
-        with open(path1, "rb") as source, open(target, "wb") as sink:
-            _copy(source, sink, self.up)
+        partial = partial_name(target)
+        try:
+            with open(path1, "rb") as source, open(partial, "wb") as sink:
+                _copy(source, sink, self.up)
+            os.replace(partial, target)
+        except BaseException:
+            try:
+                os.unlink(partial)
+            except OSError:
+                pass
+            raise
 
     def get_file(self, path1, path2, callback=None, **kwargs):
         """Download to a file of the node (or a file object) at the download bandwidth."""

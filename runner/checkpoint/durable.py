@@ -119,9 +119,12 @@ class DurableTier:
         return self.write_manifest(manifest)
 
     def put_files(self, step: int, folder: Path, names: list[str]) -> None:
-        """Upload some files of a local checkpoint folder in parallel (no manifest)."""
+        """Upload some files of a local checkpoint folder in parallel (no manifest), in order: a store that says
+        how many streams pay (``upload_streams``: one, for a tier held to one bandwidth) gets that many, so
+        files complete one after another and a reader can follow them (agents/prefetch.py)."""
         self.fs.makedirs(self._path(step), exist_ok=True)
-        with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(names), 1))) as pool:
+        streams = getattr(self.fs, "upload_streams", None) or UPLOAD_THREADS
+        with ThreadPoolExecutor(min(streams, max(len(names), 1))) as pool:
             for future in [pool.submit(self.fs.put_file, str(folder / n), self._path(step, n)) for n in names]:
                 future.result()
 
