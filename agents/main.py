@@ -30,6 +30,7 @@ from .handover import Handover
 from .gang import GangRanks, gang_environment, node_address, register_for_attempt
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
+from .prestart import DeferredOutput, Prestarted, prestart_environment
 from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
 from .supervisor import Supervisor
@@ -75,6 +76,7 @@ class Agent(AgentCore):
         self.output_tail: OutputTail | None = None
         self.failure_kind: str | None = None  # of a failed exit no relaunch can fix (agents/failure_kind.py)
         self.prefetch: CheckpointPrefetch | None = None  # the job's checkpoint, fetched while setup runs
+        self.prestarted: Prestarted | None = None  # the job's process, started before its attempt exists
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -130,6 +132,8 @@ class Agent(AgentCore):
                                       f"{self.shipper.tail()}")
             return False
         self.phase = "ready"
+        if self.assignment.get("prestart"):
+            self._prestart(workdir)
         self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": wire.READY, "data": {}}),
                                 "ready report")
         log.info("ready: waiting for the handover")
@@ -137,11 +141,39 @@ class Agent(AgentCore):
         if assignment is None or self.cancelled.is_set():
             log.info("the prepared replacement is not needed; stopping")
             self._end_prefetch()
+            if self.prestarted is not None:
+                self.prestarted.discard(self.config.stop_grace_seconds)
             return False
         self.assignment = assignment
         log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"],
                  resume_step=(assignment["checkpoint"].get("resume") or {}).get("step"))
         self._end_prefetch(wait_for=resume_step(assignment))
+        return True
+
+    def _prestart(self, workdir: Path) -> None:
+        """Start the job's process now; it waits in restore() until the handover (agents/prestart.py)."""
+        output = DeferredOutput(self.local_log)
+        tail = OutputTail(output)
+        supervisor = Supervisor(self.assignment["run"], str(workdir), prestart_environment(self._environment()), tail)
+        try:
+            supervisor.start()
+        except (OSError, ValueError) as exc:
+            log.warning("the job's process could not be started ahead; it starts at the handover", error=str(exc))
+            return
+        self.prestarted = Prestarted(supervisor, self.assignment["attempt"], output, tail)
+
+    def _adopt_prestarted(self) -> bool:
+        """The process started ahead becomes this attempt's, or is stopped (then False: start one now)."""
+        prestarted, self.prestarted = self.prestarted, None
+        if prestarted is None:
+            return False
+        if not prestarted.adopt(self.assignment, self.shipper, self.send_control, resume_step(self.assignment)):
+            prestarted.discard(self.config.stop_grace_seconds)
+            return False
+        self.current, self.output_tail = prestarted.supervisor, prestarted.tail
+        self.training_pid = prestarted.pid
+        if prestarted.hello and self.drill is not None:
+            self.drill.on_hello()
         return True
 
     def _end_prefetch(self, wait_for: int | None = None) -> None:
@@ -238,7 +270,8 @@ class Agent(AgentCore):
         self.drill = ResumeDrill(self.send_control, lambda: self.current, timeout=self.config.drill_timeout_seconds)
         expected = self.assignment.get("drill_expected_step")
         started = time.monotonic()
-        self._start_command(self.assignment["run"], workdir, env)
+        if not self._adopt_prestarted():
+            self._start_command(self.assignment["run"], workdir, env)
         if expected is not None:
             threading.Thread(target=self._verify_drill, args=(expected, started), daemon=True).start()
         elif self.assignment.get("resume_drill_seconds") is not None:
@@ -361,6 +394,8 @@ class Agent(AgentCore):
 
     def on_control(self, message: dict) -> None:
         op = message.get("op")
+        if self.prestarted is not None:
+            self.prestarted.on_control(message)
         self.stop_progress.on_message(message)
         if op == "stopping" and self.cancel_stop is not None:
             self.cancel_stop.on_ack(message)

@@ -28,6 +28,7 @@ from .local import LocalTier
 from .log import get_logger
 from .persist import DcpFormat, Persister, SaveJob
 from .restore import Restored, restore_into
+from .resume_wait import ResumeWait
 from .retention import Retention
 from .signals import SignalNotices
 from .staging import Stager
@@ -104,6 +105,7 @@ class Checkpointer:
         self.stop_margin_s = STOP_MARGIN_S
         # Under the runner, the controller names the newest checkpoint it knows was committed by an
         # earlier attempt; anything newer was written by an attempt that has since been superseded.
+        self._resume_wait = ResumeWait()  # started ahead of its attempt: the step comes later (resume_wait.py)
         self._handed_over = _env_int("RUNNER_RESUME_STEP")
         self._retention = Retention(self.attempt, self._handed_over)
         self._refused_after_stop = False
@@ -130,7 +132,8 @@ class Checkpointer:
                                         on_failed=self._on_failed, writer=self._ranks.writer,
                                         uploader=self._ranks.uploader, fmt=DcpFormat(self._ranks.writer),
                                         folder_leader=self._ranks.folder_leader, retention=self._retention)
-        self._mark_attempt()
+        if not self._resume_wait.pending:  # else once the attempt exists: the node on notice still commits
+            self._mark_attempt()
         self._folder_format = FolderFormat(self._ranks.writer if self._ranks is not None else None)
         self._jobs: list[SaveJob] = []
         self._last_job: SaveJob | None = None
@@ -151,9 +154,13 @@ class Checkpointer:
         who = {} if self._ranks is None else {"rank": self._ranks.rank, "local_rank": self._ranks.local_rank,
                                                "world_size": self._ranks.world_size}
         self._agent_loss = AgentLoss(agent_loss_grace(), self._queue_request)  # agent_loss.py
+
+        def on_lost() -> None:
+            self._resume_wait.on_lost()
+            self._agent_loss.on_lost()
         self._hold = Hold()  # a notice's last seconds with the replacement not ready (hold.py)
         self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who,
-                                      on_lost=self._agent_loss.on_lost,
+                                      on_lost=on_lost, on_resume=self._resume_wait.on_resume,
                                       on_recorded=self._retention.recorded,
                                       on_release=lambda: self._hold.wake(release=True)) if control_path else None
         self.telemetry = StepTelemetry(self._control, rank=None if self._ranks is None else self._ranks.rank,
@@ -176,6 +183,7 @@ class Checkpointer:
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
         self._check_open("restore")
+        self._await_attempt()
         started = time.monotonic()
         if self._agreement is not None:
             self._agreement.drain()
@@ -215,6 +223,8 @@ class Checkpointer:
 
         ``loss`` (optional, a float or a tensor on any device) counts toward the job's NaN steps without a
         device sync (telemetry.py)."""
+        if self._resume_wait.pending:
+            self._await_attempt()
         self.telemetry.on_step(step, loss)
         self._last_step = step
         if self._agreement is not None:
@@ -245,6 +255,7 @@ class Checkpointer:
         attempt, so a later ``save`` is refused (a warning, once): this process is being replaced."""
         self._check_open("save")
         self._check_step(step)
+        self._await_attempt()
         if self._should_stop:
             if not self._refused_after_stop:
                 self._refused_after_stop = True
@@ -253,6 +264,20 @@ class Checkpointer:
                             step=step, emergency_step=self._last_job.step if self._last_job else None)
             return
         self._save(step, emergency=False)
+
+    def _await_attempt(self) -> None:
+        """A process started ahead of its attempt waits here for the step it resumes from (resume_wait.py)."""
+        if not self._resume_wait.pending:
+            return
+        if self._control is None or not self._control.connected:  # nobody to say the word: an attempt as any
+            self._resume_wait.pending = False
+            self._mark_attempt()
+            return
+        log.info("started ahead of this attempt: waiting for the handover")
+        self._handed_over = self._resume_wait.wait(self._send)
+        self._retention.handed_over = self._handed_over
+        log.info("the attempt has started", resume_step=self._handed_over)
+        self._mark_attempt()
 
     def _mark_attempt(self) -> None:
         """Leave this attempt's marker on the durable tier (one process of the job does): from now on an older
@@ -388,6 +413,7 @@ class Checkpointer:
         accepts (it raises RestoreError otherwise), materialised in the local tier; None when there is none.
         Nothing is reported: the integration calls ``report_restored`` once the framework has loaded it."""
         self._check_open("restore_folder")
+        self._await_attempt()
         self._restore_started = time.monotonic()  # until report_restored(): the framework loads it in between
         if self._agreement is not None:
             self._agreement.drain()

@@ -70,8 +70,8 @@ from .log import get_logger
 log = get_logger()
 
 OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
-                "closed", "holding")
-OPS_FROM_AGENT = ("checkpoint", "recorded", "release")
+                "closed", "holding", "waiting")
+OPS_FROM_AGENT = ("checkpoint", "recorded", "release", "resume")
 REASONS = ("notice", "rebalance", "drill", "cancel", "move")
 
 
@@ -134,12 +134,14 @@ class ControlClient:
     """Connects to the agent, says hello, sends events, and hands requests to ``on_request``."""
 
     def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None,
-                 hello: dict | None = None, on_lost=None, on_recorded=None, on_release=None) -> None:
+                 hello: dict | None = None, on_lost=None, on_recorded=None, on_release=None,
+                 on_resume=None) -> None:
         self.path = path
         self._on_request = on_request
         self._on_lost = on_lost  # called once when the agent closes the channel before close()
         self._on_recorded = on_recorded
         self._on_release = on_release  # the agent ends a hold: training goes on (hold.py)
+        self._on_resume = on_resume  # the agent names the step a process started ahead resumes from (resume_wait.py)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -195,6 +197,8 @@ class ControlClient:
                         self._on_recorded(step)
                 elif message and message["op"] == "release" and self._on_release is not None:
                     self._on_release()
+                elif message and message["op"] == "resume" and self._on_resume is not None:
+                    self._on_resume(message)
                 elif line.strip():
                     log.debug("control message ignored", line=line[:200].decode(errors="replace"))
         if not self._closed:

@@ -92,7 +92,12 @@ def _prepared_registration(state, node: Node) -> dict:
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, node.id, registered_at=node.registered_at or now, last_heartbeat=now)
     if node.ready_at is None:
-        return {"status": REGISTER_PREPARE, "assignment": _assignment(state, job.id, node.prepared_for + 1, node)}
+        assignment = _assignment(state, job.id, node.prepared_for + 1, node)
+        # Its process may start before the handover and wait in restore() (agents/prestart.py) where the job is
+        # known to restore through runner.checkpoint: the running attempt reported a restore.
+        running = next((a for a in state.store.attempts(job.id) if a.attempt == node.prepared_for), None)
+        assignment["prestart"] = running is not None and running.restore_seconds is not None
+        return {"status": REGISTER_PREPARE, "assignment": assignment}
     return {"status": REGISTER_WAITING, "retry_seconds": 0.2,
             "message": "ready; waiting for the job's node on notice to hand over"}
 

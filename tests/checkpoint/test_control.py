@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from structlog.testing import capture_logs
 
 from runner.checkpoint.control import CheckpointRequest, decode, encode, parse_request
@@ -261,4 +262,41 @@ def test_a_released_hold_trains_on(setup, tmp_path, agent):
     assert agent.wait_for("holding")[0]["step"] == 1
     ckpt.step(2)
     assert not ckpt.should_stop
+    ckpt.close()
+
+
+def test_a_process_started_ahead_waits_in_restore_for_the_handed_over_step(setup, tmp_path, agent, monkeypatch):
+    """RUNNER_RESUME_WAIT=1 (a prepared replacement's process, started before its attempt exists): no attempt
+    marker fences off the node still training; restore() says 'waiting' and blocks until 'resume' names the
+    step, then restores exactly that step (not the newer one the old node committed meanwhile)."""
+    durable = tmp_path / "durable"
+    control = os.environ.pop("RUNNER_CONTROL")  # the old node: attempt 1, its own agent
+    monkeypatch.setenv("RUNNER_ATTEMPT", "1")
+    old = setup.checkpointer(tmp_path / "old", durable_url=f"file://{durable}", interval="1h")
+    monkeypatch.setenv("RUNNER_CONTROL", control)
+    monkeypatch.setenv("RUNNER_ATTEMPT", "2")
+    setup.train(2)
+    old.save(4)
+    assert old.wait(60)
+    weights = setup.weights()
+    monkeypatch.setenv("RUNNER_RESUME_WAIT", "1")
+    ahead = type(setup)(seed=5)
+    ckpt = ahead.checkpointer(tmp_path / "new", durable_url=f"file://{durable}", interval="1h")
+    marker = durable / "attempts" / "job-1" / "attempt-00000002"
+    assert not marker.exists()  # the node on notice still commits
+    setup.train(1)
+    old.save(6)  # the old node commits a newer one while the new process waits
+    assert old.wait(60)
+    old.close()
+    result = []
+    thread = threading.Thread(target=lambda: result.append(ckpt.restore()), daemon=True)
+    thread.start()
+    assert agent.wait_for("waiting")
+    time.sleep(0.3)
+    assert thread.is_alive() and not result
+    agent.send({"op": "resume", "step": 4, "attempt": 2})
+    thread.join(30)
+    assert result == [4] and all(torch.equal(a, b) for a, b in zip(ahead.weights(), weights))
+    assert marker.is_file()  # marked once the attempt exists
+    assert os.environ["RUNNER_RESUME_STEP"] == "4"
     ckpt.close()

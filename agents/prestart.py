@@ -1,0 +1,117 @@
+"""Start the job's process on a prepared replacement before its attempt exists.
+
+A replacement prepared during a notice is ready once `setup` is done, and then waits for the node on notice
+to hand over. Starting the job's process only at the handover would put the interpreter's start, the
+imports and building the model into the training pause. So, where the controller says the job restores
+through runner.checkpoint (``prestart`` in the prepared node's assignment: its running attempt reported a
+restore), the agent starts the run command as soon as setup is done, with the next attempt's variables, no
+``RUNNER_RESUME_STEP`` and ``RUNNER_RESUME_WAIT=1``: the library waits in ``restore()``
+(runner/checkpoint/resume_wait.py) and says ``waiting``. At the handover the agent adopts the process as the
+attempt's (its output, buffered until then, goes to the attempt's log) and sends ``resume`` with the step
+handed over. A process that exits before, an attempt of another number, or a node that is not needed
+after all: the process is stopped and, where there is an attempt, the job is started as usual.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import structlog
+
+from .failure_kind import OutputTail
+
+log = structlog.get_logger(__name__)
+
+WAIT_VARIABLE = "RUNNER_RESUME_WAIT"  # runner/checkpoint/resume_wait.py
+STEP_VARIABLE = "RUNNER_RESUME_STEP"
+BUFFER_LIMIT = 4 << 20  # what the process prints before its attempt exists, kept for the attempt's log
+
+
+def prestart_environment(env: dict[str, str]) -> dict[str, str]:
+    """The run command's variables for a process started ahead: the step comes later, over the control channel."""
+    out = {k: v for k, v in env.items() if k != STEP_VARIABLE}
+    out[WAIT_VARIABLE] = "1"
+    return out
+
+
+class DeferredOutput:
+    """Output of a process whose attempt does not exist yet: to the node's own log and a buffer, then (once
+    adopted) to the attempt's shipper, the buffer first."""
+
+    def __init__(self, local_copy):
+        self._local_copy = local_copy
+        self._buffer = bytearray()
+        self._target = None
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self._target is not None:
+                target = self._target
+            else:
+                self._local_copy.write(data)
+                self._local_copy.flush()
+                if len(self._buffer) < BUFFER_LIMIT:
+                    self._buffer += data[:BUFFER_LIMIT - len(self._buffer)]
+                return
+        target.write(data)
+
+    def switch_to(self, shipper) -> None:
+        with self._lock:
+            if self._buffer:
+                shipper.write(bytes(self._buffer))
+                self._buffer.clear()
+            self._target = shipper
+
+
+class Prestarted:
+    """The job's process started ahead of its attempt (see the module)."""
+
+    def __init__(self, supervisor, attempt: int, output: DeferredOutput, tail: OutputTail):
+        self.supervisor = supervisor
+        self.attempt = attempt
+        self.output = output
+        self.tail = tail
+        self.waiting = threading.Event()  # the library said ``waiting``
+        self.hello = False
+        self.pid: int | None = None  # the training process that said hello (torchrun's worker, say)
+        self._lock = threading.Lock()
+        self._resume: dict | None = None
+        self._send: Callable[[dict], int] | None = None
+
+    def on_control(self, message: dict) -> None:
+        op = message.get("op")
+        if op == "hello":
+            self.hello = True
+            self.pid = message.get("pid")
+        elif op == "waiting":
+            with self._lock:
+                self.waiting.set()
+                resume, send = self._resume, self._send
+            if resume is not None:
+                send(resume)
+
+    def running(self) -> bool:
+        return self.supervisor.process is not None and self.supervisor.process.poll() is None
+
+    def adopt(self, assignment: dict, shipper, send: Callable[[dict], int], step: int | None) -> bool:
+        """Make it the attempt's process: its output to ``shipper``, and the word to resume from ``step`` (sent
+        now, or as soon as it says ``waiting``). False when it cannot be (exited, another attempt)."""
+        if not self.running() or assignment.get("attempt") != self.attempt:
+            return False
+        self.output.switch_to(shipper)
+        message = {"op": "resume", "step": step, "attempt": self.attempt}
+        with self._lock:
+            self._resume, self._send = message, send
+            waiting = self.waiting.is_set()
+        if waiting:
+            send(message)
+        log.info("the process started ahead is this attempt's", attempt=self.attempt, resume_step=step,
+                 waiting=waiting)
+        return True
+
+    def discard(self, grace: float) -> None:
+        if self.running():
+            log.info("stopping the process started ahead: it is not needed", attempt=self.attempt)
+        self.supervisor.stop(grace)
