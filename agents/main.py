@@ -120,8 +120,7 @@ class Agent(AgentCore):
         self.prefetch = prefetch_for(self.assignment, local_checkpoint_root(self.assignment, self.config.scratch_dir))
         try:
             workdir = self._prepare_workdir()
-            setup = self.assignment.get("setup")
-            code = self._run_command(setup, workdir, self._environment()) if setup else 0
+            code = self._run_setup_reported(workdir, self._environment())
         except JobCannotStart as exc:
             self.reporter.report_exit("failed", None, f"prepared replacement: {exc}")
             return False
@@ -247,14 +246,7 @@ class Agent(AgentCore):
                                          target=step)
         if setup and with_setup:  # once per node: a new node runs it, a kept gang node or a drill's restart does not
             self.phase = "setup"
-            started = time.time()
-            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started).to_json())
-            code = None
-            try:
-                code = self._run_command(setup, workdir, env)
-            finally:
-                ended = max(started, time.time())
-                self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started, ended, code).to_json())
+            code = self._run_setup_reported(workdir, env)
             if self.cancelled.is_set() or code != 0:
                 self._end_prefetch()
             if self.cancelled.is_set():
@@ -317,6 +309,22 @@ class Agent(AgentCore):
         if reply and reply.get("action") == "shutdown":
             self.cancelled.set()
             self.current.stop(self.config.stop_grace_seconds)
+
+    def _run_setup_reported(self, workdir: Path, env: dict) -> int:
+        """The job's setup on this new node, its start and end reported for the ledger (0 s without one)."""
+        setup = self.assignment.get("setup")
+        started = time.time()
+        if not setup:
+            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started, started).to_json())
+            return 0
+        self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started).to_json())
+        code = None
+        try:
+            code = self._run_command(setup, workdir, env)
+        finally:
+            ended = max(started, time.time())
+            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started, ended, code).to_json())
+        return code
 
     def _run_command(self, command: str, workdir: Path, env: dict) -> int:
         """The node's setup: what it leaves running is left for the attempts that follow on this node."""

@@ -91,6 +91,7 @@ def _prepared_registration(state, node: Node) -> dict:
     now = time.time()
     with state.store.db.transaction() as tx:
         state.store.update_node(tx, node.id, registered_at=node.registered_at or now, last_heartbeat=now)
+        state.store.note_first_registration(tx, node.id, now)  # the end of its boot, for the ledger
     if node.ready_at is None:
         assignment = _assignment(state, job.id, node.prepared_for + 1, node)
         # Its process may start before the handover and wait in restore() (agents/prestart.py) where the job is

@@ -18,6 +18,7 @@ from fastapi import HTTPException
 
 from ..scheduler import standby
 from ..scheduler.attempts import hand_over
+from ..state.standbys import PREPARED
 from ..state.values import Notice
 from ..wire import HANDOVER, READY, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY, SetupReport
 from . import metrics, reports, telemetry
@@ -161,9 +162,15 @@ def _record_setup(state, tx, node, data: dict) -> bool:
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     state.store.record_setup(tx, node.id, report.started_at, report.ended_at)
-    telemetry.record_setup(tx, node.job_id, node.attempt, report.to_json(), rank=node.rank)
+    # A prepared replacement sets up before its attempt exists: its node row keeps the times, and the attempt
+    # that takes it over reads them there (runner/scheduler/standby.py's take_over).
+    prepared = node.attempt == PREPARED and node.prepared_for is not None
+    if not prepared:
+        telemetry.record_setup(tx, node.job_id, node.attempt, report.to_json(), rank=node.rank)
     if report.ended_at is not None and report.exit_code is not None:  # a job without setup reports 0 s, no code
         how = "" if report.exit_code == 0 else f", exit code {report.exit_code}"
-        state.store.add_event(tx, node.job_id, "setup", f"setup on node {node.id} took "
-                              f"{report.ended_at - report.started_at:.1f}s{how}", attempt=node.attempt)
+        whose = " (the prepared replacement)" if prepared else ""
+        state.store.add_event(tx, node.job_id, "setup", f"setup on node {node.id}{whose} took "
+                              f"{report.ended_at - report.started_at:.1f}s{how}",
+                              attempt=node.prepared_for if prepared else node.attempt)
     return True

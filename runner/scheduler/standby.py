@@ -67,10 +67,12 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
     attempts = store.attempts(job.id)
     avoid = placement.recent_preempted_zones(attempts) | {current.zone}
     speed_of = placement.speeds(job, attempts, offers)  # where a step is cheapest, as the next launch would be
-    choice = None
+    choice, figures = None, None
     for zones in (avoid, set()):  # away from the zone that got the signal, where an offer fits there
-        choice = choice or placement.choose(offers, resources, avoid_zones=zones, backoff=ctx.backoff, now=now,
-                                            on_demand_backoff=ctx.on_demand_backoff, speed_of=speed_of)
+        if choice is None:
+            choice, figures = placement.choose_with_figures(offers, resources, avoid_zones=zones, backoff=ctx.backoff,
+                                                            now=now, on_demand_backoff=ctx.on_demand_backoff,
+                                                            speed_of=speed_of)
     if choice is None:
         log.info("no offer for a prepared replacement now", job=job.id, signal=signal)
         return None
@@ -79,6 +81,8 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
     record = {"node": node_id, "reason": signal, "zone": offer.zone, "instance_type": offer.instance_type,
               "spot": spot, "price_per_hour": (offer.spot_price if spot else offer.on_demand_price) or 0.0,
               "launched_at": now, "ready_at": None, "deadline": deadline, "outcome": "preparing"}
+    if figures:  # the cost per step that chose it, for the attempt it may start (as a launch's placement event)
+        record["placement"] = figures
     if signal == NOTICE:
         record["notice_at"] = now
     with store.db.transaction() as tx:
@@ -157,6 +161,9 @@ def take_over(ctx, job) -> bool:
         ready = "ready" if node.ready_at is not None else "still getting ready"
         store.set_attempt_message(tx, job.id, attempt, f"started on the replacement {node.id} prepared during "
                                   f"attempt {node.prepared_for} ({ready} at the handover)")
+        figures = (standbys.record(tx, job.id, node.prepared_for) or {}).get("placement")
+        if figures:  # why that node: the figures a launch's placement event gives
+            store.add_event(tx, job.id, placement.PLACEMENT_EVENT, figures, attempt=attempt)
         transition(tx, job.id, PROVISIONING, now=now,
                    message=f"attempt {attempt} on the prepared replacement {node.id} in {node.offer.zone}")
     log.info("next attempt on the prepared replacement", job=job.id, node=node.id, attempt=attempt)
