@@ -77,6 +77,7 @@ class Agent(AgentCore):
         self.failure_kind: str | None = None  # of a failed exit no relaunch can fix (agents/failure_kind.py)
         self.prefetch: CheckpointPrefetch | None = None  # the job's checkpoint, fetched while setup runs
         self.prestarted: Prestarted | None = None  # the job's process, started before its attempt exists
+        self.adopted: Prestarted | None = None  # that process, now its attempt's
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -170,6 +171,7 @@ class Agent(AgentCore):
             prestarted.discard(self.config.stop_grace_seconds)
             return False
         self.current, self.output_tail = prestarted.supervisor, prestarted.tail
+        self.adopted = prestarted  # still told what its process says: ``waiting`` may come later (slow imports)
         self.training_pid = prestarted.pid
         if prestarted.hello and self.drill is not None:
             self.drill.on_hello()
@@ -402,8 +404,9 @@ class Agent(AgentCore):
 
     def on_control(self, message: dict) -> None:
         op = message.get("op")
-        if self.prestarted is not None:
-            self.prestarted.on_control(message)
+        for ahead in (self.prestarted, self.adopted):
+            if ahead is not None:
+                ahead.on_control(message)
         self.stop_progress.on_message(message)
         if op == "stopping" and self.cancel_stop is not None:
             self.cancel_stop.on_ack(message)

@@ -26,7 +26,12 @@ phase keeps its share):
 | aws | 120 s | 60 s | 45 s | 1 GB | 200 MB/s |
 | gcp | 30 s | 60 s | 45 s | 1 GB | 200 MB/s |
 
-    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1]
+A third measure, ``--goodput N``: one job on the AWS profile (trained through) preempted every 10 minutes
+(``--scale`` times that), N times; its goodput in steady state is the ledger's training seconds over its paid
+node-seconds between the first notice and the end of the last cycle (the job's first boot and setup, paid once
+per job, are left out), beside the job's whole-life ratio.
+
+    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1] [--goodput 0]
 """
 
 from __future__ import annotations
@@ -128,6 +133,42 @@ def trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict) -
     }
 
 
+def goodput_run(bench: Bench, root: Path, profile: dict, cycles: int, period_s: float) -> dict:
+    """One job preempted every ``period_s`` (AWS profile, trained through); its goodput in steady state."""
+    folder = root / "goodput"
+    folder.mkdir()
+    (folder / "train.py").write_text(TRAINEE)
+    (folder / "job.yaml").write_text(yaml.safe_dump({
+        "name": "goodput", "setup": f"sleep {profile['setup_s']:.2f}", "run": "python train.py",
+        "env": {"BENCH_STATE_MB": str(profile["checkpoint_mb"])},
+        "resources": {"cloud": ["local"]},
+        "checkpoint": {"interval": "60s", "keep": 2},
+        "recovery": {"resume_drill": "off", "prepare_on": ["notice"], "max_preemptions": cycles + 5},
+    }))
+    job_id = bench.cli_json("submit", str(folder / "job.yaml"))["id"]
+    wait_until(lambda: re.search(r"^step 20 at", bench.cli("logs", job_id).stdout, re.M), 1800, "step 20", poll=0.5)
+    start = bench.cli_json("status", job_id)["goodput"]
+    started = time.time()
+    for cycle in range(cycles):
+        attempt = cycle + 1
+        time.sleep(max(0.0, started + cycle * period_s - time.time()))
+        bench.cli("preempt", job_id, "--notice", "aws")
+        wait_until(lambda: len(STEP.findall(bench.cli("logs", job_id, "--attempt", str(attempt + 1),
+                                                      check=False).stdout)) >= 5,
+                   1800, f"attempt {attempt + 1}'s steps", poll=1.0)
+        print(f"goodput: preemption {cycle + 1} of {cycles} done", flush=True)
+    time.sleep(max(0.0, started + cycles * period_s - time.time()))
+    time.sleep(6)  # the newest telemetry report (every 5 s) carries the last step
+    end = bench.cli_json("status", job_id)["goodput"]
+    rows = bench.cli_json("restarts", job_id)
+    bench.cli("cancel", job_id)
+    paid = end["paid_seconds"] - start["paid_seconds"]
+    training = end["training_seconds"] - start["training_seconds"]
+    return {"cycles": cycles, "period_s": period_s, "steady_ratio": training / paid if paid else None,
+            "paid_s": paid, "training_s": training, "redone_s": end["redone_seconds"] - start["redone_seconds"],
+            "whole_job_ratio": end.get("ratio"), "gaps": [r.get("gap_seconds") for r in rows[1:]]}
+
+
 def _median(rows: list[dict], key: str):
     values = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -137,25 +178,44 @@ def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _bench(name: str, profile: dict, scale: float) -> tuple[Path, Bench]:
+    """A controller of its own whose local market has the profile's boot and durable bandwidth."""
+    root = Path(tempfile.mkdtemp(prefix=f"cloud-recovery-{name}-"))
+    bench = Bench(root, time_scale=scale)
+    config = yaml.safe_load((bench.home / "config.yaml").read_text())
+    config["clouds"]["local"].update(boot_seconds=profile["boot_s"], durable_mb_per_s=profile["mb_per_s"])
+    (bench.home / "config.yaml").write_text(yaml.safe_dump(config))
+    return root, bench
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", default="aws,gcp")
     parser.add_argument("--count", type=int, default=1, help="trials per profile and path (interleaved)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every duration and the checkpoint size")
+    parser.add_argument("--goodput", type=int, default=0, metavar="N",
+                        help="also: an AWS-profile job preempted every 10 minutes (times --scale), N times")
     args = parser.parse_args(argv)
-    names = [p for p in args.profiles.split(",") if p]
+    names = [p for p in args.profiles.split(",") if p and p != "none"]
     unknown = [p for p in names if p not in PROFILES]
     if unknown or args.count < 1 or args.scale <= 0:
         parser.error(f"profiles are {', '.join(PROFILES)}; --count >= 1; --scale > 0")
     print(f"machine: {machine()}; scale {args.scale:g}", flush=True)
     table = []
+    if args.goodput > 0:
+        profile = scaled(PROFILES["aws"], args.scale)
+        root, bench = _bench("goodput", profile, args.scale)
+        try:
+            bench.start()
+            result = goodput_run(bench, root, profile, args.goodput, 600 * args.scale)
+        finally:
+            bench.shutdown()
+            shutil.rmtree(root, ignore_errors=True)
+        print(f"goodput (AWS profile at {args.scale:g}x, a preemption every {600 * args.scale:g} s, {args.goodput} "
+              f"times): {result}", flush=True)
     for name in names:
         profile = scaled(PROFILES[name], args.scale)
-        root = Path(tempfile.mkdtemp(prefix=f"cloud-recovery-{name}-"))
-        bench = Bench(root, time_scale=args.scale)
-        config = yaml.safe_load((bench.home / "config.yaml").read_text())
-        config["clouds"]["local"].update(boot_seconds=profile["boot_s"], durable_mb_per_s=profile["mb_per_s"])
-        (bench.home / "config.yaml").write_text(yaml.safe_dump(config))
+        root, bench = _bench(name, profile, args.scale)
         results: dict[str, list[dict]] = {path: [] for path in PATHS}
         try:
             bench.start()

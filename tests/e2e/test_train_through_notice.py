@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from conftest import REPO, kill_nodes, write_job
 
 TRAINEE = """
 import hashlib, sys, time
+print(f"process started at {time.time():.3f}", flush=True)
 import torch
 from runner.checkpoint import Checkpointer
 
@@ -104,12 +106,12 @@ def _uninterrupted(tmp_path: Path, steps: int) -> str:
 @pytest.mark.parametrize("time_scale", [1.0])
 def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_bit_exact(tmp_path, runner,
                                                                                           controller):
-    steps = 400
+    steps = 1000  # the old node must still be training when the replacement is ready, on a busy machine too
     job_id = _submit(tmp_path, runner, _job("train-through", steps))
     runner.wait_for_output(job_id, r"^step 30 at ")  # a few commits: the agent knows a checkpoint's time
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
 
-    job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=240, what="the end")
+    job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=480, what="the end")
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
     first, second = runner.json("restarts", job_id)
     standby = first["standby"]
@@ -129,14 +131,19 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
     logs = runner("logs", job_id).stdout
     assert f"resumed from step {stopped_at}" in logs
     assert FINAL.search(logs).group(1) == _uninterrupted(tmp_path, steps)
+    # The replacement started the job's process once its setup was done, before the handover created its
+    # attempt; the process waited in restore() and resumed from the step handed over.
+    started = float(re.search(r"^process started at ([0-9.]+)$", runner("logs", job_id, "--attempt", "2").stdout,
+                              re.M).group(1))
+    assert started < _unix(second["started_at"])
 
 
 @pytest.mark.timeout(900)
 def test_a_replacement_not_ready_by_the_deadline_takes_over_once_the_node_is_reclaimed(tmp_path, runner,
                                                                                       controller):
-    """The replacement's setup outlasts the notice: the old node's own timer takes a durable checkpoint and it
-    trains on until it is reclaimed; the replacement then runs the next attempt from the last checkpoint the
-    controller knew of, with the same final weights."""
+    """The replacement's setup outlasts the notice: at the deadline less its checkpoint's time and margin, the old
+    node's own timer takes a durable checkpoint and holds the job there until it is reclaimed; the replacement
+    then runs the next attempt from that step (nothing redone), with the same final weights."""
     steps = 400  # at most 10 steps a second: the old node is still training when it is reclaimed 24 s in
     marker = tmp_path / "first-setup-done"
     setup = f"if [ -e {marker} ]; then sleep 30; else touch {marker}; fi"
@@ -151,14 +158,43 @@ def test_a_replacement_not_ready_by_the_deadline_takes_over_once_the_node_is_rec
     assert second["node"] == first["standby"]["node"]
     assert second["resumed_from_step"] == first["checkpoint_step"] > 30
     old_output = runner("logs", job_id, "--attempt", "1").stdout
-    assert "stopping at step" not in old_output  # never stopped: it trained until the node went
+    assert "stopping at step" not in old_output  # never stopped: held until the node went
+    assert int(STEP.findall(old_output)[-1][0]) == first["checkpoint_step"]  # no step after the held one
+    assert FINAL.search(runner("logs", job_id).stdout).group(1) == _uninterrupted(tmp_path, steps)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("time_scale", [1.0])
+def test_a_gcp_notice_trains_on_then_holds_at_a_durable_checkpoint_the_replacement_resumes(tmp_path, runner,
+                                                                                          controller):
+    """GCP's full 30 s, and a replacement whose setup outlasts it: the old node trains on after the notice until
+    the deadline leaves just its checkpoint's time and a margin, commits that step durably and trains no
+    further (held, then reclaimed); the replacement resumes from exactly that step, so no step is redone, and
+    the final weights are an uninterrupted run's."""
+    steps = 1500
+    marker = tmp_path / "first-setup-done"
+    setup = f"if [ -e {marker} ]; then sleep 45; else touch {marker}; fi"
+    job_id = _submit(tmp_path, runner, _job("gcp-hold", steps, setup=setup))
+    runner.wait_for_output(job_id, r"^step 30 at ")
+    sent = time.time()
+    assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
+
+    job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
+    assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
+    first, second = runner.json("restarts", job_id)
+    assert first["end_reason"] == "preempted" and first["standby"]["outcome"] == "took over"
+    old_output = runner("logs", job_id, "--attempt", "1").stdout
+    old_steps = [(int(s), float(t)) for s, t in STEP.findall(old_output)]
+    assert [s for s, t in old_steps if t > sent + 1], "no step was trained on the old node after the notice"
+    assert "stopping at step" not in old_output  # held, never stopped: the reclaim ended it
+    assert old_steps[-1][0] == first["checkpoint_step"] == second["resumed_from_step"]  # nothing redone
     assert FINAL.search(runner("logs", job_id).stdout).group(1) == _uninterrupted(tmp_path, steps)
 
 
 @pytest.mark.timeout(900)
 def test_a_short_gcp_notice_checkpoints_at_once_as_before(tmp_path, runner, controller):
-    """GCP's 30 s at this clock is 6 s: less than twice the checkpoint's time plus the 5 s margin and a 5 s
-    lead, so the agent stops at once and no replacement is prepared."""
+    """GCP's 30 s at this clock is 6 s: less than the checkpoint's time plus its 3 s margin and a 5 s lead, so
+    the agent stops at once and no replacement is prepared."""
     job_id = _submit(tmp_path, runner, _job("short-notice", 300))
     runner.wait_for_output(job_id, r"^step 30 at ")
     assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
