@@ -42,19 +42,23 @@ FALSE_NOTICE_GRACE_SECONDS = 5.0   # still running this long after the deadline:
 
 class CheckpointClock:
     """How long an emergency checkpoint to the durable tier is expected to take: the slowest of the recent
-    durable commits the library reported."""
+    durable commits the library reported. A commit on the local tier comes before the durable one, so the
+    slowest recent local commit is a floor (on a slow disk it is all there is to go by before the first
+    durable commit)."""
 
     def __init__(self, keep: int = 5):
         self._seconds: deque[float] = deque(maxlen=keep)
+        self._local: deque[float] = deque(maxlen=keep)
 
     def observe(self, message: dict) -> None:
         seconds = message.get("seconds")
-        if message.get("durable") and isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
-                and seconds >= 0:
-            self._seconds.append(float(seconds))
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+            return
+        (self._seconds if message.get("durable") else self._local).append(float(seconds))
 
     def expected(self) -> float:
-        return max(self._seconds) if self._seconds else DEFAULT_CHECKPOINT_SECONDS
+        durable = max(self._seconds) if self._seconds else DEFAULT_CHECKPOINT_SECONDS
+        return max(durable, max(self._local, default=0.0))
 
 
 def lead_seconds(seconds_left: float | None, expected: float) -> float:
