@@ -244,8 +244,8 @@ class Agent(AgentCore):
         setup = self.assignment.get("setup")
         if setup and with_setup and (step := resume_step(self.assignment)) is not None:
             # A new node resuming a checkpoint: fetch it while setup runs (agents/prefetch.py).
-            self.prefetch = prefetch_for(self.assignment, local_checkpoint_root(self.assignment, self.config.scratch_dir),
-                                         target=step)
+            root = local_checkpoint_root(self.assignment, self.config.scratch_dir)
+            self.prefetch = prefetch_for(self.assignment, root, target=step)
         if setup and with_setup:  # once per node: a new node runs it, a kept gang node or a drill's restart does not
             self.phase = "setup"
             code = self._run_setup_reported(workdir, env)
