@@ -97,3 +97,22 @@ def test_the_processes_of_one_node_share_its_bandwidth(throttled, tmp_path):
     assert [p.wait(timeout=120) for p in uploads] == [0, 0]
     assert time.monotonic() - started >= 6 * MB / (RATE_MB_PER_S * MB)
     assert (tmp_path / "durable" / "a").read_bytes() == source.read_bytes() == (tmp_path / "durable" / "b").read_bytes()
+
+
+def test_a_file_is_visible_under_its_name_only_once_complete(tmp_path):
+    """Like an object store: a reader following an upload (agents/prefetch.py) never sees half a file; and
+    under a bandwidth one upload moves one file at a time, so files complete one after another."""
+    from runner.local_durable import LocalDurableFileSystem, is_partial
+
+    fs = LocalDurableFileSystem(mb_per_s=50)
+    target = tmp_path / "step-00000001" / "data-00000.bin"
+    target.parent.mkdir()
+    with fs.open(f"local-durable://{target}", "wb") as sink:
+        sink.write(b"x" * 1_000_000)
+        assert not target.exists() and all(is_partial(p.name) for p in target.parent.iterdir())
+    assert target.read_bytes() == b"x" * 1_000_000 and [p.name for p in target.parent.iterdir()] == [target.name]
+    source = tmp_path / "local.bin"
+    source.write_bytes(b"y" * 100)
+    fs.put_file(str(source), f"local-durable://{tmp_path / 'step-00000001' / 'skeleton.pkl'}")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["data-00000.bin", "skeleton.pkl"]
+    assert fs.upload_streams == 1 and LocalDurableFileSystem().upload_streams is None
