@@ -269,6 +269,8 @@ def test_a_process_started_ahead_waits_in_restore_for_the_handed_over_step(setup
     """RUNNER_RESUME_WAIT=1 (a prepared replacement's process, started before its attempt exists): no attempt
     marker fences off the node still training; restore() says 'waiting' and blocks until 'resume' names the
     step, then restores exactly that step (not the newer one the old node committed meanwhile)."""
+    monkeypatch.setenv("RUNNER_RESUME_STEP", "-")  # the library sets it once resumed: put back after the test
+    monkeypatch.delenv("RUNNER_RESUME_STEP")
     durable = tmp_path / "durable"
     control = os.environ.pop("RUNNER_CONTROL")  # the old node: attempt 1, its own agent
     monkeypatch.setenv("RUNNER_ATTEMPT", "1")
