@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -9,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
@@ -40,24 +41,69 @@ class Runner:
         return json.loads(result.stdout)
 
     def wait_for(self, job_id: str, predicate, timeout: float = 60, what: str = "condition") -> dict:
+        """Poll the job (what `runner status JOB --json` prints) until ``predicate`` holds; return it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            job = self.json("status", job_id)
+            job = self.job(job_id)
             if predicate(job):
                 return job
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}; job is {job}")
 
-    def wait_for_output(self, job_id: str, pattern: str, timeout: float = 90) -> str:
-        """Wait until the job's output (``runner logs``) has a match of ``pattern`` (a regex, multiline); return
-        the output."""
+    def wait_for_output(self, job_id: str, pattern: str, timeout: float = 90, attempt: int | None = None,
+                        node: int | None = None) -> str:
+        """Wait until the job's output (``runner logs``, of one ``attempt``/``node`` where given) has a match of
+        ``pattern`` (a regex, multiline); return the output."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            output = self("logs", job_id).stdout
+            output = self.output(job_id, attempt, node)
             if re.search(pattern, output, re.M):
                 return output
             time.sleep(0.2)
         raise AssertionError(f"the job never printed {pattern!r}; its output ends: {output[-2000:]}")
+
+    # For polling: what the CLI would print, by the CLI's own code run in this process against the controller
+    # it would reach (RUNNER_SERVER, RUNNER_TOKEN). A CLI start costs most of a second of CPU, and a wait polls
+    # several times a second on a 2-core machine that the job under test needs. Where the CLI finds its
+    # controller by itself, the CLI.
+
+    def job(self, job_id: str) -> dict:
+        """What `runner status JOB --json` prints."""
+        with self._client() as client:
+            return self.json("status", job_id) if client is None else client.get(f"/v1/jobs/{job_id}")
+
+    def output(self, job_id: str, attempt: int | None = None, node: int | None = None) -> str:
+        """What `runner logs JOB [--attempt N] [--node R]` prints."""
+        with self._client() as client:
+            if client is not None:
+                return _logs(client, job_id, attempt, node)
+        args = [*(["--attempt", str(attempt)] if attempt is not None else []),
+                *(["--node", str(node)] if node is not None else [])]
+        return self("logs", job_id, *args).stdout
+
+    @contextmanager
+    def _client(self):
+        url, token = self.env.get("RUNNER_SERVER"), self.env.get("RUNNER_TOKEN")
+        if not (url and token):
+            yield None
+            return
+        from runner.client import Client
+
+        client = Client(url, token)
+        try:
+            yield client
+        finally:
+            client.session.close()
+
+
+def _logs(client, job_id: str, attempt: int | None, node: int | None) -> str:
+    """What `runner logs JOB [--attempt N] [--node R]` prints, by the command's own code."""
+    from runner.cli.follow import follow_logs
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        follow_logs(client, job_id, attempt, False, only_node=node)
+    return printed.getvalue()
 
 
 class Controller:
@@ -130,11 +176,62 @@ TESTS = Path(__file__).resolve().parent
 ON_BOTH_DATABASES_IN = ("controller", "scheduler", "state", "web", "costpolicy")
 # Set by .ci/run: there a missing Postgres fails the Postgres half instead of skipping it.
 REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
+# Folders whose tests start several torch processes (minutes on a busy machine): scheduled first.
+SLOW_FOLDERS = ("e2e", "integrations")
+# Module-scoped fixtures that only carry a parameter (no state worth sharing): they group no tests.
+MODULE_SCOPED_CARRIERS = ("backend", "module_controller_db")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "sqlite_only(why): this test stays on SQLite where its module runs on both")
     config.addinivalue_line("markers", "on_both_databases: this test runs on SQLite and Postgres where its module does not")
+
+
+def _module_params(item) -> str:
+    """The ids of the parameters of ``item``'s module-scoped fixtures (e.g. its `backend`): "" for none."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return ""
+    definitions = item._fixtureinfo.name2fixturedefs
+    return ",".join(f"{name}={value}" for name, value in sorted(callspec.params.items())
+                    if name in definitions and definitions[name][-1].scope == "module")
+
+
+def shared_module_scenario(item) -> str | None:
+    """The xdist group of a test that shares a module-scoped fixture (a scenario run once, a controller, a
+    server) with the rest of its module: module and that fixture's parameters. None for a test on its own."""
+    definitions = getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs
+    if not definitions or not any(defs[-1].scope == "module" and name not in MODULE_SCOPED_CARRIERS
+                                  for name, defs in definitions.items()):
+        return None
+    return f"{item.path.relative_to(TESTS)}[{_module_params(item)}]"
+
+
+def start_order(item) -> int:
+    """Lower starts earlier: a test whose author raised its timeout above the default, then the folders whose
+    tests start real torch processes, then those that start a controller, then the rest."""
+    marker = item.get_closest_marker("timeout")
+    default = float(item.config.getini("timeout") or 0)
+    if marker and marker.args and float(marker.args[0]) > default:
+        return 0
+    if item.path.relative_to(TESTS).parts[0] in SLOW_FOLDERS:
+        return 1
+    if {"controller", "controller_db", "module_controller_db"} & set(item.fixturenames):
+        return 2
+    return 3
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Schedule for `pytest -n N` (pyproject runs it as --dist loadgroup): the slowest tests start first, so
+    the run never ends on one long test alone, and the tests of a module that share a module-scoped fixture run
+    on one worker, so its scenario runs once (xdist would otherwise set it up on every worker that gets one of
+    them). Within a rank the collection order stays (a module's tests together)."""
+    for item in items:
+        group = shared_module_scenario(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=start_order)
 
 
 def on_both_databases(metafunc) -> bool:
