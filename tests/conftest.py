@@ -176,10 +176,6 @@ TESTS = Path(__file__).resolve().parent
 ON_BOTH_DATABASES_IN = ("controller", "scheduler", "state", "web", "costpolicy")
 # Set by .ci/run: there a missing Postgres fails the Postgres half instead of skipping it.
 REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
-# Folders whose tests start several torch processes (minutes on a busy machine): scheduled first.
-SLOW_FOLDERS = ("e2e", "integrations")
-# Module-scoped fixtures that only carry a parameter (no state worth sharing): they group no tests.
-MODULE_SCOPED_CARRIERS = ("backend", "module_controller_db")
 
 
 def pytest_configure(config):
@@ -187,51 +183,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "on_both_databases: this test runs on SQLite and Postgres where its module does not")
 
 
-def _module_params(item) -> str:
-    """The ids of the parameters of ``item``'s module-scoped fixtures (e.g. its `backend`): "" for none."""
-    callspec = getattr(item, "callspec", None)
-    if callspec is None:
-        return ""
-    definitions = item._fixtureinfo.name2fixturedefs
-    return ",".join(f"{name}={value}" for name, value in sorted(callspec.params.items())
-                    if name in definitions and definitions[name][-1].scope == "module")
-
-
-def shared_module_scenario(item) -> str | None:
-    """The xdist group of a test that shares a module-scoped fixture (a scenario run once, a controller, a
-    server) with the rest of its module: module and that fixture's parameters. None for a test on its own."""
-    definitions = getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs
-    if not definitions or not any(defs[-1].scope == "module" and name not in MODULE_SCOPED_CARRIERS
-                                  for name, defs in definitions.items()):
-        return None
-    return f"{item.path.relative_to(TESTS)}[{_module_params(item)}]"
-
-
-def start_order(item) -> int:
-    """Lower starts earlier: a test whose author raised its timeout above the default, then the folders whose
-    tests start real torch processes, then those that start a controller, then the rest."""
-    marker = item.get_closest_marker("timeout")
-    default = float(item.config.getini("timeout") or 0)
-    if marker and marker.args and float(marker.args[0]) > default:
-        return 0
-    if item.path.relative_to(TESTS).parts[0] in SLOW_FOLDERS:
-        return 1
-    if {"controller", "controller_db", "module_controller_db"} & set(item.fixturenames):
-        return 2
-    return 3
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Schedule for `pytest -n N` (pyproject runs it as --dist loadgroup): the slowest tests start first, so
-    the run never ends on one long test alone, and the tests of a module that share a module-scoped fixture run
-    on one worker, so its scenario runs once (xdist would otherwise set it up on every worker that gets one of
-    them). Within a rank the collection order stays (a module's tests together)."""
-    for item in items:
-        group = shared_module_scenario(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=start_order)
+    """The slowest tests first (tests/xdist_schedule.py); within a rank the collection order stays."""
+    from xdist_schedule import start_order
+
+    items.sort(key=lambda item: start_order(item, TESTS))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n N`: units of work as tests/xdist_schedule.py says, in collection order (slowest first)."""
+    if config.getvalue("dist") != "load":  # another --dist asked for by name: xdist's own
+        return None
+    from xdist_schedule import SharedScenarioScheduling, shared_scenario_modules
+
+    config.option.loadscopereorder = False  # keep the collection order, not the biggest unit first
+    return SharedScenarioScheduling(config, log, shared_scenario_modules(TESTS, config.rootpath))
 
 
 def on_both_databases(metafunc) -> bool:
