@@ -31,7 +31,7 @@ def start_order(item, tests: Path) -> int:
     default = float(item.config.getini("timeout") or 0)
     if marker and marker.args and float(marker.args[0]) > default:
         return 0
-    if item.path.relative_to(tests).parts[0] in SLOW_FOLDERS:
+    if item.path.is_relative_to(tests) and item.path.relative_to(tests).parts[0] in SLOW_FOLDERS:
         return 1
     if {"controller", "controller_db", "module_controller_db"} & set(item.fixturenames):
         return 2
