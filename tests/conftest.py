@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -9,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
@@ -40,24 +41,69 @@ class Runner:
         return json.loads(result.stdout)
 
     def wait_for(self, job_id: str, predicate, timeout: float = 60, what: str = "condition") -> dict:
+        """Poll the job (what `runner status JOB --json` prints) until ``predicate`` holds; return it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            job = self.json("status", job_id)
+            job = self.job(job_id)
             if predicate(job):
                 return job
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}; job is {job}")
 
-    def wait_for_output(self, job_id: str, pattern: str, timeout: float = 90) -> str:
-        """Wait until the job's output (``runner logs``) has a match of ``pattern`` (a regex, multiline); return
-        the output."""
+    def wait_for_output(self, job_id: str, pattern: str, timeout: float = 90, attempt: int | None = None,
+                        node: int | None = None) -> str:
+        """Wait until the job's output (``runner logs``, of one ``attempt``/``node`` where given) has a match of
+        ``pattern`` (a regex, multiline); return the output."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            output = self("logs", job_id).stdout
+            output = self.output(job_id, attempt, node)
             if re.search(pattern, output, re.M):
                 return output
             time.sleep(0.2)
         raise AssertionError(f"the job never printed {pattern!r}; its output ends: {output[-2000:]}")
+
+    # For polling: what the CLI would print, by the CLI's own code run in this process against the controller
+    # it would reach (RUNNER_SERVER, RUNNER_TOKEN). A CLI start costs most of a second of CPU, and a wait polls
+    # several times a second on a 2-core machine that the job under test needs. Where the CLI finds its
+    # controller by itself, the CLI.
+
+    def job(self, job_id: str) -> dict:
+        """What `runner status JOB --json` prints."""
+        with self._client() as client:
+            return self.json("status", job_id) if client is None else client.get(f"/v1/jobs/{job_id}")
+
+    def output(self, job_id: str, attempt: int | None = None, node: int | None = None) -> str:
+        """What `runner logs JOB [--attempt N] [--node R]` prints."""
+        with self._client() as client:
+            if client is not None:
+                return _logs(client, job_id, attempt, node)
+        args = [*(["--attempt", str(attempt)] if attempt is not None else []),
+                *(["--node", str(node)] if node is not None else [])]
+        return self("logs", job_id, *args).stdout
+
+    @contextmanager
+    def _client(self):
+        url, token = self.env.get("RUNNER_SERVER"), self.env.get("RUNNER_TOKEN")
+        if not (url and token):
+            yield None
+            return
+        from runner.client import Client
+
+        client = Client(url, token)
+        try:
+            yield client
+        finally:
+            client.session.close()
+
+
+def _logs(client, job_id: str, attempt: int | None, node: int | None) -> str:
+    """What `runner logs JOB [--attempt N] [--node R]` prints, by the command's own code."""
+    from runner.cli.follow import follow_logs
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        follow_logs(client, job_id, attempt, False, only_node=node)
+    return printed.getvalue()
 
 
 class Controller:
@@ -135,6 +181,24 @@ REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
 def pytest_configure(config):
     config.addinivalue_line("markers", "sqlite_only(why): this test stays on SQLite where its module runs on both")
     config.addinivalue_line("markers", "on_both_databases: this test runs on SQLite and Postgres where its module does not")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest tests first (tests/xdist_schedule.py); within a rank the collection order stays."""
+    from xdist_schedule import start_order
+
+    items.sort(key=lambda item: start_order(item, TESTS))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n N`: units of work as tests/xdist_schedule.py says, in collection order (slowest first)."""
+    if config.getvalue("dist") != "load":  # another --dist asked for by name: xdist's own
+        return None
+    from xdist_schedule import SharedScenarioScheduling, shared_scenario_modules
+
+    config.option.loadscopereorder = False  # keep the collection order, not the biggest unit first
+    return SharedScenarioScheduling(config, log, shared_scenario_modules(TESTS, config.rootpath))
 
 
 def on_both_databases(metafunc) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -18,13 +19,8 @@ recovery: {resume_drill: "off"}
 
 
 def _pid_from_logs(runner, job_id: str) -> int:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in runner("logs", job_id).stdout.splitlines():
-            if line.startswith("pid "):
-                return int(line.split()[1])
-        time.sleep(0.3)
-    raise AssertionError("the job never printed its pid")
+    output = runner.wait_for_output(job_id, r"^pid \d+", timeout=60)
+    return int(re.search(r"^pid (\d+)", output, re.M).group(1))
 
 
 def _alive(pid: int) -> bool:

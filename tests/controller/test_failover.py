@@ -165,7 +165,7 @@ def test_leader_killed_mid_launch_mid_transition_and_mid_recovery_loses_and_dupl
     # Mid-launch: the leader has picked the job up (its attempt and node rows are written, the launch in flight).
     wait(lambda j: j["state"] != "PENDING" or j["attempts"] >= 1, "the launch to begin")
     takeovers.append(team.kill_leader_and_time_takeover())
-    wait(lambda j: j["state"] == "RUNNING" and "line 5" in cli("logs", job_id).stdout, "the job to run")
+    wait(lambda j: j["state"] == "RUNNING" and "line 5" in cli.output(job_id), "the job to run")
     # Mid-transition: a preemption ends the attempt; the leader is moving the job on and relaunching.
     deadline = time.monotonic() + 180  # accepted once the node's launch is confirmed (by whichever leader)
     while (sent := cli("preempt", job_id, "--notice", "aws")).returncode != 0:

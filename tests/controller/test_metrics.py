@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import time
-
 import pytest
 import requests
 import yaml
@@ -125,10 +122,7 @@ def preempted(tmp_path_factory, module_controller_db):
     try:
         folder = home.parent / "job"
         job_id = runner.json("submit", str(write_job(folder, TRAIN_JOB, {"train.py": TRAIN})))["id"]
-        deadline = time.monotonic() + 90
-        while not re.search(r"^step 20$", runner("logs", job_id).stdout, re.M):
-            assert time.monotonic() < deadline, runner("logs", job_id).stdout[-2000:]
-            time.sleep(0.2)
+        runner.wait_for_output(job_id, r"^step 20$", timeout=90)
         assert runner("preempt", job_id, "--notice", "aws").returncode == 0
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=120, what="the end")
         assert job["state"] == "SUCCEEDED", job

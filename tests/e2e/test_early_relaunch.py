@@ -75,7 +75,7 @@ def test_the_next_attempt_launches_while_the_old_process_is_still_exiting(tmp_pa
            "resources: {cloud: [local]}\ncheckpoint: {interval: 1h}\n"
            "recovery: {max_preemptions: 2, max_failures: 0, resume_drill: 'off'}\n")
     job_id = runner.json("submit", str(write_job(tmp_path / "job", job, {"train.py": TRAINEE})))["id"]
-    _wait(lambda: re.search(r"^step 5$", runner("logs", job_id).stdout, re.M), "training steps")
+    runner.wait_for_output(job_id, r"^step 5$", timeout=180)
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=240, what="the end")

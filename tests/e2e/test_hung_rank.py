@@ -10,7 +10,6 @@ trains (torchrun's workers lead sessions of their own), and the next attempt res
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -39,9 +38,9 @@ def test_a_hung_rank_ends_the_attempt_by_the_deadline_naming_it_and_leaving_no_p
     shutil.copy(SCRIPT, folder / "train.py")
     job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
     try:
-        _wait_for_line(runner, job_id, ["--node", "1"], "rank 3: hanging after step 35")
+        runner.wait_for_output(job_id, "rank 3: hanging after step 35", timeout=600, node=1)
         assert runner("preempt", job_id, "--node", "1", "--notice", "aws").returncode == 0
-        _wait_for_line(runner, job_id, ["--attempt", "2"], "rank 0: resumed from step")
+        runner.wait_for_output(job_id, "rank 0: resumed from step", timeout=600, attempt=2)
         assert attempt_processes(job_id, 1) == []  # gone, on both nodes, before the next attempt trains
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
         first = runner.json("restarts", job_id)[0]
@@ -55,12 +54,3 @@ def test_a_hung_rank_ends_the_attempt_by_the_deadline_naming_it_and_leaving_no_p
         for attempt in (1, 2):
             wait_until_gone(job_id, attempt, timeout=0)
 
-
-def _wait_for_line(runner, job_id: str, args: list[str], line: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        output = runner("logs", job_id, *args).stdout
-        if line in output:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"never printed {line!r}: {output[-2000:]}")

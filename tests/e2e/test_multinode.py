@@ -80,7 +80,7 @@ def preempted_gang(tmp_path_factory):
         runner.wait_for(job_id, lambda j: j["attempts"] == 2, timeout=240, what="the drill's restart")
         drill_step = runner.json("restarts", job_id)[0]["checkpoint_step"]
         runner.wait_for(job_id, lambda j: any(int(n) >= drill_step + 20 for n in re.findall(
-            r"^step (\d+) ", runner("logs", job_id, "--attempt", "2").stdout, re.M)),
+            r"^step (\d+) ", runner.output(job_id, attempt=2), re.M)),
             timeout=240, what="20 steps of attempt 2")
         preempted = runner("preempt", job_id, "--node", "1")
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=300, what="the end")

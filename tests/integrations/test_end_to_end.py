@@ -65,7 +65,7 @@ def local_cloud(tmp_path):
 
 
 def _steps(runner, job_id: str, attempt: int) -> list[int]:
-    return [int(n) for n in re.findall(r"^step (\d+)$", runner("logs", job_id, "--attempt", str(attempt)).stdout, re.M)]
+    return [int(n) for n in re.findall(r"^step (\d+)$", runner.output(job_id, attempt), re.M)]
 
 
 @pytest.mark.parametrize("framework", sorted(CASES))
