@@ -1,4 +1,7 @@
-"""The control channel between a training process and the node agent (client side, and the shared protocol).
+"""The control channel between a training process and the node agent: the library's end (the client).
+
+The messages are defined once, in runner/protocol (framing.py, messages.py), for both ends; this is what they
+mean to the library.
 
 Protocol, version 1
 -------------------
@@ -58,35 +61,19 @@ The reader thread only records requests; all work happens in the training thread
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+
+from runner.protocol.framing import decode, encode, read_messages
+from runner.protocol.messages import BadMessage, CheckpointRequest, Hello, Recorded, Release, Resume, parse
 
 from .log import get_logger
 
 log = get_logger()
 
-OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
-                "closed", "holding", "waiting")
-OPS_FROM_AGENT = ("checkpoint", "recorded", "release", "resume")
-REASONS = ("notice", "rebalance", "drill", "cancel", "move")
-
-
-def encode(message: dict) -> bytes:
-    """One protocol line."""
-    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
-
-
-def decode(line: bytes | str) -> dict | None:
-    """Parse one protocol line; None when it is not a JSON object with an ``op``."""
-    try:
-        message = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return message if isinstance(message, dict) and isinstance(message.get("op"), str) else None
+__all__ = ["CheckpointRequest", "ControlClient", "decode", "describe_deadline", "encode", "parse_request"]
 
 
 def describe_deadline(deadline: float | None) -> str | None:
@@ -97,37 +84,9 @@ def describe_deadline(deadline: float | None) -> str | None:
     return f"{stamp} (in {max(0.0, deadline - time.time()):.1f} s)"
 
 
-@dataclass(frozen=True)
-class CheckpointRequest:
-    """A request to checkpoint now: from the agent, or from a signal (``reason`` names it)."""
-
-    reason: str
-    stop: bool
-    deadline: float | None = None  # unix seconds
-    hold: bool = False  # checkpoint, then hold the training loop until stopped or released (hold.py)
-
-    def merge(self, other: "CheckpointRequest | None") -> "CheckpointRequest":
-        """The stronger of two pending requests: stop wins, and the earlier deadline."""
-        if other is None:
-            return self
-        deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
-        stop = self.stop or other.stop
-        reason = self.reason if self.stop or not other.stop else other.reason
-        return CheckpointRequest(reason, stop, min(deadlines) if deadlines else None,
-                                 hold=(self.hold or other.hold) and not stop)
-
-
 def parse_request(message: dict) -> CheckpointRequest | None:
     """A ``checkpoint`` message as a request; None for anything else."""
-    if message.get("op") != "checkpoint":
-        return None
-    deadline = message.get("deadline")
-    if not isinstance(deadline, (int, float)) or isinstance(deadline, bool):
-        deadline = None
-    stop = bool(message.get("stop"))
-    return CheckpointRequest(str(message.get("reason") or "notice"), stop,
-                             float(deadline) if deadline is not None else None,
-                             hold=bool(message.get("hold")) and not stop)
+    return CheckpointRequest.from_json(message) if message.get("op") == CheckpointRequest.op else None
 
 
 class ControlClient:
@@ -155,7 +114,7 @@ class ControlClient:
             log.warning("control channel unreachable; relying on signals only", path=path, error=str(exc))
             return
         self._sock = sock
-        self.send({"op": "hello", "pid": os.getpid(), "job_id": job_id, "attempt": attempt, **(hello or {})})
+        self.send(Hello(pid=os.getpid(), job_id=job_id, attempt=attempt, **(hello or {})).to_json())
         self._reader = threading.Thread(target=self._read, name="runner-checkpoint-control", daemon=True)
         self._reader.start()
 
@@ -175,36 +134,30 @@ class ControlClient:
                 self._drop()
 
     def _read(self) -> None:
-        sock = self._sock
-        pending = b""
-        while True:
-            try:
-                data = sock.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                message = decode(line) if line.strip() else None
-                request = parse_request(message) if message else None
-                if request is not None:
-                    self._on_request(request)
-                elif message and message["op"] == "recorded" and self._on_recorded is not None:
-                    step = message.get("step")
-                    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-                        self._on_recorded(step)
-                elif message and message["op"] == "release" and self._on_release is not None:
-                    self._on_release()
-                elif message and message["op"] == "resume" and self._on_resume is not None:
-                    self._on_resume(message)
-                elif line.strip():
-                    log.debug("control message ignored", line=line[:200].decode(errors="replace"))
+        read_messages(self._sock, self._on_message, on_invalid=self._ignored)
         if not self._closed:
             log.warning("control channel closed by the agent; relying on signals only", path=self.path)
             if self._on_lost is not None:
                 self._on_lost()
+
+    def _on_message(self, data: dict) -> None:
+        try:
+            message = parse(data)
+        except BadMessage as exc:  # an op of a newer agent, or a field this side cannot read
+            log.debug("control message ignored", why=str(exc))
+            return
+        if isinstance(message, CheckpointRequest):
+            self._on_request(message)
+        elif isinstance(message, Recorded) and self._on_recorded is not None:
+            self._on_recorded(message.step)
+        elif isinstance(message, Release) and self._on_release is not None:
+            self._on_release()
+        elif isinstance(message, Resume) and self._on_resume is not None:
+            self._on_resume(data)
+
+    @staticmethod
+    def _ignored(line: bytes) -> None:
+        log.debug("control message ignored", line=line[:200].decode(errors="replace"))
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
+from ..protocol.events import NOTICE_KINDS
 from ..scheduler.states import ALLOWED
 from ..state import Database, Tx
 from ..state import measurements as m
@@ -30,7 +31,6 @@ router = APIRouter()
 
 JOB_STATES = tuple(ALLOWED)  # every state is exported, 0 included
 PREEMPTION_REASONS = ("preempted", "lost")
-NOTICE_KINDS = ("notice", "rebalance", "maintenance")  # agent event kinds that report a notice
 # Precise timing a notice report may carry (unix seconds); kept out of the restart log's notice.
 TIMING_FIELDS = ("received_unix", "deadline_unix", "issued_unix")
 
