@@ -16,13 +16,13 @@ from pathlib import Path
 
 import structlog
 
+from runner import sdnotify, wire
+from runner.errors import RunnerError
+from runner.logconfig import configure_logging
 from runner.protocol import environment
 from runner.protocol.actions import JOB_STOPPING_ACTIONS, Action, RegisterStatus
 from runner.protocol.events import EndReason, EventKind
 from runner.protocol.messages import Op
-from runner import sdnotify, wire
-from runner.errors import RunnerError
-from runner.logconfig import configure_logging
 
 from .cancel import cancel_plan
 from .config import AgentConfig, AgentConfigError, load_agent_config

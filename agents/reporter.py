@@ -18,10 +18,9 @@ from typing import Callable
 
 import structlog
 
+from runner.client import Client, ClientError
 from runner.protocol.actions import Action
 from runner.protocol.events import EventKind
-from runner import wire
-from runner.client import Client, ClientError
 
 from .config import AgentConfig
 

@@ -27,10 +27,10 @@ import time
 
 import structlog
 
+from runner import sdnotify
 from runner.protocol.actions import Action
 from runner.protocol.events import EndReason
 from runner.protocol.messages import Op
-from runner import sdnotify, wire
 
 from .config import AgentConfig
 from .core import AgentCore

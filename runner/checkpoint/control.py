@@ -66,14 +66,14 @@ import socket
 import threading
 import time
 
-from runner.protocol.framing import decode, encode, read_messages
+from runner.protocol.framing import encode, read_messages
 from runner.protocol.messages import BadMessage, CheckpointRequest, Hello, Recorded, Release, Resume, parse
 
 from .log import get_logger
 
 log = get_logger()
 
-__all__ = ["CheckpointRequest", "ControlClient", "decode", "describe_deadline", "encode", "parse_request"]
+__all__ = ["CheckpointRequest", "ControlClient", "describe_deadline"]  # CheckpointRequest: the protocol's, re-exported
 
 
 def describe_deadline(deadline: float | None) -> str | None:
@@ -82,11 +82,6 @@ def describe_deadline(deadline: float | None) -> str | None:
         return None
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
     return f"{stamp} (in {max(0.0, deadline - time.time()):.1f} s)"
-
-
-def parse_request(message: dict) -> CheckpointRequest | None:
-    """A ``checkpoint`` message as a request; None for anything else."""
-    return CheckpointRequest.from_json(message) if message.get("op") == CheckpointRequest.op else None
 
 
 class ControlClient:

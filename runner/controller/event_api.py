@@ -18,7 +18,7 @@ from fastapi import HTTPException
 
 from ..scheduler import standby
 from ..scheduler.attempts import hand_over
-from ..protocol.events import EventKind
+from ..protocol.events import NOTICE_KINDS, EventKind
 from ..state.standbys import PREPARED
 from ..state.values import Notice
 from ..wire import SetupReport
@@ -89,7 +89,7 @@ def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Cal
         return {"accepted": _record_setup(state, tx, node, data)}, None
     if kind == EventKind.MANIFEST:
         return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}, None
-    if kind in metrics.NOTICE_KINDS:
+    if kind in NOTICE_KINDS:
         metrics.record_notice(tx, job_id, attempt, data)
     if kind == "notice":
         notice = Notice.from_json({k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS})

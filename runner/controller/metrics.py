@@ -20,7 +20,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
-from ..protocol.events import NOTICE_KINDS
 from ..scheduler.states import ALLOWED
 from ..state import Database, Tx
 from ..state import measurements as m

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .. import wire
 from ..protocol.events import EndReason
 
 WIDTH = 1000

@@ -14,7 +14,6 @@ from agents.emergency import ChildProcess, EmergencyStop
 from agents.main import Agent
 from runner.protocol.actions import Action
 from runner.protocol.events import EndReason
-from runner import wire
 
 TRAINEE = r'''
 import time

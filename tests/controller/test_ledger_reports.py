@@ -11,7 +11,6 @@ import requests
 
 from conftest import controller_with_a_sleeping_job
 from runner.protocol.events import EventKind
-from runner import wire
 
 
 @pytest.fixture(scope="module")

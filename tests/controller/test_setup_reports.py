@@ -6,8 +6,8 @@ import pytest
 import requests
 
 from conftest import controller_store_url, controller_with_a_sleeping_job
-from runner.protocol.events import EventKind
 from runner import wire
+from runner.protocol.events import EventKind
 from runner.state import Store, open_database
 
 

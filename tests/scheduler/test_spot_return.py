@@ -14,12 +14,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from runner.protocol.actions import Action
-from runner.protocol.events import EndReason
-from runner import wire
 from runner.controller.app import ControllerState, create_app
 from runner.controller.auth import hash_token
 from runner.controller.logstore import LogStore
+from runner.protocol.actions import Action
+from runner.protocol.events import EndReason
 from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.policy import BackoffBook
