@@ -38,7 +38,7 @@ class ResumeDrill:
         self.triggered = False
         self.armed = False
         self._hello = threading.Event()  # the training process has connected to the control channel
-        self.stop = StopWithCheckpoint(send, trainee, what="resume drill")
+        self.stop = StopWithCheckpoint(send, trainee, what="resume drill checkpoint")
         self._restored = threading.Event()
         self._restored_message: dict | None = None
         self._cancel = threading.Event()

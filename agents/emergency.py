@@ -129,7 +129,7 @@ class EmergencyStop:
     def _run(self, notice: Notice) -> None:
         left = notice.seconds_left()
         left = self.default_grace if left is None else max(0.0, left)
-        log.warning("preemption notice: emergency checkpoint", source=notice.source, action=notice.action,
+        log.warning("preemption notice", source=notice.source, action=notice.action,
                     seconds_left=round(left, 2))
         try:
             self.stop.run(notice_plan(left))

@@ -402,7 +402,7 @@ class Agent(AgentCore):
         log.info("stopping the job", why=action)
         if action == Action.MOVE_TO_SPOT:  # the cost policy moves the job to spot: the same stop, another end
             self.stop_reason = EndReason.MOVED
-        self.cancel_stop = StopWithCheckpoint(self.send_control, self._child(), what=f"stop for {action}")
+        self.cancel_stop = StopWithCheckpoint(self.send_control, self._child(), what=f"checkpoint and stop for {action}")
         self.cancelled.set()
         if self.current is not None:
             self._stop_in_background(self.cancel_stop, cancel_plan(action, self.config.stop_grace_seconds))

@@ -72,11 +72,11 @@ class StopPlan:
 class StopWithCheckpoint:
     """Runs one stop; ``on_ack`` takes the library's ``stopping`` messages meant for it (agents/core.py routes them)."""
 
-    def __init__(self, send: Callable[[dict], int], trainee: Trainee, what: str = "stop",
+    def __init__(self, send: Callable[[dict], int], trainee: Trainee, what: str = "checkpoint and stop",
                  on_acknowledged: Callable[[dict], None] | None = None):
         self.send = send          # control channel: returns how many training processes got the message
         self.trainee = trainee
-        self.what = what          # for the logs: "emergency checkpoint", "cancel", "resume drill"...
+        self.what = what          # for the logs ("emergency checkpoint" logs "emergency checkpoint acknowledged")
         self.on_acknowledged = on_acknowledged
         self.acknowledged = threading.Event()
         self.ack: dict | None = None
@@ -98,7 +98,7 @@ class StopWithCheckpoint:
         deadline = started + plan.seconds
         if plan.reason is not None:
             self.delivered = self.send(plan.request().to_json())
-            log.info(f"{self.what}: checkpoint and stop requested", reason=plan.reason,
+            log.info(f"{self.what} requested", reason=plan.reason,
                      seconds_left=round(plan.seconds, 2), delivered_to=self.delivered)
             if self.delivered == 0 and plan.wait_when_unreachable:
                 self.trainee.unreachable()
@@ -107,7 +107,7 @@ class StopWithCheckpoint:
         self.answer_seconds = time.monotonic() - started
         acked = self.acknowledged.is_set()
         if acked:
-            log.info(f"{self.what}: checkpoint acknowledged", step=self.ack.get("step"), durable=self.durable)
+            log.info(f"{self.what} acknowledged", step=self.ack.get("step"), durable=self.durable)
             if self.on_acknowledged is not None:
                 self.on_acknowledged(self.ack)
         elif plan.reason is not None and self.trainee.running():
