@@ -1,6 +1,7 @@
 """The agent's end of the control channel: a Unix socket the training library connects to.
 
-Newline-delimited JSON (the protocol is described in runner/checkpoint/control.py). The agent sends
+Newline-delimited JSON, read and written by runner/protocol/framing.py (the messages: runner/protocol/messages.py,
+their meaning to the library: runner/checkpoint/control.py). The agent sends
 ``checkpoint`` requests; the library reports ``hello``, ``restored``, ``committed``, ``stopping`` and, from
 ``Checkpointer.close()``, ``closed`` (a library that predates it never sends it).
 A connection counts as a training process once it has said ``hello``; others (a health check that
@@ -10,7 +11,6 @@ message that does not say which rank sent it gets ``rank`` and ``local_rank`` fr
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Callable
 
 import structlog
+
+from runner.protocol.framing import encode, read_messages
+from runner.protocol.messages import Op
 
 log = structlog.get_logger(__name__)
 
@@ -82,35 +85,24 @@ class ControlServer:
                 log.info("training process disconnected", pid=hello.get("pid"))
 
     def _serve(self, conn: socket.socket) -> None:
-        buffer = b""
-        while True:
-            try:
-                data = conn.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                return
-            buffer += data
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    log.warning("control channel: not JSON", line=line[:200])
-                    continue
-                if not isinstance(message, dict):
-                    continue
-                if message.get("op") == "hello":
-                    self._hello(conn, message)
-                elif message.get("op") == "closed":
-                    with self._lock:
-                        self._closed.add(conn)
-                else:
-                    message = self._with_sender(conn, message)
-                try:
-                    self.on_message(message)
-                except Exception:
-                    log.exception("control message handler failed", message=message)
+        read_messages(conn, lambda message: self._received(conn, message), on_invalid=self._not_a_message)
+
+    @staticmethod
+    def _not_a_message(line: bytes) -> None:
+        log.warning("control channel: not a message", line=line[:200])
+
+    def _received(self, conn: socket.socket, message: dict) -> None:
+        if message["op"] == Op.HELLO:
+            self._hello(conn, message)
+        elif message["op"] == Op.CLOSED:
+            with self._lock:
+                self._closed.add(conn)
+        else:
+            message = self._with_sender(conn, message)
+        try:
+            self.on_message(message)
+        except Exception:
+            log.exception("control message handler failed", message=message)
 
     def _hello(self, conn: socket.socket, message: dict) -> None:
         with self._lock:
@@ -127,7 +119,7 @@ class ControlServer:
 
     def send(self, message: dict) -> int:
         """Send to every connection; return how many training processes (connections that said hello) got it."""
-        data = (json.dumps(message) + "\n").encode()
+        data = encode(message)
         sent = 0
         with self._lock:
             for conn, hello in list(self._clients.items()):

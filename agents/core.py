@@ -7,9 +7,12 @@ its training process is started (or not) and stopped (or not).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import structlog
 
-from runner.wire import REPORT_MANIFEST, REPORT_TELEMETRY
+from runner.protocol.events import EventKind
+from runner.protocol.messages import Op, Recorded
 
 from .config import AgentConfig
 from .control import ControlServer
@@ -39,6 +42,22 @@ class AgentCore:
         # controller prepares the replacement (agents/train_through.py).
         self.may_train_through = False
         self.train_through: TrainThrough | None = None
+        # What the training library says, by op: each message goes to every handler of its op, in order.
+        self._control_handlers: dict[str, list[Callable[[dict], None]]] = {}
+        self.on_op(Op.STOPPING, self._on_stopping)
+        self.on_op(Op.COMMITTED, self._on_committed)
+        self.on_op(Op.FAILED, self._on_failed)
+        self.on_op(Op.TELEMETRY, self._on_telemetry)
+        self.on_op(Op.MANIFEST, self._on_manifest)
+        self.on_op(Op.RESTORED, self._on_restored)
+
+    def on_op(self, op: Op, handler: Callable[[dict], None]) -> None:
+        """Hand the library's ``op`` messages to ``handler`` too (after the handlers added before it)."""
+        self._control_handlers.setdefault(op.value, []).append(handler)
+
+    def on_control(self, message: dict) -> None:
+        for handler in self._control_handlers.get(message.get("op"), ()):
+            handler(message)
 
     def send_control(self, message: dict) -> int:
         return self.control.send(message) if self.control is not None else 0
@@ -75,7 +94,8 @@ class AgentCore:
         if notice.terminal:
             expected = self.checkpoint_clock.expected()
             through = self.may_train_through and self.train_through is None and trains_through(notice, expected)
-            self.reporter.event("notice", {**data, "prepare": through, "checkpoint_seconds": round(expected, 3)})
+            self.reporter.event(EventKind.NOTICE, {**data, "prepare": through,
+                                                   "checkpoint_seconds": round(expected, 3)})
             if through:
                 self.train_through = TrainThrough(notice, expected, self.emergency.start, self.send_control).start()
             else:
@@ -95,39 +115,47 @@ class AgentCore:
 
         def on_delivered(reply: dict) -> None:
             if reply.get("accepted"):
-                self.send_control({"op": "recorded", "step": step})
+                self.send_control(Recorded(step).to_json())
         return on_delivered
 
-    def on_control(self, message: dict) -> None:
-        op = message.get("op")
-        if op == "stopping":
-            self.emergency.on_ack(message)
-        elif op == "committed":
-            fields = {k: message.get(k) for k in ("step", "manifest", "durable", "emergency", "seconds", "bytes")}
-            log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
-            self.progress["checkpoint_step"] = message.get("step")
-            self.checkpoint_clock.observe(message)
-            self.reporter.event("checkpoint", fields, on_delivered=self._recorded_by_controller(fields))
-            if self.handover is not None:  # after the checkpoint's report: the controller learns of it first
-                self.handover.on_committed(message)
-        elif op == "failed":
-            text = (f"checkpoint of step {message.get('step')} not saved on the {message.get('tier')} tier: "
-                    f"{message.get('error')}")
-            log.warning("checkpoint failed", step=message.get("step"), tier=message.get("tier"),
-                        error=message.get("error"))
-            self.reporter.event("checkpoint_failed", {"message": text})
-        elif op == "telemetry":
-            report = self.telemetry.update(message)
-            if report is not None:
-                self.reporter.event(REPORT_TELEMETRY, report)
-        elif op == "manifest":
-            log.info("run manifest", commit=(message.get("manifest") or {}).get("git_commit"))
-            self.reporter.event(REPORT_MANIFEST, {"manifest": message.get("manifest")})
-        elif op == "restored":
-            self.progress["restored_step"] = message.get("step")
-            step = message.get("step") or 0
-            text = f"training resumed from step {step}" if step else "training started fresh (no checkpoint yet)"
-            log.info(text, manifest=message.get("manifest"))
-            if message.get("expected") and step < message["expected"]:
-                text += f" (the checkpoint of step {message['expected']} was missing or did not verify)"
-            self.reporter.event("restored", {"message": text, "step": step, "expected": message.get("expected")})
+    def stops_answered_by(self, message: dict) -> list:
+        """The stops under way that a ``stopping`` answers (each has ``on_ack``)."""
+        return [self.emergency]
+
+    def _on_stopping(self, message: dict) -> None:
+        for stop in self.stops_answered_by(message):
+            stop.on_ack(message)
+
+    def _on_committed(self, message: dict) -> None:
+        fields = {k: message.get(k) for k in ("step", "manifest", "durable", "emergency", "seconds", "bytes")}
+        log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
+        self.progress["checkpoint_step"] = message.get("step")
+        self.checkpoint_clock.observe(message)
+        self.reporter.event(EventKind.CHECKPOINT, fields, on_delivered=self._recorded_by_controller(fields))
+        if self.handover is not None:  # after the checkpoint's report: the controller learns of it first
+            self.handover.on_committed(message)
+
+    def _on_failed(self, message: dict) -> None:
+        text = (f"checkpoint of step {message.get('step')} not saved on the {message.get('tier')} tier: "
+                f"{message.get('error')}")
+        log.warning("checkpoint failed", step=message.get("step"), tier=message.get("tier"),
+                    error=message.get("error"))
+        self.reporter.event(EventKind.CHECKPOINT_FAILED, {"message": text})
+
+    def _on_telemetry(self, message: dict) -> None:
+        report = self.telemetry.update(message)
+        if report is not None:
+            self.reporter.event(EventKind.TELEMETRY, report)
+
+    def _on_manifest(self, message: dict) -> None:
+        log.info("run manifest", commit=(message.get("manifest") or {}).get("git_commit"))
+        self.reporter.event(EventKind.MANIFEST, {"manifest": message.get("manifest")})
+
+    def _on_restored(self, message: dict) -> None:
+        self.progress["restored_step"] = message.get("step")
+        step = message.get("step") or 0
+        text = f"training resumed from step {step}" if step else "training started fresh (no checkpoint yet)"
+        log.info(text, manifest=message.get("manifest"))
+        if message.get("expected") and step < message["expected"]:
+            text += f" (the checkpoint of step {message['expected']} was missing or did not verify)"
+        self.reporter.event(EventKind.RESTORED, {"message": text, "step": step, "expected": message.get("expected")})

@@ -14,7 +14,17 @@ from typing import Callable
 
 import structlog
 
+from runner.protocol.messages import StopReason
+
+from .emergency import ChildProcess
+from .stop_with_checkpoint import StopPlan, StopWithCheckpoint, split_grace
+
 log = structlog.get_logger(__name__)
+
+
+def drill_plan(timeout: float) -> StopPlan:
+    """The drill's stop: the answer within the drill's timeout, then 10 s to exit by itself (0.5 s unanswered)."""
+    return StopPlan(StopReason.DRILL, timeout, exit_times=lambda acked, left: split_grace(10.0 if acked else 0.5))
 
 
 NOT_CONNECTED = ("the job does not use runner.checkpoint (nothing connected to the control channel during the "
@@ -22,16 +32,13 @@ NOT_CONNECTED = ("the job does not use runner.checkpoint (nothing connected to t
 
 
 class ResumeDrill:
-    def __init__(self, send: Callable[[dict], int], supervisor: Callable[[], object], timeout: float = 120.0):
-        self.send = send                # control channel
-        self.supervisor = supervisor    # the current Supervisor
+    def __init__(self, send: Callable[[dict], int], trainee: ChildProcess, timeout: float = 120.0):
+        self.supervisor = trainee.supervisor  # the current Supervisor
         self.timeout = timeout
         self.triggered = False
         self.armed = False
         self._hello = threading.Event()  # the training process has connected to the control channel
-        self.ack: dict | None = None
-        self.checkpoint_seconds = 0.0
-        self._acked = threading.Event()
+        self.stop = StopWithCheckpoint(send, trainee, what="resume drill checkpoint")
         self._restored = threading.Event()
         self._restored_message: dict | None = None
         self._cancel = threading.Event()
@@ -65,21 +72,15 @@ class ResumeDrill:
 
     def _trigger(self) -> None:
         self.triggered = True
-        started = time.monotonic()
-        log.info("resume drill: requesting a checkpoint and a stop")
-        self.send({"op": "checkpoint", "reason": "drill", "deadline": time.time() + self.timeout, "stop": True})
-        supervisor = self.supervisor()
-        deadline = started + self.timeout
-        while time.monotonic() < deadline and not self._acked.is_set():
-            if supervisor.process.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.checkpoint_seconds = time.monotonic() - started
-        supervisor.wait_or_stop(10.0 if self._acked.is_set() else 0.5)
+        self.stop.run(drill_plan(self.timeout))
 
-    def on_stopping(self, message: dict) -> None:
-        self.ack = message
-        self._acked.set()
+    @property
+    def ack(self) -> dict | None:
+        return self.stop.ack
+
+    @property
+    def checkpoint_seconds(self) -> float:
+        return self.stop.answer_seconds
 
     def outcome(self) -> dict:
         """What to report with the drill attempt's exit: the step to resume, or why no checkpoint exists."""

@@ -2,7 +2,8 @@
 
 On a terminal notice the agent asks the training process, through the control channel, for an
 emergency checkpoint with the deadline, and waits for its acknowledgement until the deadline minus a
-margin. What happens around that depends on who started the training process:
+margin (a stop with a checkpoint: agents/stop_with_checkpoint.py). What happens around that depends on who
+started the training process:
 
 * :class:`ChildProcess` (supervise mode): the agent's own child. Without a control channel it gets
   SIGTERM (the library treats it as a notice), the training process alone, never the whole group, so
@@ -17,12 +18,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import structlog
 
+from runner.protocol.messages import CheckpointRequest, StopReason
+
+from .stop_with_checkpoint import StopPlan, StopWithCheckpoint, Trainee, split_grace
 from .watchers import Notice
 
 log = structlog.get_logger(__name__)
@@ -31,19 +34,6 @@ log = structlog.get_logger(__name__)
 def safety_margin(seconds_left: float) -> float:
     """Time kept back before the deadline for stopping the process and flushing logs."""
     return min(10.0, max(0.5, 0.2 * seconds_left))
-
-
-class Trainee(Protocol):
-    """The training process the emergency path is for, as far as the agent can reach it."""
-
-    def running(self) -> bool:
-        """Is there still a process that may acknowledge?"""
-
-    def unreachable(self) -> None:
-        """Nobody received the checkpoint request over the control channel."""
-
-    def finish(self, grace: float) -> None:
-        """The acknowledgement came (or the deadline margin did): let it exit within ``grace`` seconds."""
 
 
 class ChildProcess:
@@ -68,10 +58,10 @@ class ChildProcess:
         except ProcessLookupError:
             pass
 
-    def finish(self, grace: float) -> None:
+    def finish(self, own_exit: float, after_sigterm: float) -> None:
         supervisor = self.supervisor()
         if supervisor is not None:
-            supervisor.wait_or_stop(grace)
+            supervisor.wait_then_stop(own_exit, after_sigterm)
 
 
 class AttachedProcesses:
@@ -90,24 +80,22 @@ class AttachedProcesses:
                     "its process namespace); the training container only gets the platform's SIGTERM",
                     socket=str(self.socket_path))
 
-    def finish(self, grace: float) -> None:
+    def finish(self, own_exit: float, after_sigterm: float) -> None:
         pass  # it exits by itself once should_stop is set; its container is the platform's to stop
 
 
 class EmergencyStop:
-    """Runs the emergency path once, for the first terminal notice."""
+    """Runs the emergency path once, for the first terminal notice: a :class:`StopWithCheckpoint` for the
+    notice's deadline."""
 
     def __init__(self, send: Callable[[dict], int], trainee: Trainee, default_grace: float = 30.0,
                  on_finished: Callable[[], None] | None = None, on_durable: Callable[[dict], None] | None = None):
-        self.send = send                    # control channel: returns how many training processes got the message
-        self.trainee = trainee
         self.default_grace = default_grace
         self.on_finished = on_finished
         # The emergency checkpoint is on the durable tier: the next attempt need not wait for this process to exit.
         self.on_durable = on_durable
-        self.acknowledged = threading.Event()
+        self.stop = StopWithCheckpoint(send, trainee, what="emergency checkpoint", on_acknowledged=self._acknowledged)
         self.finished = threading.Event()
-        self.ack: dict | None = None
         self.notice: Notice | None = None
         self._started = threading.Event()
 
@@ -115,10 +103,13 @@ class EmergencyStop:
     def active(self) -> bool:
         return self._started.is_set()
 
+    @property
+    def ack(self) -> dict | None:
+        return self.stop.ack
+
     def on_ack(self, message: dict) -> None:
         """The library's ``stopping`` message: the emergency checkpoint is committed (or given up)."""
-        self.ack = message
-        self.acknowledged.set()
+        self.stop.on_ack(message)
 
     def start(self, notice: Notice) -> None:
         if self._started.is_set():
@@ -129,46 +120,36 @@ class EmergencyStop:
 
     def summary(self) -> str:
         """One line for the restart log: the checkpoint's step and tier, or that none was acknowledged."""
-        if self.ack is None:
-            return "preempted: the job did not acknowledge the emergency checkpoint before the deadline"
-        where = "durable" if self.ack.get("durable") else "local only (not durable before the deadline)"
-        return f"preempted: emergency checkpoint at step {self.ack.get('step')}, {where}"
+        return self.stop.summary("preempted")
+
+    def _acknowledged(self, ack: dict) -> None:
+        if ack.get("durable") and self.on_durable is not None:
+            self.on_durable(ack)
 
     def _run(self, notice: Notice) -> None:
         left = notice.seconds_left()
         left = self.default_grace if left is None else max(0.0, left)
-        deadline = time.monotonic() + left
-        deadline_unix = time.time() + left
-        margin = safety_margin(left)
-        message = {"op": "checkpoint", "reason": "notice", "deadline": deadline_unix, "stop": True}
-        delivered = self.send(message)
-        if delivered == 0:
-            self.trainee.unreachable()
-        log.warning("preemption notice: emergency checkpoint requested", source=notice.source,
-                    action=notice.action, seconds_left=round(left, 2), delivered_to=delivered)
-        while time.monotonic() < deadline - margin:
-            if self.acknowledged.is_set() or not self.trainee.running():
-                break
-            time.sleep(0.02)
-        if self.acknowledged.is_set():
-            log.info("emergency checkpoint acknowledged", step=self.ack.get("step"), durable=self.ack.get("durable"))
-            if self.ack.get("durable") and self.on_durable is not None:
-                self.on_durable(self.ack)
-            grace = max(0.5, min(10.0, deadline - margin / 2 - time.monotonic()))  # let it exit by itself
-        else:
-            if self.trainee.running():
-                log.error("no acknowledgement before the deadline margin", margin=round(margin, 2))
-            elif delivered:
-                log.warning("the training process went away without acknowledging the emergency checkpoint")
-            grace = max(0.2, min(2.0, deadline - margin / 2 - time.monotonic()))  # the exit report before the deadline
+        log.warning("preemption notice", source=notice.source, action=notice.action,
+                    seconds_left=round(left, 2))
         try:
-            self.trainee.finish(grace)
+            self.stop.run(notice_plan(left))
         finally:
             self.finished.set()
             if self.on_finished is not None:
                 self.on_finished()
 
 
+def notice_plan(seconds_left: float) -> StopPlan:
+    """The emergency path's stop: the answer by the deadline less a margin; then, acknowledged, up to 10 s to exit
+    by itself, else the exit report before the deadline (each within half the margin)."""
+    margin = safety_margin(seconds_left)
+
+    def exit_times(acked: bool, left: float) -> tuple[float, float]:
+        grace = max(0.5, min(10.0, left - margin / 2)) if acked else max(0.2, min(2.0, left - margin / 2))
+        return split_grace(grace)
+    return StopPlan(StopReason.NOTICE, seconds_left, margin=margin, exit_times=exit_times)
+
+
 def rebalance_message(notice: Notice) -> dict:
     """An opportunistic checkpoint: training continues."""
-    return {"op": "checkpoint", "reason": "rebalance", "deadline": None, "stop": False}
+    return CheckpointRequest(StopReason.REBALANCE, stop=False).to_json()

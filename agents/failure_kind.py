@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import threading
 
-from runner.wire import FAILURE_COMMAND_NOT_FOUND, FAILURE_CUDA_OOM, FAILURE_IMPORT_ERROR
+from runner.protocol.events import FailureKind
 
 TAIL_BYTES = 16 * 1024  # the last lines that can name the failure; a traceback's last line is within them
 
@@ -53,15 +53,16 @@ def classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None:
     """(kind, one line for the restart log and status) of a failure no relaunch can fix, or None."""
     if exit_code == 127:
         lines = _NOT_FOUND.findall(output_tail)
-        return FAILURE_COMMAND_NOT_FOUND, "command not found (exit 127)" + (f": {_short(lines[-1])}" if lines else "")
+        return FailureKind.COMMAND_NOT_FOUND, "command not found (exit 127)" + (
+            f": {_short(lines[-1])}" if lines else "")
     if exit_code in (0, None):
         return None
     last_exception = (_TRACEBACK_END.findall(output_tail) or [""])[-1]
     oom = _OOM.findall(output_tail)
     if oom and (_OOM.search(last_exception) or not last_exception):
-        return FAILURE_CUDA_OOM, _oom_message(output_tail, exit_code)
+        return FailureKind.CUDA_OOM, _oom_message(output_tail, exit_code)
     if _IMPORT.fullmatch(last_exception):
-        return FAILURE_IMPORT_ERROR, f"a module could not be imported (exit {exit_code}): {_short(last_exception)}"
+        return FailureKind.IMPORT_ERROR, f"a module could not be imported (exit {exit_code}): {_short(last_exception)}"
     return None
 
 

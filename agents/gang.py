@@ -5,7 +5,8 @@
   node is kept and the next attempt is not planned yet), asks again. The assignment that finally comes
   carries ``gang``: the node count, this node's rank, every node's address, the rendezvous port.
 - **The job's environment** gets RUNNER_NUM_NODES, RUNNER_NODE_RANK, RUNNER_NODE_IPS, RUNNER_MASTER_ADDR,
-  RUNNER_MASTER_PORT and RUNNER_GPUS_PER_NODE from it (a single node is a gang of one).
+  RUNNER_MASTER_PORT and RUNNER_GPUS_PER_NODE from it (a single node is a gang of one;
+  runner/protocol/environment.py).
 - **A stop that came from a peer.** With torch.distributed, the checkpoint library stops every rank at
   the same step when any node gets a notice or a drill: the ranks here then say ``stopping`` with
   ``origin: "peer"``. Such a node reports that its job stopped because of a peer (not ``succeeded`` or
@@ -22,7 +23,8 @@ from urllib.parse import urlparse
 
 import structlog
 
-from runner import wire
+from runner.protocol.actions import RegisterStatus
+from runner.protocol.events import EndReason
 
 log = structlog.get_logger(__name__)
 
@@ -54,28 +56,13 @@ def register_for_attempt(register, address: str, stop: threading.Event) -> dict 
         reply = register({"address": address})
         if reply is None:
             return None
-        if reply.get("status") != wire.REGISTER_WAITING:
+        if reply.get("status") != RegisterStatus.WAITING:
             return reply
         if reply.get("message") != said:
             said = reply.get("message")
             log.info("waiting for the gang", why=said)
         stop.wait(float(reply.get("retry_seconds") or 0.5))
     return None
-
-
-def gang_environment(assignment: dict) -> dict[str, str]:
-    """The gang variables (docs/environment.md) for this node's job ({} from a controller that sends no ``gang``)."""
-    gang = assignment.get("gang")
-    if not gang:
-        return {}
-    return {
-        wire.ENV_NUM_NODES: str(gang["num_nodes"]),
-        wire.ENV_NODE_RANK: str(gang["node_rank"]),
-        wire.ENV_NODE_IPS: "\n".join(gang["node_ips"]),
-        wire.ENV_MASTER_ADDR: gang["master_addr"],
-        wire.ENV_MASTER_PORT: str(gang["master_port"]),
-        wire.ENV_GPUS_PER_NODE: str(gang["gpus_per_node"]),
-    }
 
 
 class GangRanks:
@@ -135,8 +122,8 @@ class GangRanks:
 
     def exit_reason(self, reason: str) -> str:
         """The exit to report: a job that stopped for a peer did neither succeed nor fail here."""
-        if self.peer_stop is not None and reason in ("succeeded", "failed"):
-            return wire.STOPPED_BY_PEER
+        if self.peer_stop is not None and reason in (EndReason.SUCCEEDED, EndReason.FAILED):
+            return EndReason.STOPPED_BY_PEER
         return reason
 
     def drill_verdict(self, result: dict, expected: int) -> dict:

@@ -19,20 +19,25 @@ import structlog
 from runner import sdnotify, wire
 from runner.errors import RunnerError
 from runner.logconfig import configure_logging
+from runner.protocol import environment
+from runner.protocol.actions import JOB_STOPPING_ACTIONS, Action, RegisterStatus
+from runner.protocol.events import EndReason, EventKind
+from runner.protocol.messages import Op
 
-from .cancel import CancelStop
+from .cancel import cancel_plan
 from .config import AgentConfig, AgentConfigError, load_agent_config
 from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
 from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
-from .gang import GangRanks, gang_environment, node_address, register_for_attempt
+from .gang import GangRanks, node_address, register_for_attempt
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
 from .prestart import DeferredOutput, Prestarted, prestart_environment
 from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
+from .stop_with_checkpoint import StopPlan, StopWithCheckpoint
 from .supervisor import Supervisor
 from .watchers import Notice
 
@@ -71,13 +76,16 @@ class Agent(AgentCore):
         self.drill: ResumeDrill | None = None
         self.gang = GangRanks()  # what this node's ranks said about a gang's stop and restore
         self.stop_progress = StopProgress()  # how far each local rank got toward a stop asked for
-        self.cancel_stop: CancelStop | None = None
-        self.stop_reason = "cancelled"  # the exit reason of a stop the controller asked for: cancelled or moved
+        self.cancel_stop: StopWithCheckpoint | None = None  # a stop the controller asked for
+        self.stop_reason = EndReason.CANCELLED  # the exit reason of a stop the controller asked for (or moved)
         self.output_tail: OutputTail | None = None
         self.failure_kind: str | None = None  # of a failed exit no relaunch can fix (agents/failure_kind.py)
         self.prefetch: CheckpointPrefetch | None = None  # the job's checkpoint, fetched while setup runs
         self.prestarted: Prestarted | None = None  # the job's process, started before its attempt exists
         self.adopted: Prestarted | None = None  # that process, now its attempt's
+        for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING):
+            self.on_op(op, self.stop_progress.on_message)
+        self.on_op(Op.HELLO, self._on_hello)
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -85,17 +93,16 @@ class Agent(AgentCore):
         assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
         if assignment is None:
             return 1
-        prepared = assignment.get("status") == wire.REGISTER_PREPARE  # a replacement launched during a notice
+        prepared = assignment.get("status") == RegisterStatus.PREPARE  # a replacement launched during a notice
         self.assignment = assignment["assignment"] if prepared else assignment
         log.info("registered", job=self.assignment["job_id"], attempt=self.assignment["attempt"],
                  prepared_replacement=prepared)
         self.local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.control = self._start_control_channel()
         if (self.assignment.get("gang") or {}).get("num_nodes", 1) == 1:  # a gang's nodes stop and restart together
-            self.handover = Handover(lambda data: self.reporter.event(wire.HANDOVER, data))
+            self.handover = Handover(lambda data: self.reporter.event(EventKind.HANDOVER, data))
             self.may_train_through = True
-        self.emergency = EmergencyStop(send=self.send_control,
-                                       trainee=ChildProcess(lambda: self.current, lambda: self.training_pid),
+        self.emergency = EmergencyStop(send=self.send_control, trainee=self._child(),
                                        on_durable=self.handover.on_durable if self.handover else None)
         self.watch_loop = self.start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
@@ -123,18 +130,18 @@ class Agent(AgentCore):
             workdir = self._prepare_workdir()
             code = self._run_setup_reported(workdir, self._environment())
         except JobCannotStart as exc:
-            self.reporter.report_exit("failed", None, f"prepared replacement: {exc}")
+            self.reporter.report_exit(EndReason.FAILED, None, f"prepared replacement: {exc}")
             return False
         if self.cancelled.is_set():
             return False
         if code != 0:
-            self.reporter.report_exit("failed", code, f"prepared replacement: setup failed with exit code {code}: "
-                                      f"{self.shipper.tail()}")
+            self.reporter.report_exit(EndReason.FAILED, code, "prepared replacement: setup failed with exit code "
+                                      f"{code}: {self.shipper.tail()}")
             return False
         self.phase = "ready"
         if self.assignment.get("prestart"):
             self._prestart(workdir)
-        self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": wire.READY, "data": {}}),
+        self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": EventKind.READY, "data": {}}),
                                 "ready report")
         log.info("ready: waiting for the handover")
         assignment = register_for_attempt(self.reporter.register, self.address, self.shutdown)
@@ -216,7 +223,7 @@ class Agent(AgentCore):
                 self.assignment = assignment
                 log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"])
                 continue
-            if not (reason == "drill" and reply and reply.get("next")):
+            if not (reason == EndReason.DRILL and reply and reply.get("next")):
                 return
             self.assignment = reply["next"]
             log.info("resume drill: restarting on this node", attempt=self.assignment["attempt"])
@@ -237,7 +244,7 @@ class Agent(AgentCore):
         except JobCannotStart as exc:
             log.error("the job cannot start", why=str(exc))
             self.shipper.write(f"[runner] {exc}\n".encode())
-            return "failed", None, str(exc), None
+            return EndReason.FAILED, None, str(exc), None
 
     def _run_job(self, workdir: Path, with_setup: bool) -> tuple[str, int | None, str | None, dict | None]:
         env = self._environment()
@@ -254,14 +261,14 @@ class Agent(AgentCore):
             if self.cancelled.is_set():
                 return self.stop_reason, code, None, None
             if code != 0:
-                return "failed", code, f"setup failed with exit code {code}", None
+                return EndReason.FAILED, code, f"setup failed with exit code {code}", None
             self._end_prefetch(wait_for=resume_step(self.assignment))
         elif with_setup:  # a job without setup: this new node is ready at once (0 s of setup, not unknown)
             now = time.time()
-            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(now, now).to_json())
+            self.reporter.event(EventKind.SETUP, wire.SetupReport(now, now).to_json())
         self.phase = "running"
         self.training_pid = None
-        self.drill = ResumeDrill(self.send_control, lambda: self.current, timeout=self.config.drill_timeout_seconds)
+        self.drill = ResumeDrill(self.send_control, self._child(), timeout=self.config.drill_timeout_seconds)
         expected = self.assignment.get("drill_expected_step")
         started = time.monotonic()
         if not self._adopt_prestarted():
@@ -278,18 +285,18 @@ class Agent(AgentCore):
             log.warning("resume drill skipped", why=self.drill.skipped)
             self.reporter.drill({"passed": None, "message": self.drill.skipped})
         if self.emergency.active:
-            return "preempted", code, self._stop_summary(), None
+            return EndReason.PREEMPTED, code, self._stop_summary(), None
         if self.cancelled.is_set():
             return self.stop_reason, code, None, None
         if self.drill.triggered:
-            return "drill", code, None, self.drill.outcome()
+            return EndReason.DRILL, code, None, self.drill.outcome()
         if code == 0:
-            return "succeeded", code, None, None
+            return EndReason.SUCCEEDED, code, None, None
         failure = classify(code, self.output_tail.text() if self.output_tail else "")
         self.failure_kind = failure[0] if failure else None
         if failure:
             log.error("the job failed in a way no relaunch can fix", kind=failure[0], why=failure[1])
-        return "failed", code, failure[1] if failure else None, None
+        return EndReason.FAILED, code, failure[1] if failure else None, None
 
     def _stop_summary(self) -> str:
         """The emergency's line for the restart log, naming the local ranks that never reached the stop step."""
@@ -317,15 +324,15 @@ class Agent(AgentCore):
         setup = self.assignment.get("setup")
         started = time.time()
         if not setup:
-            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started, started).to_json())
+            self.reporter.event(EventKind.SETUP, wire.SetupReport(started, started).to_json())
             return 0
-        self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started).to_json())
+        self.reporter.event(EventKind.SETUP, wire.SetupReport(started).to_json())
         code = None
         try:
             code = self._run_command(setup, workdir, env)
         finally:
             ended = max(started, time.time())
-            self.reporter.event(wire.REPORT_SETUP, wire.SetupReport(started, ended, code).to_json())
+            self.reporter.event(EventKind.SETUP, wire.SetupReport(started, ended, code).to_json())
         return code
 
     def _run_command(self, command: str, workdir: Path, env: dict) -> int:
@@ -358,73 +365,79 @@ class Agent(AgentCore):
         return workdir
 
     def _environment(self) -> dict[str, str]:
-        checkpoint = self.assignment["checkpoint"]
-        local_dir = checkpoint["local_dir"] or str(self.config.scratch_dir / "checkpoints")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        """The node's environment less the agent's own RUNNER_* variables, the job file's ``env``, then the job's
+        RUNNER_* variables (runner/protocol/environment.py)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(environment.PREFIX)}
         env.update(self.assignment.get("env") or {})
-        resume = checkpoint.get("resume") or {}
-        if resume.get("step"):
-            env["RUNNER_RESUME_STEP"] = str(resume["step"])
-        env.update({
-            "RUNNER_JOB_ID": self.assignment["job_id"],
-            "RUNNER_ATTEMPT": str(self.assignment["attempt"]),
-            "RUNNER_CHECKPOINT_DIR": local_dir,
-            "RUNNER_CHECKPOINT_URL": checkpoint["durable_url"],
-            "PYTHONUNBUFFERED": "1",
-        })
-        if self.control is not None:
-            env["RUNNER_CONTROL"] = str(self.control.path)
-            env[wire.ENV_AGENT_LOSS_GRACE] = str(wire.AGENT_LOSS_GRACE_SECONDS)  # a job outlives its agent this long
-        env.update(gang_environment(self.assignment))
-        env.update(wire.placement_environment(self.assignment.get("placement")))
-        if checkpoint.get("interval") and checkpoint["interval"] != "auto":
-            env["RUNNER_CHECKPOINT_INTERVAL"] = str(checkpoint["interval"])
-        env["RUNNER_CHECKPOINT_KEEP"] = str(checkpoint.get("keep", 3))
+        local_dir = self.assignment["checkpoint"]["local_dir"] or str(self.config.scratch_dir / "checkpoints")
+        env.update(environment.job_environment(self.assignment, local_dir,
+                                               str(self.control.path) if self.control is not None else None))
+        env["PYTHONUNBUFFERED"] = "1"
         return env
 
     # --- control --------------------------------------------------------------
     def _status(self) -> dict:
         return {"phase": self.phase, "progress": self.progress}
 
+    def _child(self) -> ChildProcess:
+        """The job's current process, as a stop with a checkpoint reaches it."""
+        return ChildProcess(lambda: self.current, lambda: self.training_pid)
+
     def _on_action(self, action: str) -> None:
-        if action == wire.CHECKPOINT_NOW and self.train_through is not None:
+        if action == Action.CHECKPOINT_NOW and self.train_through is not None:
             self.train_through.checkpoint_now()  # the replacement is ready (or none is coming)
-        if action == wire.STOP_FOR_PEER and self.current is not None and self.gang.on_stop_for_peer():
+        if action == Action.STOP_FOR_PEER and self.current is not None and self.gang.on_stop_for_peer():
             log.info("the gang's attempt ended elsewhere; stopping the job here to restart with the gang")
-            threading.Thread(target=self.current.stop, args=(self.config.stop_grace_seconds,), daemon=True).start()
-        if action in ("cancel", "shutdown", wire.MOVE_TO_SPOT) and not self.cancelled.is_set():
-            log.info("stopping the job", why=action)
-            if action == wire.MOVE_TO_SPOT:  # the cost policy moves the job to spot: the same stop, another end
-                self.stop_reason = wire.MOVED
-            self.cancel_stop = CancelStop(self.send_control, lambda: self.current, self.config.stop_grace_seconds,
-                                          why=action)
-            self.cancelled.set()
-            if self.current is not None:
-                threading.Thread(target=self.cancel_stop.run, name="cancel", daemon=True).start()
+            plan = StopPlan(None, self.config.stop_grace_seconds,  # its ranks stopped at the gang's checkpoint
+                            exit_times=lambda acked, left: (0.0, self.config.stop_grace_seconds))
+            self._stop_in_background(StopWithCheckpoint(self.send_control, self._child(), what="stop for a peer"),
+                                     plan)
+        if action in JOB_STOPPING_ACTIONS:
+            self._stop_for_controller(action)
+
+    def _stop_for_controller(self, action: str) -> None:
+        """A cancel, a shutdown, a move to spot: the job stops with a checkpoint, and ends for that reason."""
+        if self.cancelled.is_set():
+            return
+        log.info("stopping the job", why=action)
+        if action == Action.MOVE_TO_SPOT:  # the cost policy moves the job to spot: the same stop, another end
+            self.stop_reason = EndReason.MOVED
+        self.cancel_stop = StopWithCheckpoint(self.send_control, self._child(), what=f"checkpoint and stop for {action}")
+        self.cancelled.set()
+        if self.current is not None:
+            self._stop_in_background(self.cancel_stop, cancel_plan(action, self.config.stop_grace_seconds))
+
+    @staticmethod
+    def _stop_in_background(stop: StopWithCheckpoint, plan: StopPlan) -> None:
+        threading.Thread(target=stop.run, args=(plan,), name="stop", daemon=True).start()
 
     def on_control(self, message: dict) -> None:
-        op = message.get("op")
-        for ahead in (self.prestarted, self.adopted):
+        for ahead in (self.prestarted, self.adopted):  # a process started ahead of its attempt hears it all
             if ahead is not None:
                 ahead.on_control(message)
-        self.stop_progress.on_message(message)
-        if op == "stopping" and self.cancel_stop is not None:
-            self.cancel_stop.on_ack(message)
-        if op == "hello":
-            self.training_pid = message.get("pid")
-            if self.drill is not None:
-                self.drill.on_hello()
-        elif op == "restored":
-            self.gang.on_restored(message)
-        if op == "stopping" and self.gang.on_stopping(message) and not self.emergency.active and not (
-                self.drill is not None and self.drill.triggered):
-            return  # a peer's stop, not an answer to a request of this node's
-        if op == "stopping" and self.drill is not None and self.drill.triggered and not self.emergency.active:
-            self.drill.on_stopping(message)
-            return
-        elif op == "restored" and self.drill is not None:
-            self.drill.on_restored(message)
         super().on_control(message)
+
+    def _on_hello(self, message: dict) -> None:
+        self.training_pid = message.get("pid")
+        if self.drill is not None:
+            self.drill.on_hello()
+
+    def _on_restored(self, message: dict) -> None:
+        self.gang.on_restored(message)
+        if self.drill is not None:
+            self.drill.on_restored(message)
+        super()._on_restored(message)
+
+    def stops_answered_by(self, message: dict) -> list:
+        """A stop the controller asked for takes every ``stopping``; then the emergency, once started, or else a
+        resume drill under way; a stop that came from a peer answers none of this node's requests."""
+        stops = [self.cancel_stop] if self.cancel_stop is not None else []
+        from_peer = self.gang.on_stopping(message)
+        if self.emergency.active:
+            return stops + [self.emergency]
+        if self.drill is not None and self.drill.triggered:
+            return stops + [self.drill.stop]
+        return stops if from_peer else stops + [self.emergency]
 
     def _on_sigterm(self) -> None:
         """The node is shutting down (systemd, or GCP's ACPI soft-off): treat it as a notice."""

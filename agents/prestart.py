@@ -19,12 +19,15 @@ from typing import Callable
 
 import structlog
 
+from runner.protocol import environment
+from runner.protocol.messages import Resume
+
 from .failure_kind import OutputTail
 
 log = structlog.get_logger(__name__)
 
-WAIT_VARIABLE = "RUNNER_RESUME_WAIT"  # runner/checkpoint/resume_wait.py
-STEP_VARIABLE = "RUNNER_RESUME_STEP"
+WAIT_VARIABLE = environment.RESUME_WAIT  # runner/checkpoint/resume_wait.py
+STEP_VARIABLE = environment.RESUME_STEP
 BUFFER_LIMIT = 4 << 20  # what the process prints before its attempt exists, kept for the attempt's log
 
 
@@ -101,7 +104,7 @@ class Prestarted:
         if not self.running() or assignment.get("attempt") != self.attempt:
             return False
         self.output.switch_to(shipper)
-        message = {"op": "resume", "step": step, "attempt": self.attempt}
+        message = Resume(step, self.attempt).to_json()
         with self._lock:
             self._resume, self._send = message, send
             waiting = self.waiting.is_set()

@@ -18,8 +18,9 @@ from typing import Callable
 
 import structlog
 
-from runner import wire
 from runner.client import Client, ClientError
+from runner.protocol.actions import Action
+from runner.protocol.events import EventKind
 
 from .config import AgentConfig
 
@@ -29,8 +30,8 @@ REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that 
 # Events a resume depends on: retried, flushed before the exit report, delivered in the order they were sent.
 # The attempt's telemetry too: its final report comes just before the exit. And the node's setup times, which
 # tell when a new node is ready to train.
-RELIABLE = frozenset({"checkpoint", "notice", wire.HANDOVER, wire.REPORT_TELEMETRY, wire.REPORT_MANIFEST,
-                      wire.REPORT_SETUP})
+RELIABLE = frozenset({EventKind.CHECKPOINT, EventKind.NOTICE, EventKind.HANDOVER, EventKind.TELEMETRY, EventKind.MANIFEST,
+                      EventKind.SETUP})
 FLUSH_SECONDS = 30.0  # the least the exit report waits for reliable events still being retried
 
 
@@ -149,7 +150,7 @@ class Reporter:
                     action = self.client.post("/v1/agent/heartbeat", status())["action"]
                 except ClientError as exc:
                     log.warning("heartbeat failed", error=str(exc))
-                    action = "continue"
+                    action = Action.CONTINUE
                 on_action(action)
                 stop.wait(every)
 

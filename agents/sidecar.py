@@ -27,7 +27,10 @@ import time
 
 import structlog
 
-from runner import sdnotify, wire
+from runner import sdnotify
+from runner.protocol.actions import Action
+from runner.protocol.events import EndReason
+from runner.protocol.messages import Op
 
 from .config import AgentConfig
 from .core import AgentCore
@@ -37,10 +40,10 @@ from .reporter import Reporter
 log = structlog.get_logger(__name__)
 REPORT_WAIT_SECONDS = 10.0  # at a stop signal, how long a preemption report under way may still take
 ACTION_LOGS = {
-    "cancel": "the controller asks to cancel the job: stop the training container (delete the pod); a sidecar "
+    Action.CANCEL: "the controller asks to cancel the job: stop the training container (delete the pod); a sidecar "
               "does not stop a process it did not start",
-    "shutdown": "the controller has ended this node's attempt; the sidecar keeps serving until it is stopped",
-    wire.MOVE_TO_SPOT: "the controller moves the job from on-demand to spot; a sidecar does not stop a process "
+    Action.SHUTDOWN: "the controller has ended this node's attempt; the sidecar keeps serving until it is stopped",
+    Action.MOVE_TO_SPOT: "the controller moves the job from on-demand to spot; a sidecar does not stop a process "
                        "it did not start, so the node is released after the move's grace",
 }
 
@@ -50,9 +53,10 @@ class Sidecar(AgentCore):
         super().__init__(config, reporter)
         self.stopping = threading.Event()
         self._signalled = False  # set by the signal handler, which must take no lock
-        self._last_action = "continue"
+        self._last_action = Action.CONTINUE
         self._reported = threading.Event()
         self._ended = threading.Event()  # the training closed its Checkpointer: the attempt's end is reported
+        self.on_op(Op.CLOSED, self._on_closed)
 
     def run(self) -> int:
         sdnotify.start_watchdog()
@@ -105,10 +109,7 @@ class Sidecar(AgentCore):
             log.warning(ACTION_LOGS[action])
         self._last_action = action
 
-    def on_control(self, message: dict) -> None:
-        super().on_control(message)
-        if message.get("op") != "closed":
-            return
+    def _on_closed(self, message: dict) -> None:
         if message.get("error"):
             self._failed_close = True
         still = len(self.control.training())
@@ -130,7 +131,7 @@ class Sidecar(AgentCore):
     def _report_end(self) -> None:
         failed = getattr(self, "_failed_close", False)
         try:
-            self.reporter.report_exit("failed" if failed else "succeeded", None,
+            self.reporter.report_exit(EndReason.FAILED if failed else EndReason.SUCCEEDED, None,
                                       "the training process closed its Checkpointer "
                                       + ("after an exception " if failed else "")
                                       + "(a sidecar does not see its exit code)")
@@ -140,6 +141,6 @@ class Sidecar(AgentCore):
     def _report_preemption(self) -> None:
         """The emergency path is over: end the attempt as preempted (exit code unknown to a sidecar)."""
         try:
-            self.reporter.report_exit("preempted", None, self.emergency.summary())
+            self.reporter.report_exit(EndReason.PREEMPTED, None, self.emergency.summary())
         finally:
             self._reported.set()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 
+from runner.protocol.messages import Op
+
 
 class StopProgress:
     def __init__(self) -> None:
@@ -28,11 +30,11 @@ class StopProgress:
         key = str(rank if rank is not None else f"pid {message.get('pid')}")
         op = message.get("op")
         with self._lock:
-            if op == "hello":
+            if op == Op.HELLO:
                 self.ranks.add(key)
-            elif op == "request_seen":
+            elif op == Op.REQUEST_SEEN:
                 self.seen[key] = message.get("step")
-            elif op == "stopping":
+            elif op == Op.STOPPING:
                 self.stopped.add(key)
 
     def laggards(self) -> str | None:

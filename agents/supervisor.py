@@ -93,11 +93,10 @@ class Supervisor:
                 pass
             signal_all(members(self.process.pid, self.mark), signum)
 
-    def wait_or_stop(self, grace: float) -> None:
-        """Give the process ``grace`` seconds in all: to exit by itself, then (the last part of it, up to 2 s)
-        after SIGTERM; SIGKILL at the end."""
-        after_sigterm = min(2.0, grace / 2)
-        deadline = time.monotonic() + grace - after_sigterm
+    def wait_then_stop(self, own_exit: float, after_sigterm: float) -> None:
+        """Give the process ``own_exit`` seconds to exit by itself, then stop it (SIGTERM, SIGKILL ``after_sigterm``
+        seconds later)."""
+        deadline = time.monotonic() + own_exit
         while time.monotonic() < deadline and self.process.poll() is None:
             time.sleep(0.02)
         if self.process.poll() is None:

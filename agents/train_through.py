@@ -29,6 +29,8 @@ from typing import Callable
 
 import structlog
 
+from runner.protocol.messages import CheckpointRequest, Release, StopReason
+
 from .watchers import Notice
 
 log = structlog.get_logger(__name__)
@@ -109,11 +111,11 @@ class TrainThrough:
             return
         log.warning("the deadline nears and the replacement is not ready: durable checkpoint, then hold",
                     seconds_left=round(deadline_unix - time.time(), 1))
-        self.send({"op": "checkpoint", "reason": "notice", "deadline": deadline_unix, "stop": False, "hold": True})
+        self.send(CheckpointRequest(StopReason.NOTICE, stop=False, deadline=deadline_unix, hold=True).to_json())
         if self._word.wait(max(0.0, deadline_unix - time.time())):
             log.info("the replacement is ready: the held job stops")
             self.stop_now(self.notice)
             return
         time.sleep(max(0.0, deadline_unix + FALSE_NOTICE_GRACE_SECONDS - time.time()))
         log.warning("the deadline passed and this node still runs: a false notice; training goes on")
-        self.send({"op": "release"})
+        self.send(Release().to_json())

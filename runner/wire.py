@@ -1,4 +1,5 @@
-"""Shapes that cross processes: timestamps, and the JSON views of jobs and attempts (docs/restart-log.md)."""
+"""Shapes that cross processes over HTTP: timestamps, the setup report, and the JSON views of jobs and attempts
+(docs/restart-log.md). The names they carry (actions, event kinds, end reasons, states) are runner/protocol's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from . import ledger
+from .protocol.events import EndReason
 
 
 def iso(ts: float | None) -> str | None:
@@ -16,78 +18,11 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-# --- gangs (docs/multinode.md) ----------------------------------------------------------------------
-# What every node of a job's attempt is told, by the agent, in its job's environment.
-ENV_NUM_NODES = "RUNNER_NUM_NODES"
-ENV_NODE_RANK = "RUNNER_NODE_RANK"
-ENV_NODE_IPS = "RUNNER_NODE_IPS"            # one address per line, in rank order
-ENV_MASTER_ADDR = "RUNNER_MASTER_ADDR"      # node 0's address: it hosts the rendezvous
-ENV_MASTER_PORT = "RUNNER_MASTER_PORT"      # fresh for each attempt
-ENV_GPUS_PER_NODE = "RUNNER_GPUS_PER_NODE"  # the accelerator count of resources.accelerators (1 for CPU-only)
-# Set by the agent in supervise mode: how long the training process lives on once its agent is gone
-# (runner/checkpoint/agent_loss.py reads it, by the same name).
-ENV_AGENT_LOSS_GRACE = "RUNNER_AGENT_LOSS_GRACE_SECONDS"
-AGENT_LOSS_GRACE_SECONDS = 30.0
-
-# Where the job's process runs (every job, from its node's offer): which of a job's accelerator alternatives it
-# got, and whether the node is spot ("1") or on-demand ("0").
-ENV_CLOUD = "RUNNER_CLOUD"
-ENV_ZONE = "RUNNER_ZONE"
-ENV_INSTANCE_TYPE = "RUNNER_INSTANCE_TYPE"
-ENV_SPOT = "RUNNER_SPOT"
-
-
-def placement_environment(placement: dict | None) -> dict[str, str]:
-    """RUNNER_CLOUD, RUNNER_ZONE, RUNNER_INSTANCE_TYPE and RUNNER_SPOT from an assignment's ``placement``
-    (``{"cloud", "zone", "instance_type", "spot"}``); nothing from an older controller that sends none."""
-    if not placement:
-        return {}
-    return {ENV_CLOUD: str(placement["cloud"]), ENV_ZONE: str(placement["zone"]),
-            ENV_INSTANCE_TYPE: str(placement["instance_type"]), ENV_SPOT: "1" if placement["spot"] else "0"}
-
-# Exit reasons an agent reports (POST /v1/agent/exit). STOPPED_BY_PEER: the job's processes on this node
-# stopped because another node of the gang was preempted or drilled (they learned it through the process
-# group), not because of anything on this node; the node stays for the gang's next attempt.
-STOPPED_BY_PEER = "stopped-by-peer"
-# MOVED: the job stopped with a checkpoint because the controller asked it to (MOVE_TO_SPOT); it is also the
-# restart log's end reason of an attempt the cost policy ended to move the job from on-demand back to spot.
-MOVED = "moved"
-# A failed exit's kind, when a relaunch cannot fix it (agents/failure_kind.py): the attempt ends FAILED at once.
-FAILURE_COMMAND_NOT_FOUND = "command-not-found"
-FAILURE_IMPORT_ERROR = "import-error"
-FAILURE_CUDA_OOM = "cuda-oom"
-FAILURE_KINDS = (FAILURE_COMMAND_NOT_FOUND, FAILURE_IMPORT_ERROR, FAILURE_CUDA_OOM)
-EXIT_REASONS = ("succeeded", "failed", "preempted", "cancelled", "drill", STOPPED_BY_PEER, MOVED)
-
-# A heartbeat's action for a node whose job the cost policy moves from on-demand back to spot: the agent stops
-# the job with a checkpoint, as for a cancel, and reports MOVED; the job relaunches on spot.
-MOVE_TO_SPOT = "move"
-
-# An agent event (POST /v1/agent/events): the emergency checkpoint after a notice is durable, so the controller
-# ends the attempt and launches the next one now; the node drains (its process exits, its logs are shipped)
-# and is released at its exit report. Single-node jobs only (agents/handover.py).
-HANDOVER = "handover"
-
-# A heartbeat's action for a gang node whose attempt ended (a peer was preempted) while its job still runs:
-# the agent stops the job and reports STOPPED_BY_PEER, then registers for the next attempt.
-STOP_FOR_PEER = "stop-for-peer"
-
-# A gang node's end in a restart-log row's ``nodes``, besides the attempt's own end reasons:
-NODE_KEPT = "kept"          # carries on into the next attempt
-NODE_RELEASED = "released"  # was healthy, but given up because the whole gang moved to another zone
-
-# Report kinds an agent posts to /v1/agent/events for job telemetry (docs/restart-log.md): the training's figures
-# (steps, steps/s, NaN steps, peak memory; batched by the library) and the run manifest (once per attempt).
-REPORT_TELEMETRY = "telemetry"
-REPORT_MANIFEST = "manifest"
-# An agent's report (POST /v1/agent/events) of the job's `setup` on its node, as a SetupReport: once when it
-# starts (``ended_at`` null) and once when it ends. Setup runs on every new node, before `run`; a node kept for
-# a gang's next attempt, or a drill's restart on the same node, does not run it again. A new node of a job
-# without setup reports one of 0 s: ``setup_ended_at`` set means the node is ready to run the job. Restart-log
-# rows show it as ``setup_seconds``.
-REPORT_SETUP = "setup"
-
-
+# An agent's report (POST /v1/agent/events, kind ``setup``) of the job's `setup` on its node: once when it starts
+# (``ended_at`` null) and once when it ends. Setup runs on every new node, before `run`; a node kept for a gang's
+# next attempt, or a drill's restart on the same node, does not run it again. A new node of a job without setup
+# reports one of 0 s: ``setup_ended_at`` set means the node is ready to run the job. Restart-log rows show it as
+# ``setup_seconds``.
 @dataclass(frozen=True)
 class SetupReport:
     started_at: float  # unix seconds, the node's clock
@@ -112,19 +47,6 @@ class SetupReport:
 
 def _is_time(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11
-
-
-# POST /v1/agent/register answers {"status": REGISTER_WAITING, "message": ...} to a gang node while the
-# gang's attempt is not complete (or not planned yet); the agent asks again shortly.
-REGISTER_WAITING = "waiting"
-# ... and {"status": REGISTER_PREPARE, "assignment": {...}} to a replacement prepared while the job still trains
-# (runner/scheduler/standby.py): fetch the workdir, run setup, report READY, then register again and wait.
-REGISTER_PREPARE = "prepare"
-READY = "ready"
-# Heartbeat answers about a prepared replacement: the old node on notice is told to take its emergency checkpoint
-# and stop now (the replacement is ready, or none is coming); the prepared node waits.
-CHECKPOINT_NOW = "checkpoint"
-STANDBY_WAIT = "wait"
 
 
 # The restart log and job summaries as JSON, from the controller's rows (runner/state/rows.py: Attempt, Job; not
@@ -220,7 +142,7 @@ def cost_per_1000_steps(cost_usd: float, steps_kept: int) -> float | None:
 def job_summary(job: Job, attempts: list[Attempt], now: float | None = None) -> dict:
     """A job as ``runner jobs --json`` and ``runner status --json`` show it."""
     now = now or time.time()
-    current = attempts[-1] if attempts and attempts[-1].end_reason == "running" else None
+    current = attempts[-1] if attempts and attempts[-1].end_reason == EndReason.RUNNING else None
     current_gap = ledger.gaps(attempts)[current.attempt] if current else None
     cost = round(sum(attempt_cost(a, now) for a in attempts), 6)
     return {

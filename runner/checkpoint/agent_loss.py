@@ -20,12 +20,14 @@ import threading
 import time
 from typing import Callable
 
+from runner.protocol import environment as env
+
 from .control import CheckpointRequest
 from .log import get_logger
 
 log = get_logger()
 
-GRACE_VARIABLE = "RUNNER_AGENT_LOSS_GRACE_SECONDS"
+GRACE_VARIABLE = env.AGENT_LOSS_GRACE
 REASON = "agent_gone"
 EXIT_CODE = 75  # EX_TEMPFAIL: the attempt was interrupted, not failed by the job
 

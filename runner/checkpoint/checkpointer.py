@@ -13,6 +13,9 @@ import threading
 import time
 from pathlib import Path
 
+from runner.protocol import environment as env
+from runner.protocol import messages as msg
+
 from . import elastic, job_settings, rng
 from .agent_loss import AgentLoss
 from .agent_loss import grace_from_env as agent_loss_grace
@@ -49,11 +52,6 @@ def _env_int(name: str) -> int | None:
         return int(raw) if raw else None
     except ValueError:
         return None
-
-
-def _expected(handed_over: int | None) -> dict:
-    """The step the controller handed over, in the ``restored`` report, so a shortfall is recorded."""
-    return {"expected": handed_over} if handed_over else {}
 
 
 class Checkpointer:
@@ -97,16 +95,16 @@ class Checkpointer:
         self.extra = extra if extra is not None else {}
         self.keep = keep
         self.every_steps = every_steps
-        self.job_id = os.environ.get("RUNNER_JOB_ID") or None
-        self.attempt = _env_int("RUNNER_ATTEMPT")
-        self.local = LocalTier(local_dir or os.environ.get("RUNNER_CHECKPOINT_DIR") or "checkpoints")
-        url = durable_url if durable_url is not None else os.environ.get("RUNNER_CHECKPOINT_URL")
+        self.job_id = os.environ.get(env.JOB_ID) or None
+        self.attempt = _env_int(env.ATTEMPT)
+        self.local = LocalTier(local_dir or os.environ.get(env.CHECKPOINT_DIR) or "checkpoints")
+        url = durable_url if durable_url is not None else os.environ.get(env.CHECKPOINT_URL)
         self.durable = DurableTier(url) if url else None
         self.stop_margin_s = STOP_MARGIN_S
         # Under the runner, the controller names the newest checkpoint it knows was committed by an
         # earlier attempt; anything newer was written by an attempt that has since been superseded.
         self._resume_wait = ResumeWait()  # started ahead of its attempt: the step comes later (resume_wait.py)
-        self._handed_over = _env_int("RUNNER_RESUME_STEP")
+        self._handed_over = _env_int(env.RESUME_STEP)
         self._retention = Retention(self.attempt, self._handed_over)
         self._refused_after_stop = False
 
@@ -155,7 +153,7 @@ class Checkpointer:
         self._in_step = False               # ``request_seen`` (a rank that never reaches the stop step)
         self._signals = SignalNotices(self._on_signal)
         self._signals.install()
-        control_path = os.environ.get("RUNNER_CONTROL")
+        control_path = os.environ.get(env.CONTROL)
         who = {} if self._ranks is None else {"rank": self._ranks.rank, "local_rank": self._ranks.local_rank,
                                                "world_size": self._ranks.world_size}
         self._agent_loss = AgentLoss(agent_loss_grace(), self._queue_request)  # agent_loss.py
@@ -239,12 +237,12 @@ class Checkpointer:
         if restored is None:
             log.info("no checkpoint to restore; starting fresh", local=str(self.local.root),
                      durable=self.durable.url if self.durable else None)
-            self._send({"op": "restored", "step": 0, "manifest": None, **_expected(handed_over)})
+            self._send(msg.Restored(0, None, expected=handed_over or None).to_json())
             return
         log.info("restored checkpoint", step=step, manifest=restored.location,
                  **({} if restored.world_size == self._world_size else
                     {"saved_by_ranks": restored.world_size, "ranks_now": self._world_size}))
-        self._send({"op": "restored", "step": step, "manifest": restored.location, **_expected(handed_over)})
+        self._send(msg.Restored(step, restored.location, expected=handed_over or None).to_json())
 
     def step(self, step: int, loss=None) -> None:
         """Call once per training step: saves when one is due or a notice is pending; otherwise returns at once.
@@ -356,7 +354,7 @@ class Checkpointer:
         self._persister.stop(min(10.0, left()))
         self._signals.uninstall()
         self.telemetry.close()
-        self._send({"op": "closed", "step": self._last_job.step if self._last_job else None, "error": _error})
+        self._send(msg.Closed(self._last_job.step if self._last_job else None, _error).to_json())
         if self._control is not None:
             self._control.close()
 
@@ -590,7 +588,7 @@ class Checkpointer:
             self.telemetry.report()  # the held step's time reaches the agent before the attempt may end
         except Exception as exc:  # noqa: BLE001 - a failed device must not keep the hold from starting
             log.warning("telemetry report before holding failed", error=f"{type(exc).__name__}: {exc}")
-        self._send({"op": "holding", "step": step, "durable": bool(durable and self.durable is not None)})
+        self._send(msg.Holding(step, bool(durable and self.durable is not None)).to_json())
         log.info("holding at an emergency checkpoint until the replacement is ready or the notice proves false",
                  step=step, durable=durable, deadline=describe_deadline(request.deadline))
         self._hold.wait(request.deadline, stop_pending=self._stop_pending)
@@ -636,8 +634,7 @@ class Checkpointer:
             self.telemetry.report()
         except Exception as exc:  # a failed device must not keep the emergency from saying it is done
             log.warning("telemetry report before stopping failed", error=f"{type(exc).__name__}: {exc}")
-        self._send({"op": "stopping", "step": step, "durable": bool(durable and self.durable is not None),
-                    "reason": request.reason, "origin": origin})
+        self._send(msg.Stopping(step, bool(durable and self.durable is not None), request.reason, origin).to_json())
 
     def _on_signal(self, request: CheckpointRequest) -> None:
         self._signal_request = request.merge(self._signal_request)
@@ -654,25 +651,24 @@ class Checkpointer:
     def _on_control(self, request: CheckpointRequest) -> None:
         self._queue_request(request)
         if request.stop:  # on the reader thread: answered even while the training thread hangs
-            self._send({"op": "request_seen", "reason": request.reason, "step": self._last_step,
-                        "in_step": self._in_step})
+            self._send(msg.RequestSeen(request.reason, self._last_step, self._in_step).to_json())
 
     def _on_local(self, job: SaveJob) -> None:
         self.telemetry.report_soon()
         seconds = time.monotonic() - job.started
         if self.durable is None:
             self._policy.record(commit_s=seconds)
-        self._send({"op": "committed", "step": job.step, "manifest": str(job.local_manifest), "durable": False,
-                    "emergency": job.emergency, "seconds": round(seconds, 4), "bytes": job.manifest.bytes})
+        self._send(msg.Committed(job.step, str(job.local_manifest), False, job.emergency, round(seconds, 4),
+                             job.manifest.bytes).to_json())
 
     def _on_failed(self, job: SaveJob, tier: str, error: BaseException) -> None:
-        self._send({"op": "failed", "step": job.step, "tier": tier, "error": f"{type(error).__name__}: {error}"})
+        self._send(msg.Failed(job.step, tier, f"{type(error).__name__}: {error}").to_json())
 
     def _on_durable(self, job: SaveJob) -> None:
         seconds = time.monotonic() - job.started
         self._policy.record(commit_s=seconds)
-        self._send({"op": "committed", "step": job.step, "manifest": job.durable_manifest, "durable": True,
-                    "emergency": job.emergency, "seconds": round(seconds, 4), "bytes": job.manifest.bytes})
+        self._send(msg.Committed(job.step, job.durable_manifest, True, job.emergency, round(seconds, 4),
+                             job.manifest.bytes).to_json())
 
     def _send(self, message: dict) -> None:
         if self._control is not None:

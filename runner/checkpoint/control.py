@@ -1,4 +1,7 @@
-"""The control channel between a training process and the node agent (client side, and the shared protocol).
+"""The control channel between a training process and the node agent: the library's end (the client).
+
+The messages are defined once, in runner/protocol (framing.py, messages.py), for both ends; this is what they
+mean to the library.
 
 Protocol, version 1
 -------------------
@@ -37,8 +40,6 @@ Library -> agent:
   library's reader thread, whatever the training thread is doing) for each ``checkpoint`` request with
   ``stop``: ``step`` is the last step passed to ``step()``, ``in_step`` whether the training thread is inside
   ``step()`` now (waiting for its peers). A rank that never says ``stopping`` is then known by how far it got.
-* ``{"op": "world_changed", "generation": int, "step": int, "world_size": int}`` - an elastic gang's ranks
-  moved to the world of ``generation`` at ``step`` (sent by rank 0 of the new world only; elastic.py).
 * ``{"op": "closed", "step": int|null, "error": bool}`` - ``close()`` is done: the training is over (a
   sidecar agent cannot see the process exit). ``step`` is the last checkpoint's step; ``error`` is true
   when the Checkpointer's ``with`` block ended with an exception (the training failed).
@@ -55,47 +56,24 @@ Agent -> library:
   controller would hand the job's next attempt, so retention keeps it (retention.py) until a newer one is
   recorded. A node cut off from every controller gets none, and keeps what the controller knows.
 
-* ``{"op": "world", "generation": int, "node_rank": int, "nnodes": int, "master_addr": str,
-  "master_port": int}`` - an elastic gang's new world (``generation`` grows from 1; a repeated generation is
-  ignored): this node's rank in it and where the new group's store listens (hosted by its global rank 0).
-  Global rank = ``node_rank`` x local world size + ``LOCAL_RANK``. Survivors leave the old group at an
-  agreed step (or at once when it is broken) and continue in the new one; a joining process waits for it
-  in ``restore()`` (elastic.py).
-
 The reader thread only records requests; all work happens in the training thread's ``step()``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+
+from runner.protocol.framing import encode, read_messages
+from runner.protocol.messages import BadMessage, CheckpointRequest, Hello, Recorded, Release, Resume, World, parse
 
 from .log import get_logger
 
 log = get_logger()
 
-OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
-                "world_changed", "closed", "holding", "waiting")
-OPS_FROM_AGENT = ("checkpoint", "recorded", "release", "resume", "world")
-REASONS = ("notice", "rebalance", "drill", "cancel", "move")
-
-
-def encode(message: dict) -> bytes:
-    """One protocol line."""
-    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
-
-
-def decode(line: bytes | str) -> dict | None:
-    """Parse one protocol line; None when it is not a JSON object with an ``op``."""
-    try:
-        message = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return message if isinstance(message, dict) and isinstance(message.get("op"), str) else None
+__all__ = ["CheckpointRequest", "ControlClient", "describe_deadline"]  # CheckpointRequest: the protocol's, re-exported
 
 
 def describe_deadline(deadline: float | None) -> str | None:
@@ -104,39 +82,6 @@ def describe_deadline(deadline: float | None) -> str | None:
         return None
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
     return f"{stamp} (in {max(0.0, deadline - time.time()):.1f} s)"
-
-
-@dataclass(frozen=True)
-class CheckpointRequest:
-    """A request to checkpoint now: from the agent, or from a signal (``reason`` names it)."""
-
-    reason: str
-    stop: bool
-    deadline: float | None = None  # unix seconds
-    hold: bool = False  # checkpoint, then hold the training loop until stopped or released (hold.py)
-
-    def merge(self, other: "CheckpointRequest | None") -> "CheckpointRequest":
-        """The stronger of two pending requests: stop wins, and the earlier deadline."""
-        if other is None:
-            return self
-        deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
-        stop = self.stop or other.stop
-        reason = self.reason if self.stop or not other.stop else other.reason
-        return CheckpointRequest(reason, stop, min(deadlines) if deadlines else None,
-                                 hold=(self.hold or other.hold) and not stop)
-
-
-def parse_request(message: dict) -> CheckpointRequest | None:
-    """A ``checkpoint`` message as a request; None for anything else."""
-    if message.get("op") != "checkpoint":
-        return None
-    deadline = message.get("deadline")
-    if not isinstance(deadline, (int, float)) or isinstance(deadline, bool):
-        deadline = None
-    stop = bool(message.get("stop"))
-    return CheckpointRequest(str(message.get("reason") or "notice"), stop,
-                             float(deadline) if deadline is not None else None,
-                             hold=bool(message.get("hold")) and not stop)
 
 
 class ControlClient:
@@ -151,7 +96,7 @@ class ControlClient:
         self._on_recorded = on_recorded
         self._on_release = on_release  # the agent ends a hold: training goes on (hold.py)
         self._on_resume = on_resume  # the agent names the step a process started ahead resumes from (resume_wait.py)
-        self._on_world = on_world  # an elastic gang's ``world`` message, as it came
+        self._on_world = on_world  # an elastic gang's ``world`` message, as it came (elastic.py)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -165,7 +110,7 @@ class ControlClient:
             log.warning("control channel unreachable; relying on signals only", path=path, error=str(exc))
             return
         self._sock = sock
-        self.send({"op": "hello", "pid": os.getpid(), "job_id": job_id, "attempt": attempt, **(hello or {})})
+        self.send(Hello(pid=os.getpid(), job_id=job_id, attempt=attempt, **(hello or {})).to_json())
         self._reader = threading.Thread(target=self._read, name="runner-checkpoint-control", daemon=True)
         self._reader.start()
 
@@ -185,38 +130,32 @@ class ControlClient:
                 self._drop()
 
     def _read(self) -> None:
-        sock = self._sock
-        pending = b""
-        while True:
-            try:
-                data = sock.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                message = decode(line) if line.strip() else None
-                request = parse_request(message) if message else None
-                if request is not None:
-                    self._on_request(request)
-                elif message and message["op"] == "recorded" and self._on_recorded is not None:
-                    step = message.get("step")
-                    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-                        self._on_recorded(step)
-                elif message and message["op"] == "release" and self._on_release is not None:
-                    self._on_release()
-                elif message and message["op"] == "resume" and self._on_resume is not None:
-                    self._on_resume(message)
-                elif message and message["op"] == "world" and self._on_world is not None:
-                    self._on_world(message)
-                elif line.strip():
-                    log.debug("control message ignored", line=line[:200].decode(errors="replace"))
+        read_messages(self._sock, self._on_message, on_invalid=self._ignored)
         if not self._closed:
             log.warning("control channel closed by the agent; relying on signals only", path=self.path)
             if self._on_lost is not None:
                 self._on_lost()
+
+    def _on_message(self, data: dict) -> None:
+        try:
+            message = parse(data)
+        except BadMessage as exc:  # an op of a newer agent, or a field this side cannot read
+            log.debug("control message ignored", why=str(exc))
+            return
+        if isinstance(message, CheckpointRequest):
+            self._on_request(message)
+        elif isinstance(message, Recorded) and self._on_recorded is not None:
+            self._on_recorded(message.step)
+        elif isinstance(message, Release) and self._on_release is not None:
+            self._on_release()
+        elif isinstance(message, Resume) and self._on_resume is not None:
+            self._on_resume(data)
+        elif isinstance(message, World) and self._on_world is not None:
+            self._on_world(data)
+
+    @staticmethod
+    def _ignored(line: bytes) -> None:
+        log.debug("control message ignored", line=line[:200].decode(errors="replace"))
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None

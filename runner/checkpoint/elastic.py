@@ -29,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from runner.protocol import messages as msg
+
 from . import tolerant_group
 from .errors import CheckpointError, RestoreError
 from .log import get_logger
@@ -293,7 +295,7 @@ class Elastic:
         solo_group()
         ckpt._stop_reason = reason
         ckpt._should_stop = True
-        ckpt._send({"op": "stopping", "step": step, "durable": False, "reason": reason, "origin": "peer"})
+        ckpt._send(msg.Stopping(step, False, reason, origin="peer").to_json())
 
     def join(self) -> int:
         """A joining process's restore(): wait for its world, enter it, receive the state; the step."""
@@ -326,6 +328,5 @@ class Elastic:
         self.inbox.accept(world)
         self.changed = True
         if ranks.rank == 0:
-            ckpt._send({"op": "world_changed", "generation": world.generation, "step": agreed,
-                        "world_size": ranks.world_size})
+            ckpt._send(msg.WorldChanged(world.generation, agreed, ranks.world_size).to_json())
         return agreed

@@ -13,6 +13,7 @@ import math
 import os
 
 from ..durations import parse_duration as parse_any_duration
+from ..protocol import environment as env
 
 DEFAULT_MTBF_S = 6 * 3600.0
 FIRST_INTERVAL_S = 300.0
@@ -28,7 +29,7 @@ def parse_duration(value) -> float:
 
 
 def mtbf_from_env() -> float:
-    raw = os.environ.get("RUNNER_MTBF_SECONDS")
+    raw = os.environ.get(env.MTBF_SECONDS)
     if not raw:
         return DEFAULT_MTBF_S
     try:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 
+from runner.protocol import environment as env
+
 from .interval import parse_duration
 from .log import get_logger
 
 log = get_logger()
 
-ENV_INTERVAL = "RUNNER_CHECKPOINT_INTERVAL"
-ENV_KEEP = "RUNNER_CHECKPOINT_KEEP"
+ENV_INTERVAL = env.CHECKPOINT_INTERVAL
+ENV_KEEP = env.CHECKPOINT_KEEP
 DEFAULT_INTERVAL = "auto"
 DEFAULT_KEEP = 3
 

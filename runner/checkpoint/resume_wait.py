@@ -16,10 +16,13 @@ from __future__ import annotations
 import os
 import threading
 
+from runner.protocol import environment as env
+from runner.protocol.messages import Waiting
+
 from .errors import CheckpointError
 
-WAIT_VARIABLE = "RUNNER_RESUME_WAIT"
-STEP_VARIABLE = "RUNNER_RESUME_STEP"
+WAIT_VARIABLE = env.RESUME_WAIT
+STEP_VARIABLE = env.RESUME_STEP
 
 
 class ResumeWait:
@@ -41,7 +44,7 @@ class ResumeWait:
 
     def wait(self, send) -> int | None:
         """Say ``waiting`` and block until the word; the step handed over (None when there is none)."""
-        send({"op": "waiting", "pid": os.getpid()})
+        send(Waiting(os.getpid()).to_json())
         self._word.wait()
         if self._lost and self._step is None:
             raise CheckpointError("the node agent went away before this process's attempt started; nothing to "

@@ -14,6 +14,8 @@ import signal
 import threading
 import time
 
+from runner.protocol import environment as env
+
 from .control import CheckpointRequest
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None)
@@ -22,7 +24,7 @@ DEFAULT_GRACE_S = 30.0  # GCP gives about 30 s between SIGTERM and power-off
 
 def grace_from_env() -> float | None:
     """Seconds between a signal and the end of the machine: RUNNER_SIGNAL_GRACE_SECONDS, 0 for unknown."""
-    raw = os.environ.get("RUNNER_SIGNAL_GRACE_SECONDS")
+    raw = os.environ.get(env.SIGNAL_GRACE_SECONDS)
     if raw is None:
         return DEFAULT_GRACE_S
     try:

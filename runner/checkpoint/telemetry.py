@@ -21,6 +21,8 @@ import resource
 import sys
 import time
 
+from runner.protocol.messages import Manifest, Telemetry
+
 from .log import get_logger
 
 log = get_logger()
@@ -197,11 +199,12 @@ class StepTelemetry:
         peak, memory = peak_memory()
         nan_steps = (self.nan.exact() if final else self.nan.poll()) if self.nan.seen else None
         first, latest = self._first or (None, None), self._latest or (None, None)
-        message = {"op": "telemetry", "attempt": self.attempt, "steps": self.steps,
-                   "steps_per_second": None if self.steps_per_second is None else round(self.steps_per_second, 4),
-                   "nan_steps": nan_steps, "peak_memory_bytes": peak, "memory": memory, "final": final,
-                   "first_step": first[0], "first_step_at": first[1], "last_step": latest[0],
-                   "last_step_at": latest[1], "restore_seconds": self.restore_seconds}
+        message = Telemetry(
+            attempt=self.attempt, steps=self.steps,
+            steps_per_second=None if self.steps_per_second is None else round(self.steps_per_second, 4),
+            nan_steps=nan_steps, peak_memory_bytes=peak, memory=memory, final=final, first_step=first[0],
+            first_step_at=first[1], last_step=latest[0], last_step_at=latest[1],
+            restore_seconds=self.restore_seconds).to_json()
         self._report_soon = False
         self._next_report = now + self.report_every_s
         self._send(message)
@@ -217,7 +220,7 @@ class StepTelemetry:
         from .run_manifest import run_manifest
 
         manifest = run_manifest()
-        self._send({"op": "manifest", "manifest": manifest})
+        self._send(Manifest(manifest).to_json())
         return manifest
 
     def close(self) -> dict | None:

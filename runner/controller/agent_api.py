@@ -26,7 +26,8 @@ from ..state.rows import Attempt, Job, Node
 from ..state.standbys import PREPARED
 from ..state.store import NODE_LAUNCHING, NODE_RUNNING
 from ..scheduler.transitions import InvalidTransition, transition
-from ..wire import EXIT_REASONS, MOVED, REGISTER_PREPARE, REGISTER_WAITING, STOPPED_BY_PEER
+from ..protocol.actions import Action, RegisterStatus
+from ..protocol.events import AGENT_EXIT_REASONS, EndReason
 from . import gang_agent, reports
 from .agent_wheel import WheelUnavailable
 from .auth import Principal, require_node
@@ -98,8 +99,8 @@ def _prepared_registration(state, node: Node) -> dict:
         # known to restore through runner.checkpoint: the running attempt reported a restore.
         running = next((a for a in state.store.attempts(job.id) if a.attempt == node.prepared_for), None)
         assignment["prestart"] = running is not None and running.restore_seconds is not None
-        return {"status": REGISTER_PREPARE, "assignment": assignment}
-    return {"status": REGISTER_WAITING, "retry_seconds": 0.2,
+        return {"status": RegisterStatus.PREPARE, "assignment": assignment}
+    return {"status": RegisterStatus.WAITING, "retry_seconds": 0.2,
             "message": "ready; waiting for the job's node on notice to hand over"}
 
 
@@ -169,10 +170,10 @@ def log_offset(request: Request, who: Principal = Depends(require_node)):
 
 class ExitReport(BaseModel):
     exit_code: int | None = None
-    reason: str  # one of runner.wire.EXIT_REASONS
+    reason: str  # one of runner.protocol.events.AGENT_EXIT_REASONS
     message: str | None = None
     drill: dict | None = None  # reason drill: {"checkpoint_step", "seconds"} or {"passed": false, "message"}
-    failure_kind: str | None = None  # reason failed: one of wire.FAILURE_KINDS when no relaunch can fix it
+    failure_kind: str | None = None  # reason failed: a FailureKind when no relaunch can fix it
 
 
 @router.post("/exit")
@@ -192,19 +193,19 @@ def exit_report(body: ExitReport, request: Request, who: Principal = Depends(req
 
 def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
     state = _state(request)
-    if body.reason not in EXIT_REASONS:
-        raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(EXIT_REASONS)}")
+    if body.reason not in AGENT_EXIT_REASONS:
+        raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(AGENT_EXIT_REASONS)}")
     if state.store.job(who.node.job_id).num_nodes > 1:
         return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
     if who.node.attempt == PREPARED and who.node.prepared_for is not None:  # its setup failed: it is not needed
         release_failed_standby(state.store, who.node, body.exit_code, body.message)
         state.scheduler.nudge.set()
         return {"state": None}
-    if body.reason == STOPPED_BY_PEER:
-        raise HTTPException(422, f"reason: {STOPPED_BY_PEER!r} is for a node of a multi-node job only")
+    if body.reason == EndReason.STOPPED_BY_PEER:
+        raise HTTPException(422, f"reason: '{EndReason.STOPPED_BY_PEER}' is for a node of a multi-node job only")
     if body.reason == "drill":
         return _drill_exit(state, who.node, body)
-    if body.reason == MOVED:
+    if body.reason == EndReason.MOVED:
         new_state = finish_move(state.store, who.node, body.exit_code, body.message)
     elif body.reason == "failed" and failures.is_permanent(body.failure_kind):
         new_state = _end_permanent_failure(state, who.node, body)
@@ -263,4 +264,4 @@ def drill_result(body: DrillResult, request: Request, who: Principal = Depends(r
     else:
         new_state = record_drill_result(state.store, who.node, body.model_dump(exclude={"ranks"}))
     state.scheduler.nudge.set()
-    return {"state": new_state, "action": "shutdown" if new_state == FAILED else "continue"}
+    return {"state": new_state, "action": Action.SHUTDOWN if new_state == FAILED else Action.CONTINUE}

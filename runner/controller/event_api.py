@@ -18,9 +18,10 @@ from fastapi import HTTPException
 
 from ..scheduler import standby
 from ..scheduler.attempts import hand_over
+from ..protocol.events import NOTICE_KINDS, EventKind
 from ..state.standbys import PREPARED
 from ..state.values import Notice
-from ..wire import HANDOVER, READY, REPORT_MANIFEST, REPORT_SETUP, REPORT_TELEMETRY, SetupReport
+from ..wire import SetupReport
 from . import metrics, reports, telemetry
 from .auth import node_caller
 from .front_door import AWAITED, LeanRoute, json_object
@@ -50,7 +51,7 @@ def own_transaction_report(state, authorization: str, body: bytes) -> dict:
     """The handover and a replacement's ``ready``: each takes a transaction of its own."""
     node = node_caller(authorization, state)
     kind, data = _event(json_object(body))
-    if kind == READY:  # a prepared replacement has run setup: the node on notice may stop now
+    if kind == EventKind.READY:  # a prepared replacement has run setup: the node on notice may stop now
         return {"accepted": standby.mark_ready(state.store, node)}
     reports.step(data.get("step"), "data.step")
     new_state = hand_over(state.store, node, data["step"])
@@ -64,7 +65,7 @@ def _takes_its_own_transaction(body: bytes) -> bool:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return False
-    return isinstance(value, dict) and value.get("kind") in (HANDOVER, READY)
+    return isinstance(value, dict) and value.get("kind") in (EventKind.HANDOVER, EventKind.READY)
 
 
 def report_alone(state, authorization: str, body: bytes) -> dict:
@@ -81,14 +82,14 @@ def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Cal
     node = node_caller(authorization, state, tx)
     kind, data = _event(json_object(body))
     job_id, attempt = node.job_id, node.attempt
-    if kind == REPORT_TELEMETRY:  # frequent: stored on the attempt, never as an event
+    if kind == EventKind.TELEMETRY:  # frequent: stored on the attempt, never as an event
         telemetry.record_report(tx, job_id, attempt, data, rank=node.rank)
         return {"accepted": True}, None
-    if kind == REPORT_SETUP:  # on the node's row (when it is ready) and the ledger's setup phase of the attempt
+    if kind == EventKind.SETUP:  # on the node's row (when it is ready) and the ledger's setup phase of the attempt
         return {"accepted": _record_setup(state, tx, node, data)}, None
-    if kind == REPORT_MANIFEST:
+    if kind == EventKind.MANIFEST:
         return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}, None
-    if kind in metrics.NOTICE_KINDS:
+    if kind in NOTICE_KINDS:
         metrics.record_notice(tx, job_id, attempt, data)
     if kind == "notice":
         notice = Notice.from_json({k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS})

@@ -28,11 +28,12 @@ from ..state import ledger
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, AttemptNode, Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
-from ..wire import MOVED, REGISTER_WAITING, STOP_FOR_PEER
+from ..protocol.actions import Action, RegisterStatus
+from ..protocol.events import EndReason
 
 
 def waiting(message: str) -> dict:
-    return {"status": REGISTER_WAITING, "message": message, "retry_seconds": 0.5}
+    return {"status": RegisterStatus.WAITING, "message": message, "retry_seconds": 0.5}
 
 
 def register(state, node: Node, address: str) -> tuple[int, dict | None]:
@@ -116,7 +117,7 @@ def exit_report(state, node: Node, reason: str, exit_code: int | None, message: 
     if reason == "preempted":
         new_state = _release_preempted(state, node) or new_state
     state.scheduler.nudge.set()
-    return {"state": new_state, "action": "stay" if _kept(state, node.id) else "shutdown"}
+    return {"state": new_state, "action": Action.STAY if _kept(state, node.id) else Action.SHUTDOWN}
 
 
 def _settle(state, current: Attempt, drill: dict | None, message: str | None) -> str | None:
@@ -142,7 +143,7 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
         f"the job failed on the node of {blamed}" if blamed else message)
     if outcome.reason == "drill":
         text = f"resume drill failed: {(drill or {}).get('message')}"
-    if outcome.reason == MOVED:  # the cost policy's move to spot: its request says why
+    if outcome.reason == EndReason.MOVED:  # the cost policy's move to spot: its request says why
         requested = move_request(store, job_id, attempt)
         text = "; ".join(part for part in (requested.message if requested else None, message) if part)
     force = "FAILED" if outcome.reason == "drill" else None  # a drill that took no checkpoint fails the job
@@ -189,9 +190,9 @@ def heartbeat_action(state, node: dict) -> str:
     ``Store.heartbeat_views``."""
     attempt = next((a for a in state.store.attempts(node["job_id"]) if a.attempt == node["attempt"]), None)
     if attempt is None or attempt.end_reason == "running":
-        return "continue"
+        return Action.CONTINUE
     mine = next((r for r in attempt.nodes if r.node_id == node["id"]), None)
-    return STOP_FOR_PEER if mine is not None and mine.exit_reason is None else "continue"
+    return Action.STOP_FOR_PEER if mine is not None and mine.exit_reason is None else Action.CONTINUE
 
 
 def _kept(state, node_id: str) -> bool:

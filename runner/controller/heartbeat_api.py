@@ -21,13 +21,12 @@ from ..scheduler.states import TERMINAL
 from ..spec.stored import StoredJob
 from ..state.standbys import PREPARED
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING
-from ..wire import MOVE_TO_SPOT, STANDBY_WAIT
+from ..protocol.actions import Action
 from . import gang_agent, reports
 from .auth import heartbeat_caller
 from .front_door import AWAITED, LeanRoute, json_object
 
 HEARTBEAT_PATH = "/v1/agent/heartbeat"
-CONTINUE, CANCEL, SHUTDOWN = "continue", "cancel", "shutdown"
 
 
 async def heartbeat(state, authorization: str, body: bytes) -> dict:
@@ -60,10 +59,10 @@ def _beat(body: bytes) -> tuple[str, dict | None]:
 def _action_from_view(node: dict) -> str | None:
     """The answer the view alone decides (nearly every beat), or None where further reads are needed."""
     if node["state"] == NODE_DRAINING:  # handed over: its process is exiting; the exit report releases it
-        return CONTINUE
+        return Action.CONTINUE
     if node["attempt"] == PREPARED and node["prepared_for"] is not None:  # a replacement waiting to take over
         live = node["job_state"] not in TERMINAL and node["state"] in (NODE_RUNNING, NODE_LAUNCHING)
-        return STANDBY_WAIT if live else SHUTDOWN
+        return Action.STANDBY_WAIT if live else Action.SHUTDOWN
     current = node["attempt_current"]
     is_gang, has_deadline = _spec_flags(node["spec"])
     kept = not current and is_gang and node["job_state"] not in TERMINAL
@@ -71,12 +70,12 @@ def _action_from_view(node: dict) -> str | None:
     # launch was asked for again by the next leader after a failover, or the tick is late). Told to shut down,
     # its agent would stop the job and report it cancelled.
     if (not current and not kept) or node["state"] not in (NODE_RUNNING, NODE_LAUNCHING):
-        return SHUTDOWN
+        return Action.SHUTDOWN
     if node["cancel_requested"]:
-        return CANCEL
+        return Action.CANCEL
     if kept or (not node["attempt_spot"] and has_deadline) or (node["attempt_on_notice"] and not is_gang):
         return None
-    return CONTINUE
+    return Action.CONTINUE
 
 
 def _action_with_reads(state, node: dict) -> str:
@@ -85,7 +84,7 @@ def _action_with_reads(state, node: dict) -> str:
     if node["attempt_current"] and node["attempt_on_notice"] and not _spec_flags(node["spec"])[0]:
         return standby.old_node_action(state.store, node)
     if node["attempt_current"]:
-        return MOVE_TO_SPOT if move_request(state.store, node["job_id"], node["attempt"]) is not None else CONTINUE
+        return Action.MOVE_TO_SPOT if move_request(state.store, node["job_id"], node["attempt"]) is not None else Action.CONTINUE
     return gang_agent.heartbeat_action(state, node)
 
 

@@ -30,7 +30,6 @@ router = APIRouter()
 
 JOB_STATES = tuple(ALLOWED)  # every state is exported, 0 included
 PREEMPTION_REASONS = ("preempted", "lost")
-NOTICE_KINDS = ("notice", "rebalance", "maintenance")  # agent event kinds that report a notice
 # Precise timing a notice report may carry (unix seconds); kept out of the restart log's notice.
 TIMING_FIELDS = ("received_unix", "deadline_unix", "issued_unix")
 

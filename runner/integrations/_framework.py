@@ -26,6 +26,7 @@ from runner.checkpoint.durable import DurableTier
 from runner.checkpoint.group import Solo
 from runner.checkpoint.local import LocalTier
 from runner.checkpoint.restore import Restored, restore_into, written_by
+from runner.protocol import environment as env
 
 log = get_logger("runner.integrations")
 
@@ -58,7 +59,7 @@ def model_signature(module) -> dict:
 
 
 def under_runner() -> bool:
-    return bool(os.environ.get("RUNNER_CHECKPOINT_DIR") or os.environ.get("RUNNER_CONTROL"))
+    return bool(os.environ.get(env.CHECKPOINT_DIR) or os.environ.get(env.CONTROL))
 
 
 class FrameworkCheckpoints:
@@ -83,7 +84,7 @@ class FrameworkCheckpoints:
         return self.ckpt is not None and self.ckpt.should_stop
 
     def folder(self, fallback_dir) -> str:
-        return str(self.local_dir or os.environ.get("RUNNER_CHECKPOINT_DIR") or fallback_dir)
+        return str(self.local_dir or os.environ.get(env.CHECKPOINT_DIR) or fallback_dir)
 
     def start(self, fallback_dir, model=None) -> Checkpointer:
         """Build the Checkpointer (once; collective under torch.distributed); remember the model's signature."""
@@ -138,9 +139,9 @@ class FrameworkCheckpoints:
         this process looks at both tiers and fetches what its local folder lacks. Processes sharing the
         local folder (the ranks of one node) take turns, so one downloads and the others verify its copy."""
         local = LocalTier(self.folder(fallback_dir))
-        url = self.options["durable_url"] or os.environ.get("RUNNER_CHECKPOINT_URL")
+        url = self.options["durable_url"] or os.environ.get(env.CHECKPOINT_URL)
         durable = DurableTier(url) if url else None
-        resume_step = os.environ.get("RUNNER_RESUME_STEP")
+        resume_step = os.environ.get(env.RESUME_STEP)
         local.root.mkdir(parents=True, exist_ok=True)
         with open(local.root / RESTORE_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -12,7 +12,7 @@ from ..state.rows import Attempt, Node
 from ..state.standbys import StandbyStore
 from ..state.values import Notice
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
-from ..wire import NODE_KEPT
+from ..protocol.events import EndReason
 from .gang import node_end_reasons
 from .outcomes import lost_seconds, next_state
 from .states import ALLOWED, PENDING, PROVISIONING, RECOVERING, RUNNING, TERMINAL
@@ -128,7 +128,7 @@ def _end_gang(store: Store, tx, attempt: Attempt, reason: str, ranks: Iterable[i
     gangs.set_end_reasons(tx, attempt.job_id, attempt.attempt, reasons)
     for node in gangs.nodes_of(attempt.job_id, attempt.attempt, tx):
         row = store.node(node.node_id, tx)
-        if reasons.get(node.rank) != NODE_KEPT and row and row.state in (NODE_LAUNCHING, NODE_RUNNING):
+        if reasons.get(node.rank) != EndReason.KEPT and row and row.state in (NODE_LAUNCHING, NODE_RUNNING):
             store.update_node(tx, node.node_id, state=NODE_TERMINATING)
     if not job_goes_on:
         release_nodes(store, tx, attempt.job_id)

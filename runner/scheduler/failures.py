@@ -1,4 +1,4 @@
-"""Failures no relaunch can fix (told by the agent: ``wire.FAILURE_KINDS``), and what the job is told.
+"""Failures no relaunch can fix (told by the agent: a ``FailureKind``), and what the job is told.
 
 Command not found (exit 127) and a module that cannot be imported fail the same way on every node: the job
 ends FAILED on the first such exit instead of spending ``recovery.max_failures`` relaunches, and the attempt
@@ -9,33 +9,33 @@ an accelerator with more memory is a change of that choice, which is the user's 
 
 from __future__ import annotations
 
-from ..wire import FAILURE_COMMAND_NOT_FOUND, FAILURE_CUDA_OOM, FAILURE_IMPORT_ERROR, FAILURE_KINDS
+from ..protocol.events import FailureKind
 
 _ADVICE = {
-    FAILURE_COMMAND_NOT_FOUND: "not relaunched: no node would find it either; check `run` and `setup` (and that "
+    FailureKind.COMMAND_NOT_FOUND: "not relaunched: no node would find it either; check `run` and `setup` (and that "
                                "the tool is installed by `setup`)",
-    FAILURE_IMPORT_ERROR: "not relaunched: every node would fail the same import; install the package in "
+    FailureKind.IMPORT_ERROR: "not relaunched: every node would fail the same import; install the package in "
                           "`setup` or the image",
-    FAILURE_CUDA_OOM: "not relaunched: the same accelerator would run out again at the same point; use a smaller "
+    FailureKind.CUDA_OOM: "not relaunched: the same accelerator would run out again at the same point; use a smaller "
                       "batch or model, or an accelerator with more memory in resources.accelerators",
 }
 
 
 def is_permanent(kind: str | None) -> bool:
-    return kind in FAILURE_KINDS
+    return kind in FailureKind.values()
 
 
 def trained_nothing(kind: str) -> bool:
     """Whether a failure of this kind comes before any training (so the attempt lost no work)."""
-    return kind in (FAILURE_COMMAND_NOT_FOUND, FAILURE_IMPORT_ERROR)
+    return kind in (FailureKind.COMMAND_NOT_FOUND, FailureKind.IMPORT_ERROR)
 
 
 def failure_message(kind: str, what: str | None, peak_memory_gb: float | None = None) -> str:
     """The restart log's and the job's one line: what failed (the agent's words), what the job measured, why
     it is not relaunched."""
-    what = what or {FAILURE_COMMAND_NOT_FOUND: "command not found (exit 127)",
-                    FAILURE_IMPORT_ERROR: "a module could not be imported",
-                    FAILURE_CUDA_OOM: "CUDA out of memory"}[kind]
-    if kind == FAILURE_CUDA_OOM and peak_memory_gb is not None:
+    what = what or {FailureKind.COMMAND_NOT_FOUND: "command not found (exit 127)",
+                    FailureKind.IMPORT_ERROR: "a module could not be imported",
+                    FailureKind.CUDA_OOM: "CUDA out of memory"}[kind]
+    if kind == FailureKind.CUDA_OOM and peak_memory_gb is not None:
         what += f"; peak accelerator memory reported by the job: {peak_memory_gb:.2f} GB"
     return f"{what}; {_ADVICE[kind]}"

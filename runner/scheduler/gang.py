@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Mapping
 
 from ..providers.offers import Offer
 from ..state.rows import AttemptNode
-from ..wire import MOVED, NODE_KEPT, NODE_RELEASED, STOPPED_BY_PEER
+from ..protocol.events import EndReason
 from .policy import Candidate
 
 GANG_FORM_SECONDS = 600.0  # default bound on launch-to-every-node-registered (config: scheduler.gang_timeout)
@@ -83,7 +83,7 @@ class Outcome:
     ranks: tuple[int, ...] = ()
 
 
-DECISIVE = ("preempted", "failed", "cancelled", "drill", MOVED)  # one node's report of these ends the attempt
+DECISIVE = ("preempted", "failed", "cancelled", "drill", EndReason.MOVED)  # one node's report of these ends the attempt
 
 
 def gang_outcome(reports: Mapping[int, str | None], num_nodes: int) -> Outcome | None:
@@ -103,7 +103,7 @@ def gang_outcome(reports: Mapping[int, str | None], num_nodes: int) -> Outcome |
         return None
     if all(reports[r] == "succeeded" for r in range(num_nodes)):
         return Outcome("succeeded")
-    return Outcome("failed", tuple(r for r in range(num_nodes) if reports[r] != STOPPED_BY_PEER))
+    return Outcome("failed", tuple(r for r in range(num_nodes) if reports[r] != EndReason.STOPPED_BY_PEER))
 
 
 def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], job_goes_on: bool) -> dict[int, str]:
@@ -118,14 +118,14 @@ def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], j
     ending = set(ending_ranks)
     reasons = {}
     for rank in range(num_nodes):
-        if reason == MOVED:  # the whole gang leaves on-demand for spot: every node goes
-            reasons[rank] = MOVED
+        if reason == EndReason.MOVED:  # the whole gang leaves on-demand for spot: every node goes
+            reasons[rank] = EndReason.MOVED
         elif reason in ("preempted", "lost") and rank in ending:
             reasons[rank] = reason
         elif job_goes_on:
-            reasons[rank] = NODE_KEPT
+            reasons[rank] = EndReason.KEPT
         elif reason in ("preempted", "lost"):
-            reasons[rank] = NODE_RELEASED
+            reasons[rank] = EndReason.RELEASED
         else:
             reasons[rank] = reason
     return reasons

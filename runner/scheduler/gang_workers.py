@@ -23,7 +23,7 @@ from ..spec import Resources
 from ..state.gangs import GangStore
 from ..state.rows import Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
-from ..wire import NODE_RELEASED
+from ..protocol.events import EndReason
 from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
 from . import placement
@@ -92,7 +92,7 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
                                        spot0, resumed, now, num_nodes=num_nodes, master_port=port)
         for node_id in plan.release:
             store.update_node(tx, node_id, state=NODE_TERMINATING)
-            gangs.mark_released(tx, node_id, NODE_RELEASED)
+            gangs.mark_released(tx, node_id, EndReason.RELEASED)
         for rank, node in plan.keep.items():
             gangs.add(tx, job.id, attempt, rank, node.node_id, node.offer, node.spot)
         for rank, node_id in new_ids.items():

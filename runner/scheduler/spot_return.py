@@ -3,8 +3,8 @@
 A reconciler worker, load -> decide -> apply: a RUNNING job (a single node or a gang) with ``spot_policy: auto`` and a
 deadline whose attempt runs on on-demand is weighed at most once a CHECK_EVERY_SECONDS by the cost policy's
 :func:`~runner.costpolicy.decide.return_to_spot`. A move is a MOVE_EVENT on the attempt (its message says
-why); the node's next heartbeat answers ``wire.MOVE_TO_SPOT``, its agent stops the job with a checkpoint as
-for a cancel and reports ``wire.MOVED``, and :func:`finish_move` ends the attempt as ``moved``: neither a
+why); the node's next heartbeat answers ``Action.MOVE_TO_SPOT``, its agent stops the job with a checkpoint as
+for a cancel and reports ``EndReason.MOVED``, and :func:`finish_move` ends the attempt as ``moved``: neither a
 preemption nor a failure. The job RECOVERS and its relaunch goes through the deadline placement, which picks
 spot. An agent that has not reported the stop MOVE_GRACE_SECONDS after the request (one too old to know the
 action, or one the controller cannot hear) has its attempt ended here all the same, and its node released.
@@ -25,7 +25,7 @@ from ..state import Store
 from ..state.rows import Attempt, Event, Job, Node
 from ..state.spot_history import zone_preemptions
 from ..state.spot_moves import on_demand_attempts
-from ..wire import MOVED
+from ..protocol.events import EndReason
 from . import placement
 from .attempts import end_attempt
 from .states import RUNNING
@@ -61,7 +61,7 @@ def _weigh_or_finish_move(ctx, row, now: float) -> None:
     if row.move_requested_at is not None:
         if now - row.move_requested_at >= MOVE_GRACE_SECONDS:
             requested = move_request(store, job_id, attempt)
-            end_attempt(store, job_id, attempt, MOVED, now=now,
+            end_attempt(store, job_id, attempt, EndReason.MOVED, now=now,
                         message=f"{requested.message}; the job had not stopped {MOVE_GRACE_SECONDS:.0f}s "
                                 "after the request, so its node was released")
             ctx.nudge.set()
@@ -124,7 +124,7 @@ def weigh_move(ctx, job: Job, current: Attempt, now: float) -> Decision:
         avoid_zones=placement.recent_preempted_zones(attempts, now), backoff=ctx.backoff, now=now,
         speed=speed, room=room, nodes=job.num_nodes)
     steps_left = max(0, job.spec.recovery.total_steps - job.step)
-    moves = [a.ended_at for a in attempts if a.end_reason == MOVED and a.ended_at]
+    moves = [a.ended_at for a in attempts if a.end_reason == EndReason.MOVED and a.ended_at]
     price_here = sum(n.price_per_hour for n in current.nodes) if current.nodes else current.price_per_hour
     return return_to_spot(now=now, deadline=observe.job_deadline(job), work_left=steps_left,
                           restart=observe.restart_seconds(attempts), markets=markets,
@@ -149,5 +149,5 @@ def finish_move(store: Store, node: Node, exit_code: int | None, message: str | 
     """The agent stopped the job for a move: end the attempt as moved, saying why; return the job's new state."""
     requested = move_request(store, node.job_id, node.attempt)
     why = requested.message if requested else "moved: the agent stopped the job for a move to spot"
-    return end_attempt(store, node.job_id, node.attempt, MOVED, exit_code=exit_code,
+    return end_attempt(store, node.job_id, node.attempt, EndReason.MOVED, exit_code=exit_code,
                        message="; ".join(part for part in (why, message) if part))

@@ -28,7 +28,7 @@ from ..state import ledger
 from ..state.rows import Node
 from ..state.standbys import StandbyStore
 from ..state.store import NODE_RUNNING
-from ..wire import CHECKPOINT_NOW
+from ..protocol.actions import Action
 from . import placement
 from .states import PROVISIONING, RECOVERING, TERMINAL
 from .transitions import transition
@@ -38,7 +38,6 @@ log = structlog.get_logger(__name__)
 NOTICE, REBALANCE = "notice", "rebalance"
 # A node on notice still heartbeating this long after its deadline was not reclaimed: the notice was false.
 FALSE_NOTICE_GRACE_SECONDS = 20.0
-CONTINUE = "continue"
 
 
 def prepare_on(spec: JobSpec) -> list[str]:
@@ -104,14 +103,14 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
     now = now or time.time()
     standby = StandbyStore(store).live(node["job_id"])
     if standby is None:
-        return CHECKPOINT_NOW  # nothing prepared (declined, failed, or not wanted): today's path
+        return Action.CHECKPOINT_NOW  # nothing prepared (declined, failed, or not wanted): today's path
     if standby.ready_at is None:
-        return CONTINUE
+        return Action.CONTINUE
     record = StandbyStore(store).record(None, node["job_id"], node["attempt"]) or {}
     deadline = record.get("deadline")
     if deadline is not None and now > deadline:
-        return CONTINUE  # past its deadline and still beating: reclaimed any moment, or the notice was false
-    return CHECKPOINT_NOW
+        return Action.CONTINUE  # past its deadline and still beating: reclaimed any moment, or the notice was false
+    return Action.CHECKPOINT_NOW
 
 
 def mark_ready(store, node: Node, now: float | None = None) -> bool:

@@ -1,17 +1,21 @@
-"""Job states and the explicit table of allowed changes between them."""
+"""The explicit table of allowed changes between job states (the states themselves: runner/protocol/states.py)."""
 
 from __future__ import annotations
 
-PENDING = "PENDING"
-PROVISIONING = "PROVISIONING"
-RUNNING = "RUNNING"
-RECOVERING = "RECOVERING"
-SUCCEEDED = "SUCCEEDED"
-FAILED = "FAILED"
-CANCELLED = "CANCELLED"
+from ..protocol.events import EndReason
+from ..protocol.states import JobState
 
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
-ACTIVE = frozenset({PROVISIONING, RUNNING})
+# The scheduler's short names for the states.
+PENDING = JobState.PENDING
+PROVISIONING = JobState.PROVISIONING
+RUNNING = JobState.RUNNING
+RECOVERING = JobState.RECOVERING
+SUCCEEDED = JobState.SUCCEEDED
+FAILED = JobState.FAILED
+CANCELLED = JobState.CANCELLED
+
+TERMINAL = frozenset(state for state in JobState if state.is_terminal)
+ACTIVE = frozenset(state for state in JobState if state.is_active)
 
 ALLOWED: dict[str, frozenset[str]] = {
     PENDING: frozenset({PROVISIONING, CANCELLED, FAILED}),
@@ -23,6 +27,5 @@ ALLOWED: dict[str, frozenset[str]] = {
     CANCELLED: frozenset(),
 }
 
-# Why an attempt ended (docs/restart-log.md).
-# "moved": the cost policy stopped it to move the job from on-demand back to spot (runner/scheduler/spot_return.py).
-END_REASONS = frozenset({"succeeded", "failed", "preempted", "lost", "drill", "cancelled", "moved", "running"})
+# Why an attempt ended (docs/restart-log.md), and ``running`` for one that has not.
+END_REASONS = frozenset(reason for reason in EndReason if reason.ends_attempt or reason == EndReason.RUNNING)

@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from ..protocol.events import EndReason
+from ..protocol.states import NodeState
 from .db import Database, Tx
 from .job_changes import add_event
 from ..spec.stored import StoredJob, load_stored_job
 from .rows import Attempt, AttemptNode, Event, Job, Node
 from .values import Notice, Offer
 
-NODE_LAUNCHING = "launching"      # row written, provider launch may or may not have happened
-NODE_RUNNING = "running"          # provider confirmed the launch
-NODE_DRAINING = "draining"        # its attempt was handed over (wire.HANDOVER); released at its exit report
-NODE_TERMINATING = "terminating"  # release requested
-NODE_TERMINATED = "terminated"    # provider confirmed it is gone
+NODE_LAUNCHING = NodeState.LAUNCHING  # the states of a node (runner/protocol/states.py)
+NODE_RUNNING = NodeState.RUNNING
+NODE_DRAINING = NodeState.DRAINING
+NODE_TERMINATING = NodeState.TERMINATING
+NODE_TERMINATED = NodeState.TERMINATED
 LIVE_NODE_STATES = (NODE_LAUNCHING, NODE_RUNNING, NODE_DRAINING, NODE_TERMINATING)
 # A job gets its next node only when none of its nodes is in one of these: a draining node does not hold it back.
 NODES_HOLDING_A_JOB = (NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING)
@@ -158,7 +160,7 @@ class Store:
 
     def current_attempt(self, job_id: str, tx: Tx | None = None) -> Attempt | None:
         rows = self.attempts(job_id, tx)
-        return rows[-1] if rows and rows[-1].end_reason == "running" else None
+        return rows[-1] if rows and rows[-1].end_reason == EndReason.RUNNING else None
 
     def unformed_gang_attempts(self, job_states: tuple[str, ...]) -> list[Attempt]:
         """The running attempts of multi-node jobs in ``job_states`` whose nodes have not all registered yet."""

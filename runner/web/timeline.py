@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .. import wire
+from ..protocol.events import EndReason
 
 WIDTH = 1000
 GUTTER = 250         # left column: the lane labels
@@ -25,8 +25,8 @@ MAX_TICKS = 8
 TICK_CLEARANCE = 24  # a tick label is centred on its time: none so close to the gutter that it overlaps
 
 # Colour classes (static/style.css) by end reason; a gang node's own ends add "kept" and "released".
-END_REASONS = ("succeeded", "failed", "preempted", "lost", "drill", "cancelled", "moved", "running")
-LEGEND = END_REASONS + (wire.NODE_KEPT, wire.NODE_RELEASED)
+# An attempt's end reasons, then a gang node's own ends.
+LEGEND = tuple(reason for reason in EndReason if reason != EndReason.STOPPED_BY_PEER)
 
 
 @dataclass
@@ -140,7 +140,7 @@ def _lanes_of(row: dict) -> list[dict]:
         reason = node["end_reason"] if node["end_reason"] in LEGEND else row["end_reason"]
         lanes.append({"rank": node["rank"], "reason": reason,
                       "label": f"#{row['attempt']} node {node['rank']} · {node['zone']} · {node['instance_type']}",
-                      "ended_it": node["end_reason"] not in (wire.NODE_KEPT, wire.NODE_RELEASED),
+                      "ended_it": node["end_reason"] not in (EndReason.KEPT, EndReason.RELEASED),
                       "phases": {phase: node.get(f"{phase}_seconds") for phase in PHASES}})
     return lanes
 

@@ -6,12 +6,12 @@ import time
 from datetime import datetime
 
 from .. import wire
+from ..protocol.events import NOTICE_KINDS
 from ..scheduler.states import TERMINAL
 from ..state import web_sessions
 from ..state.rows import Attempt
 from . import timeline
 
-NOTICE_KINDS = ("notice", "rebalance", "maintenance")  # events marked on their attempt's bar
 
 
 def job_page(store, status: dict, now: float | None = None) -> dict:

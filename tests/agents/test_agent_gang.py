@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from agents.gang import GangRanks, gang_environment, node_address, register_for_attempt
+from agents.gang import GangRanks, node_address, register_for_attempt
+from runner.protocol.environment import gang_environment
 
 ASSIGNMENT = {"job_id": "j", "attempt": 3, "gang": {"num_nodes": 2, "node_rank": 1, "node_ips": ["10.0.0.1", "10.0.0.2"],
                                                   "master_addr": "10.0.0.1", "master_port": 29611, "gpus_per_node": 8}}
@@ -31,14 +32,14 @@ def test_a_refused_registration_ends_the_wait():
 
 def test_the_job_gets_the_gang_variables_with_addresses_one_per_line():
     """Every gang variable of docs/environment.md, from the assignment's gang."""
-    assert gang_environment(ASSIGNMENT) == {
+    assert gang_environment(ASSIGNMENT["gang"]) == {
         "RUNNER_NUM_NODES": "2", "RUNNER_NODE_RANK": "1", "RUNNER_NODE_IPS": "10.0.0.1\n10.0.0.2",
         "RUNNER_MASTER_ADDR": "10.0.0.1", "RUNNER_MASTER_PORT": "29611", "RUNNER_GPUS_PER_NODE": "8"}
 
 
 def test_an_assignment_without_a_gang_adds_no_variables():
     """A controller that sends no gang: the job's environment is as before."""
-    assert gang_environment({"job_id": "j", "attempt": 1}) == {}
+    assert gang_environment({"job_id": "j", "attempt": 1}.get("gang")) == {}
 
 
 def test_a_stop_learned_from_a_peer_is_reported_as_such_whatever_the_exit_code():
@@ -93,7 +94,7 @@ class _Exited:
     def unreachable(self) -> None:
         pass
 
-    def finish(self, grace: float) -> None:
+    def finish(self, own_exit: float, after_sigterm: float) -> None:
         pass
 
 

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from agents.failure_kind import TAIL_BYTES, OutputTail, classify
-from runner.wire import FAILURE_COMMAND_NOT_FOUND, FAILURE_CUDA_OOM, FAILURE_IMPORT_ERROR
+from runner.protocol.events import FailureKind
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 1, in <module>\n'
 
 
 def test_exit_127_is_a_command_not_found_naming_the_shell_s_line():
     kind, message = classify(127, "starting\nbash: line 1: trian.py: command not found\n")
-    assert kind == FAILURE_COMMAND_NOT_FOUND
+    assert kind == FailureKind.COMMAND_NOT_FOUND
     assert message == "command not found (exit 127): bash: line 1: trian.py: command not found"
 
 
 def test_a_traceback_ending_in_a_missing_module_is_an_import_error():
     tail = TRACEBACK + "    import flash_attn\nModuleNotFoundError: No module named 'flash_attn'\n"
     kind, message = classify(1, tail)
-    assert kind == FAILURE_IMPORT_ERROR and "No module named 'flash_attn'" in message and "exit 1" in message
+    assert kind == FailureKind.IMPORT_ERROR and "No module named 'flash_attn'" in message and "exit 1" in message
 
 
 def test_a_cuda_out_of_memory_names_the_memory_in_use_and_the_device_s():
@@ -25,7 +25,7 @@ def test_a_cuda_out_of_memory_names_the_memory_in_use_and_the_device_s():
                         "capacity of 79.19 GiB of which 1.2 GiB is free. Including non-PyTorch memory, this process "
                         "has 77.90 GiB memory in use.\n")
     kind, message = classify(1, tail)
-    assert kind == FAILURE_CUDA_OOM and "77.90 GiB in use of the device's 79.19 GiB" in message
+    assert kind == FailureKind.CUDA_OOM and "77.90 GiB in use of the device's 79.19 GiB" in message
 
 
 def test_other_failures_and_an_import_error_caught_before_another_exception_are_left_to_relaunch():

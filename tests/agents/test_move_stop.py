@@ -12,7 +12,8 @@ from pathlib import Path
 from agents.config import AgentConfig
 from agents.emergency import ChildProcess, EmergencyStop
 from agents.main import Agent
-from runner import wire
+from runner.protocol.actions import Action
+from runner.protocol.events import EndReason
 
 TRAINEE = r'''
 import time
@@ -71,14 +72,14 @@ def test_a_move_stops_the_job_with_a_checkpoint_and_reports_moved(tmp_path):
     try:
         runner.start()
         wait_for(lambda: "training" in agent.shipper.text() and agent.training_pid, "the job to train")
-        agent._on_action(wire.MOVE_TO_SPOT)
+        agent._on_action(Action.MOVE_TO_SPOT)
         runner.join(60)
         assert not runner.is_alive(), "the job did not stop"
     finally:
         agent.control.close()
 
     reason, code, message, drill = ended[0]
-    assert (reason, code) == (wire.MOVED, 0), agent.shipper.text()  # it stopped by itself, after its checkpoint
+    assert (reason, code) == (EndReason.MOVED, 0), agent.shipper.text()  # it stopped by itself, after its checkpoint
     stopped = int(re.search(r"stopped at step (\d+) for move\n", agent.shipper.text()).group(1))  # it knows why
     assert agent.cancel_stop.ack["step"] == stopped and agent.cancel_stop.ack["durable"]
     committed = [p.name for p in Path(durable).rglob("step-*")]

@@ -16,7 +16,8 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from runner.checkpoint.control import CheckpointRequest, decode, encode, parse_request
+from runner.protocol.framing import decode, encode
+from runner.protocol.messages import CheckpointRequest, parse
 
 
 class FakeAgent:
@@ -163,7 +164,7 @@ def test_protocol_lines_round_trip():
     """encode/decode are newline-delimited JSON; non-objects and lines without an op are ignored."""
     line = encode({"op": "checkpoint", "reason": "drill", "deadline": 12.5, "stop": False})
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert parse_request(decode(line)) == CheckpointRequest("drill", False, 12.5)
+    assert parse(decode(line)) == CheckpointRequest("drill", False, 12.5)
     assert decode(b"[1, 2]") is None and decode(b"not json") is None and decode(b'{"x": 1}') is None
 
 

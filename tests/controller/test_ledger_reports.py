@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from conftest import controller_with_a_sleeping_job
-from runner import wire
+from runner.protocol.events import EventKind
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +39,9 @@ def test_the_nodes_boot_and_its_agents_setup_report_are_on_the_first_row(server)
     assert row["setup_seconds"] == 0.0
     assert row["gap_seconds"] is None  # the first attempt
     started = time.time() - 20
-    assert post(server, wire.REPORT_SETUP, {"started_at": started, "ended_at": None}).status_code == 200
+    assert post(server, EventKind.SETUP, {"started_at": started, "ended_at": None}).status_code == 200
     assert _row(server)["setup_seconds"] == 0.0  # a setup under way counts once it has ended
-    assert post(server, wire.REPORT_SETUP, {"started_at": started, "ended_at": started + 12.5,
+    assert post(server, EventKind.SETUP, {"started_at": started, "ended_at": started + 12.5,
                                             "exit_code": 0}).status_code == 200
     assert _row(server)["setup_seconds"] == 12.5
 
@@ -55,7 +55,7 @@ def test_step_times_and_restore_become_training_time_in_the_goodput(server):
     now = time.time()
     report = {"steps": 40, "first_step": 1, "first_step_at": now - 2.5, "last_step": 41,
               "last_step_at": now - 0.5, "restore_seconds": 0.75}
-    assert post(server, wire.REPORT_TELEMETRY, report).status_code == 200
+    assert post(server, EventKind.TELEMETRY, report).status_code == 200
     assert _row(server)["restore_seconds"] == 0.75
     goodput = server.runner.json("status", server.job_id)["goodput"]
     assert goodput["training_seconds"] == 2.0 and goodput["redone_seconds"] == 0.0
@@ -73,8 +73,8 @@ def test_step_times_and_restore_become_training_time_in_the_goodput(server):
 ])
 def test_a_step_without_its_time_or_a_bad_value_is_422_naming_it(server, data, field):
     """Bad ledger fields are refused naming the field, and what was stored stays."""
-    assert post(server, wire.REPORT_TELEMETRY, {"restore_seconds": 0.75}).status_code == 200
-    answer = post(server, wire.REPORT_TELEMETRY, {**data, "restore_seconds": 9.0} if "restore_seconds" not in data
+    assert post(server, EventKind.TELEMETRY, {"restore_seconds": 0.75}).status_code == 200
+    answer = post(server, EventKind.TELEMETRY, {**data, "restore_seconds": 9.0} if "restore_seconds" not in data
                   else data)
     assert answer.status_code == 422 and field in answer.text
     assert _row(server)["restore_seconds"] == 0.75
@@ -86,5 +86,5 @@ def test_a_step_without_its_time_or_a_bad_value_is_422_naming_it(server, data, f
     ({"started_at": 1.0e9, "ended_at": 0.9e9}, "data.ended_at"),
 ])
 def test_a_setup_report_without_its_times_is_422_naming_the_field(server, data, field):
-    answer = post(server, wire.REPORT_SETUP, data)
+    answer = post(server, EventKind.SETUP, data)
     assert answer.status_code == 422 and field in answer.text

@@ -7,6 +7,7 @@ import requests
 
 from conftest import controller_store_url, controller_with_a_sleeping_job
 from runner import wire
+from runner.protocol.events import EventKind
 from runner.state import Store, open_database
 
 
@@ -22,7 +23,7 @@ def server(tmp_path_factory, module_controller_db):
 
 def post(server, data: dict) -> requests.Response:
     return requests.post(server.controller.url + "/v1/agent/events", headers=server.node_headers, timeout=10,
-                         json={"kind": wire.REPORT_SETUP, "data": data})
+                         json={"kind": EventKind.SETUP, "data": data})
 
 
 @pytest.mark.parametrize("data, field", [({}, "data.started_at"), ({"started_at": "soon"}, "data.started_at"),

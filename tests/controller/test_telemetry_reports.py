@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from conftest import controller_with_a_sleeping_job
-from runner import wire
+from runner.protocol.events import EventKind
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, module_controller_db):
@@ -33,11 +33,11 @@ def test_before_any_report_the_figures_are_null(server):
 
 def test_a_report_is_stored_on_the_attempt_and_the_peak_keeps_the_largest(server):
     """steps, steps/s and NaN steps are the newest report's; peak memory the largest (in GB of 10^9 bytes)."""
-    assert post(server, wire.REPORT_TELEMETRY, {"steps": 40, "steps_per_second": 12.5, "nan_steps": 2,
+    assert post(server, EventKind.TELEMETRY, {"steps": 40, "steps_per_second": 12.5, "nan_steps": 2,
                                                 "peak_memory_bytes": 3_000_000_000}).status_code == 200
-    assert post(server, wire.REPORT_TELEMETRY, {"steps": 80, "steps_per_second": 10.0, "nan_steps": 3,
+    assert post(server, EventKind.TELEMETRY, {"steps": 80, "steps_per_second": 10.0, "nan_steps": 3,
                                                 "peak_memory_bytes": 1_000_000_000}).status_code == 200
-    assert post(server, wire.REPORT_TELEMETRY, {"peak_memory_bytes": 2_500_000_000}).status_code == 200  # node 1
+    assert post(server, EventKind.TELEMETRY, {"peak_memory_bytes": 2_500_000_000}).status_code == 200  # node 1
     row = server.runner.json("restarts", server.job_id)[-1]
     assert (row["steps"], row["peak_memory_gb"], row["nan_steps"]) == (80, 3.0, 3)
     job = server.runner.json("status", server.job_id)
@@ -62,8 +62,8 @@ def test_the_first_manifest_of_an_attempt_is_kept_with_only_the_contract_keys(se
     manifest = {"git_commit": "a" * 40, "git_dirty": False, "python": "3.11.7", "torch": "2.5.1", "cuda": None,
                 "gpus": [], "packages_sha256": "b" * 64, "argv": ["train.py", "--steps", "80"],
                 "environment": {"HF_TOKEN": "secret-value"}}
-    assert post(server, wire.REPORT_MANIFEST, {"manifest": manifest}).json() == {"accepted": True}
-    assert post(server, wire.REPORT_MANIFEST, {"manifest": {**manifest, "python": "2.7"}}).json() == {
+    assert post(server, EventKind.MANIFEST, {"manifest": manifest}).json() == {"accepted": True}
+    assert post(server, EventKind.MANIFEST, {"manifest": {**manifest, "python": "2.7"}}).json() == {
         "accepted": False}
     shown = server.runner.json("status", server.job_id)["manifest"]
     assert shown == {k: v for k, v in manifest.items() if k != "environment"}
@@ -84,13 +84,13 @@ def test_a_report_with_a_value_of_the_wrong_kind_is_422_naming_it(server, data, 
             "status", server.job_id)["steps_per_second"]
 
     before = stored()
-    response = post(server, wire.REPORT_TELEMETRY, data)
+    response = post(server, EventKind.TELEMETRY, data)
     assert response.status_code == 422 and field in response.json()["detail"]
     assert stored() == before
 
 
 def test_a_manifest_that_is_not_an_object_is_422(server):
-    response = post(server, wire.REPORT_MANIFEST, {"manifest": "a string"})
+    response = post(server, EventKind.MANIFEST, {"manifest": "a string"})
     assert response.status_code == 422 and "data.manifest" in response.json()["detail"]
 
 
@@ -99,7 +99,7 @@ def test_the_tables_show_the_figures(server):
     # Its own committed step (the same report as above, taken once): under xdist this test may get a fresh controller.
     assert post(server, "checkpoint", {"step": 80, "durable": True, "seconds": 0.1,
                                        "manifest": "file:///x/step-00000080/manifest.json"}).status_code == 200
-    assert post(server, wire.REPORT_TELEMETRY, {"steps_per_second": 10.0, "peak_memory_bytes": 3_000_000_000,
+    assert post(server, EventKind.TELEMETRY, {"steps_per_second": 10.0, "peak_memory_bytes": 3_000_000_000,
                                                 "nan_steps": 3}).status_code == 200
     jobs = server.runner("jobs").stdout
     assert "STEPS/S" in jobs and "$/1K STEPS" in jobs
@@ -113,9 +113,9 @@ def test_the_tables_show_the_figures(server):
 def test_a_late_report_never_takes_the_steps_back(server):
     """Reports retried through an outage may land late: the attempt keeps the furthest steps (and NaN steps),
     and the steps/s of the report that got that far, not those of an older report arriving after it."""
-    assert post(server, wire.REPORT_TELEMETRY, {"steps": 500_000, "steps_per_second": 9.0,
+    assert post(server, EventKind.TELEMETRY, {"steps": 500_000, "steps_per_second": 9.0,
                                                 "nan_steps": 7}).status_code == 200
-    assert post(server, wire.REPORT_TELEMETRY, {"steps": 70, "steps_per_second": 20.0,
+    assert post(server, EventKind.TELEMETRY, {"steps": 70, "steps_per_second": 20.0,
                                                 "nan_steps": 1}).status_code == 200
     row = server.runner.json("restarts", server.job_id)[-1]
     assert (row["steps"], row["nan_steps"]) == (500_000, 7)

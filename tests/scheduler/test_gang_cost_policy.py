@@ -16,10 +16,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from runner import wire
 from runner.controller.app import ControllerState, create_app
 from runner.controller.auth import hash_token
 from runner.controller.logstore import LogStore
+from runner.protocol.actions import Action
+from runner.protocol.events import EndReason
 from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.policy import BackoffBook
@@ -111,14 +112,14 @@ def test_a_deadline_gang_relaunches_on_demand_and_moves_back_to_spot_when_it_can
     assert why.startswith("moved to spot: ") and "spot in zone-b saves about $" in why
     for rank in ranks:  # every node of the gang is told to stop for the move
         assert api.post("/v1/agent/heartbeat", json={}, headers=headers(world, rank.node_id)).json() == {
-            "action": wire.MOVE_TO_SPOT}
+            "action": Action.MOVE_TO_SPOT}
 
     # The ranks stop together with a checkpoint of step 1,300 and report the exit.
     assert api.post("/v1/agent/events", headers=headers(world, ranks[0].node_id), json={
         "kind": "checkpoint", "data": {"step": 1300, "durable": True, "emergency": True}}).json() == {"accepted": True}
     for rank in ranks:
         reply = api.post("/v1/agent/exit", headers=headers(world, rank.node_id),
-                         json={"reason": wire.MOVED, "exit_code": 0}).json()
+                         json={"reason": EndReason.MOVED, "exit_code": 0}).json()
         assert reply["action"] == "shutdown"  # the whole gang leaves on-demand
     world.tick(3)  # releases the on-demand nodes, then places the gang on spot
 

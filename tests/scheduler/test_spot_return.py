@@ -14,10 +14,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from runner import wire
 from runner.controller.app import ControllerState, create_app
 from runner.controller.auth import hash_token
 from runner.controller.logstore import LogStore
+from runner.protocol.actions import Action
+from runner.protocol.events import EndReason
 from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.policy import BackoffBook
@@ -98,13 +99,13 @@ def test_an_on_demand_job_moves_to_spot_when_spot_is_affordable_again(world, api
                           "spot would need 9.0 h at the observed 0 preemptions/h")  # zone-b has none
     assert "spot in zone-b saves about $" in why
     reply = api.post("/v1/agent/heartbeat", json={}, headers=as_node(world, job_id)).json()
-    assert reply == {"action": wire.MOVE_TO_SPOT}
+    assert reply == {"action": Action.MOVE_TO_SPOT}
 
     # The agent stops the job with a checkpoint (its step 1,300 is committed) and reports the exit.
     headers = as_node(world, job_id)
     assert api.post("/v1/agent/events", headers=headers, json={"kind": "checkpoint", "data": {
         "step": 1300, "durable": True, "emergency": True}}).json() == {"accepted": True}
-    assert api.post("/v1/agent/exit", headers=headers, json={"reason": wire.MOVED, "exit_code": 0}).json() == {
+    assert api.post("/v1/agent/exit", headers=headers, json={"reason": EndReason.MOVED, "exit_code": 0}).json() == {
         "state": "RECOVERING"}
     world.tick()
 
