@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -69,7 +70,8 @@ def create_app(state: ControllerState, routers: tuple = ()):
     if not state.log_commits and hasattr(state.logs, "append_in"):  # output in the database, not in files
         # Chunks are not serialized writes: several lanes, each a group commit, write at once (a node's chunks
         # always take the same lane).
-        state.log_commits = tuple(GroupCommit(lambda: state.store.db.transaction(serialized=False), f"log-commits-{n}")
+        state.log_commits = tuple(GroupCommit(lambda: state.store.db.transaction(serialized=False), f"log-commits-{n}",
+                                              write_group=functools.partial(log_api.store_chunks, state))
                                   for n in range(LOG_LANES))
 
     @asynccontextmanager

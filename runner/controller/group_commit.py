@@ -8,6 +8,8 @@ transaction, commits once, and only then answers them: an acknowledged write is 
 
 - A request whose own work fails (a 401, a 422, a chunk that raced) is undone alone, by its savepoint, and
   answered with its own error; the others of its group still commit.
+- A lane may write its whole group at once (``write_group``): log chunks are stored by one read of their
+  streams' sizes and one multi-row INSERT, not five statements each.
 - A group whose transaction fails (the database went away, the commit was refused) fails every request of the
   group with that error, and none of their writes is kept: each agent sends its request again.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 import structlog
 
@@ -26,25 +28,46 @@ log = structlog.get_logger(__name__)
 
 MAX_GROUP = 200  # requests in one transaction: bounds how long the write lock is held
 
+Outcome = tuple[bool, Any]  # (True, the request's answer) or (False, the exception it is answered with)
+WriteGroup = Callable[[Any, Sequence[Any]], list[Outcome]]
+
+
+def each_in_a_savepoint(tx, works: Sequence[Callable[[Any], Any]]) -> list[Outcome]:
+    """The default ``write_group``: each request is a callable ``work(tx)``, run in a savepoint of its own."""
+    outcomes: list[Outcome] = []
+    for work in works:
+        try:
+            with tx.savepoint():
+                outcomes.append((True, work(tx)))
+        except Exception as exc:  # this request's own error: its savepoint undid its writes
+            outcomes.append((False, exc))
+    return outcomes
+
 
 class GroupCommitFailed(RuntimeError):
     """The transaction of a group failed: none of its requests' writes was kept."""
 
 
 class GroupCommit:
-    """``await run(work)``: ``work(tx)`` runs in the next group's transaction; its result once that commits."""
+    """``await run(work)``: ``work(tx)`` runs in the next group's transaction; its result once that commits.
 
-    def __init__(self, transaction: Callable[[], ContextManager[Any]], name: str, max_group: int = MAX_GROUP):
+    With ``write_group``, a request is whatever that function takes: ``write_group(tx, requests)`` writes a
+    whole group and returns one outcome per request, in order (a request's error undone alone, as above)."""
+
+    def __init__(self, transaction: Callable[[], ContextManager[Any]], name: str, max_group: int = MAX_GROUP,
+                 write_group: WriteGroup = each_in_a_savepoint):
         self._transaction = transaction
         self._name = name
         self._max_group = max_group
-        self._waiting: list[tuple[Callable, asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._write_group = write_group
+        self._waiting: list[tuple[Any, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
 
-    async def run(self, work: Callable[[Any], Any]) -> Any:
+    async def run(self, work: Any) -> Any:
+        """``work``'s answer (a callable ``work(tx)``, or what ``write_group`` takes), once its group committed."""
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
         with self._lock:
@@ -81,15 +104,9 @@ class GroupCommit:
                 return
 
     def _commit(self, group) -> None:
-        outcomes: list[tuple[bool, Any]] = []
         try:
             with self._transaction() as tx:
-                for work, _, _ in group:
-                    try:
-                        with tx.savepoint():
-                            outcomes.append((True, work(tx)))
-                    except Exception as exc:  # this request's own error: its savepoint undid its writes
-                        outcomes.append((False, exc))
+                outcomes = self._write_group(tx, [work for work, _, _ in group])
         except Exception as exc:  # the transaction failed: nothing of the group was kept
             log.warning("group commit failed", group=self._name, requests=len(group), error=str(exc))
             failed = GroupCommitFailed(f"{self._name}: the transaction of {len(group)} requests failed and none "
