@@ -66,7 +66,8 @@ def create_app(state: ControllerState, routers: tuple = ()):
     state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
     state.heartbeat_reads = state.heartbeat_reads or heartbeat_reads(state.store)
     if state.report_commits is None and state.store.db.shared:  # a commit is a round trip there (SQLite: local)
-        state.report_commits = GroupCommit(state.store.db.transaction, "report-commits")
+        state.report_commits = GroupCommit(state.store.db.transaction, "report-commits",
+                                           write_group=functools.partial(event_api.record_reports, state))
     if not state.log_commits and hasattr(state.logs, "append_in"):  # output in the database, not in files
         # Chunks are not serialized writes: several lanes, each a group commit, write at once (a node's chunks
         # always take the same lane).

@@ -6,8 +6,9 @@ each, and a flush of the log at every commit), and the requests queued for the p
 Postgres, their p99 was seconds. Here one thread takes every request waiting, runs each in a savepoint of one
 transaction, commits once, and only then answers them: an acknowledged write is a committed write.
 
-- A request whose own work fails (a 401, a 422, a chunk that raced) is undone alone, by its savepoint, and
-  answered with its own error; the others of its group still commit.
+- A request whose own work fails (a 401, a 422, a chunk that raced) is undone alone, by a savepoint, and
+  answered with its own error; the others of its group still commit. Savepoints are taken per request only
+  once a request of the group failed (:func:`all_at_once`).
 - A lane may write its whole group at once (``write_group``): log chunks are stored by one read of their
   streams' sizes and one multi-row INSERT, not five statements each.
 - A group whose transaction fails (the database went away, the commit was refused) fails every request of the
@@ -32,8 +33,20 @@ Outcome = tuple[bool, Any]  # (True, the request's answer) or (False, the except
 WriteGroup = Callable[[Any, Sequence[Any]], list[Outcome]]
 
 
+def all_at_once(tx, works: Sequence[Callable[[Any], Any]]) -> list[Outcome]:
+    """The default ``write_group``: each request is a callable ``work(tx)``. All run in one savepoint (a savepoint
+    each costs two round trips a request); where one fails, that savepoint is undone and the group runs again,
+    each request in a savepoint of its own, so only the failing one's writes are lost. A work may so run twice:
+    it writes to ``tx`` and nowhere else."""
+    try:
+        with tx.savepoint():
+            return [(True, work(tx)) for work in works]
+    except Exception:
+        return each_in_a_savepoint(tx, works)
+
+
 def each_in_a_savepoint(tx, works: Sequence[Callable[[Any], Any]]) -> list[Outcome]:
-    """The default ``write_group``: each request is a callable ``work(tx)``, run in a savepoint of its own."""
+    """Each request is a callable ``work(tx)``, run in a savepoint of its own."""
     outcomes: list[Outcome] = []
     for work in works:
         try:
@@ -55,7 +68,7 @@ class GroupCommit:
     whole group and returns one outcome per request, in order (a request's error undone alone, as above)."""
 
     def __init__(self, transaction: Callable[[], ContextManager[Any]], name: str, max_group: int = MAX_GROUP,
-                 write_group: WriteGroup = each_in_a_savepoint):
+                 write_group: WriteGroup = all_at_once):
         self._transaction = transaction
         self._name = name
         self._max_group = max_group

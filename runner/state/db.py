@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator
@@ -179,7 +180,7 @@ class PostgresDatabase(Database):
         self._options = dict(row_factory=dict_row, autocommit=True, **KEEPALIVES)
         self.connect().close()  # fail now, naming host and port, rather than in the pool's background thread
         self._held = threading.local()  # the connection of this thread's open transaction, if any
-        self._write_lock = threading.Lock()  # this process's serialized writers, before they take a connection
+        self._write_lock = FifoLock()  # this process's serialized writers, before they take a connection
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=self._options, open=False,
                                     name="runner", configure=_configure, timeout=pool_timeout)
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
@@ -229,6 +230,34 @@ class PostgresDatabase(Database):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
+
+
+class FifoLock:
+    """A lock handed to its waiters in the order they came, as Postgres queues them for a lock (a plain
+    ``threading.Lock`` is not fair: a writer that commits and begins again, the heartbeat flush's parts, a busy
+    group's lane, could take it again and again ahead of a registration that waits)."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._waiting: deque[threading.Event] = deque()
+        self._held = False
+
+    def __enter__(self) -> "FifoLock":
+        with self._guard:
+            if not self._held:
+                self._held = True
+                return self
+            turn = threading.Event()
+            self._waiting.append(turn)
+        turn.wait()  # the releasing holder handed it over: held by this thread now
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._guard:
+            if self._waiting:
+                self._waiting.popleft().set()
+            else:
+                self._held = False
 
 
 # The server drops a dead client's session (and so its locks) within ~10 s; the client notices a dead server too.
