@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import deque
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
@@ -180,7 +179,6 @@ class PostgresDatabase(Database):
         self._options = dict(row_factory=dict_row, autocommit=True, **KEEPALIVES)
         self.connect().close()  # fail now, naming host and port, rather than in the pool's background thread
         self._held = threading.local()  # the connection of this thread's open transaction, if any
-        self._write_lock = FifoLock()  # this process's serialized writers, before they take a connection
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=self._options, open=False,
                                     name="runner", configure=_configure, timeout=pool_timeout)
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
@@ -195,11 +193,6 @@ class PostgresDatabase(Database):
         _configure(conn)
         return conn
 
-    # This process's serialized writers queue for the write lock here, before they take a pooled connection: queued
-    # on Postgres's lock instead, each would hold a connection while it waits, and with a few dozen registrations
-    # at once they held the whole pool, leaving none for the reads (heartbeats, tokens) nor the writer they waited
-    # for. Only the one writer that is next waits on Postgres's lock (for another controller's writer) with one.
-    #
     # A thread holds at most one pooled connection. A transaction that asked the pool for a second one could wait
     # forever: when every other pooled connection belongs to a writer waiting for the write lock this transaction
     # holds (2,000 nodes' requests keep the pool full), the second never comes. So a read made while the thread's
@@ -210,7 +203,7 @@ class PostgresDatabase(Database):
         if getattr(self._held, "conn", None) is not None:
             raise DatabaseError("a transaction was begun inside another on the same thread; pass the open "
                                 "transaction down instead")
-        with self._write_lock if serialized else nullcontext(), self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn, conn.transaction():
             self._held.conn = conn
             try:
                 if serialized:
@@ -230,34 +223,6 @@ class PostgresDatabase(Database):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
-
-
-class FifoLock:
-    """A lock handed to its waiters in the order they came, as Postgres queues them for a lock (a plain
-    ``threading.Lock`` is not fair: a writer that commits and begins again, the heartbeat flush's parts, a busy
-    group's lane, could take it again and again ahead of a registration that waits)."""
-
-    def __init__(self):
-        self._guard = threading.Lock()
-        self._waiting: deque[threading.Event] = deque()
-        self._held = False
-
-    def __enter__(self) -> "FifoLock":
-        with self._guard:
-            if not self._held:
-                self._held = True
-                return self
-            turn = threading.Event()
-            self._waiting.append(turn)
-        turn.wait()  # the releasing holder handed it over: held by this thread now
-        return self
-
-    def __exit__(self, *exc) -> None:
-        with self._guard:
-            if self._waiting:
-                self._waiting.popleft().set()
-            else:
-                self._held = False
 
 
 # The server drops a dead client's session (and so its locks) within ~10 s; the client notices a dead server too.

@@ -199,44 +199,6 @@ def test_a_group_never_waits_for_a_pooled_connection_that_writers_waiting_on_it_
     assert sorted(writers_done) == [0, 1]  # and the writers went on once the group committed
 
 
-def test_writers_queued_for_the_write_lock_leave_the_pool_to_readers(db_url, backend):
-    """Serialized writers (registrations, reports) queue for the write lock without holding a pooled connection:
-    with many of them waiting behind a long transaction, a read (a heartbeat's, a token's) still gets one."""
-    if backend == "sqlite":
-        pytest.skip("SQLite keeps one connection a thread: there is no pool to run out of")
-    from runner.state.db import PostgresDatabase
-
-    db = PostgresDatabase(db_url, pool_size=3, pool_timeout=15)
-    release, holding, done = threading.Event(), threading.Event(), []
-
-    def long_writer() -> None:
-        with db.transaction() as tx:
-            tx.execute("INSERT INTO controller_secrets (name, value) VALUES (?, ?)", ("long", "x"))
-            holding.set()
-            release.wait(60)
-
-    def writer(n: int) -> None:
-        with db.transaction() as tx:
-            tx.execute("INSERT INTO controller_secrets (name, value) VALUES (?, ?)", (f"writer-{n}", "x"))
-        done.append(n)
-
-    threads = [threading.Thread(target=long_writer, daemon=True)]
-    threads[0].start()
-    assert holding.wait(60)
-    threads += [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(6)]
-    for thread in threads[1:]:
-        thread.start()
-    try:
-        time.sleep(0.5)  # let the writers queue (a read that came first would pass either way)
-        assert db.query("SELECT COUNT(*) AS n FROM controller_secrets WHERE name LIKE 'writer-%'") == [{"n": 0}]
-    finally:
-        release.set()
-        for thread in threads:
-            thread.join(60)
-        db.close()
-    assert sorted(done) == list(range(6))
-
-
 def test_a_transaction_inside_a_transaction_on_one_thread_is_refused(db_url):
     """On both databases a thread has one connection: a nested transaction is an error, never a second one."""
     db = open_database(db_url)

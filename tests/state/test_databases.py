@@ -221,30 +221,3 @@ def test_rows_decode_to_their_declared_types(db_url):
     assert attempt.spot is True and isinstance(attempt.started_at, float) and attempt.end_reason == "running"
     assert node.spot is False and node.offer == offer and isinstance(node.attempt, int)
 
-
-def test_the_process_write_lock_is_handed_to_waiters_in_the_order_they_came():
-    """A writer that commits and begins again at once (a busy lane) must not pass a registration that waits."""
-    import threading
-    import time
-
-    from runner.state.db import FifoLock
-
-    lock, order = FifoLock(), []
-
-    def writer(n: int) -> None:
-        with lock:
-            order.append(n)
-
-    threads = []
-    with lock:
-        for n in range(5):
-            threads.append(threading.Thread(target=writer, args=(n,)))
-            threads[-1].start()
-            deadline = time.monotonic() + 60
-            while len(lock._waiting) < n + 1:  # each in line before the next comes
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-        order.append("holder")
-    for thread in threads:
-        thread.join(60)
-    assert order == ["holder", 0, 1, 2, 3, 4]
