@@ -10,8 +10,10 @@ keep-alive connection, as an agent does. Its HTTP client is the few lines of :cl
 aiohttp: on a 2-core machine the generator shares the CPU with the controller it measures, and aiohttp's
 client costs about as much CPU a request as the controller's answer.
 
-Printed per N: p50/p99 latency and requests per second of each endpoint, the share of heartbeats that
-came late, and the controller's CPU (percent of one core) and resident memory (psutil).
+Recording starts once every node's registration was answered (how long that took is printed) and the
+warm-up has passed: the steady state, not the registration storm. Printed per N: p50/p99 latency and
+requests per second of each endpoint, the share of heartbeats that came late, the controller's CPU (percent
+of one core) and resident memory (psutil), and the machine's load average at the end of the row.
 
     python benchmarks/controller_scale.py --nodes 200,1000,2000 --seconds 30
     python benchmarks/controller_scale.py --db postgresql://USER@HOST/DB   # Postgres: a fresh database each run
