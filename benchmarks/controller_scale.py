@@ -10,8 +10,10 @@ keep-alive connection, as an agent does. Its HTTP client is the few lines of :cl
 aiohttp: on a 2-core machine the generator shares the CPU with the controller it measures, and aiohttp's
 client costs about as much CPU a request as the controller's answer.
 
-Printed per N: p50/p99 latency and requests per second of each endpoint, the share of heartbeats that
-came late, and the controller's CPU (percent of one core) and resident memory (psutil).
+Recording starts once every node's registration was answered (how long that took is printed) and the
+warm-up has passed: the steady state, not the registration storm. Printed per N: p50/p99 latency and
+requests per second of each endpoint, the share of heartbeats that came late, the controller's CPU (percent
+of one core) and resident memory (psutil), and the machine's load average at the end of the row.
 
     python benchmarks/controller_scale.py --nodes 200,1000,2000 --seconds 30
     python benchmarks/controller_scale.py --db postgresql://USER@HOST/DB   # Postgres: a fresh database each run
@@ -93,8 +95,9 @@ class Recorder:
         self.errors: dict[str, int] = defaultdict(int)
         self.late = 0  # heartbeats sent more than 100 ms after their due time (the generator fell behind)
         self.beats = 0
+        self.registered = 0  # nodes whose registration was answered
         self.recording = False
-        self.cpu = self.gen_cpu = self.rss_mb = self.cpu_ms_per_request = 0.0
+        self.cpu = self.gen_cpu = self.rss_mb = self.cpu_ms_per_request = self.registration_seconds = 0.0
 
     async def call(self, connection: "NodeConnection", method: str, path: str, endpoint: str, token: str,
                    body=None):
@@ -157,7 +160,8 @@ class NodeConnection(asyncio.Protocol):
             return
         body = bytes(self._buffer[end + 4:end + 4 + length])
         del self._buffer[:end + 4 + length]
-        self._reply.set_result((int(head[9:12]), body))
+        if not self._reply.done():  # not given up on (a reply later than the request's timeout)
+            self._reply.set_result((int(head[9:12]), body))
 
     async def request(self, method: str, path: str, token: str, body=None, timeout: float = 60) -> tuple[int, bytes]:
         if self.transport is None or self.transport.is_closing():
@@ -180,6 +184,7 @@ async def play_node(url: str, node: dict, recorder: Recorder, stop: asyncio.Even
         if stop.is_set():
             return
         await asyncio.sleep(1.0)
+    recorder.registered += 1
     offset, step, beat = 0, 0, 0
     log_phase = random.randrange(int(log_every))
     checkpoint_phase = random.randrange(int(checkpoint_every))
@@ -234,6 +239,12 @@ async def drive(url: str, admin: str, data_dir: Path, nodes: int, args, controll
     stop = asyncio.Event()
     tasks = [asyncio.create_task(play_node(url, json.loads(line), recorder, stop, args.log_every,
                                            args.checkpoint_every)) for line in lines[:nodes]]
+    started = time.monotonic()
+    while recorder.registered < nodes:  # a registration storm is not the steady state measured here
+        if time.monotonic() - started > 600:
+            raise SystemExit(f"only {recorder.registered} of {nodes} nodes registered within 600 s")
+        await asyncio.sleep(0.2)
+    recorder.registration_seconds = time.monotonic() - started
     await asyncio.sleep(args.warmup)  # every node registered and at its steady cadence
     me = psutil.Process()
     before, mine, started = controller.cpu_times(), me.cpu_times(), time.monotonic()
@@ -312,7 +323,8 @@ def measure(nodes: int, args) -> dict:
                      "errors": recorder.errors.get(endpoint, 0)})
     return {"rows": rows, "cpu": recorder.cpu, "rss_mb": recorder.rss_mb, "gen_cpu": recorder.gen_cpu,
             "cpu_ms_per_request": recorder.cpu_ms_per_request,
-            "late": recorder.late / max(1, recorder.beats)}
+            "late": recorder.late / max(1, recorder.beats), "registration_seconds": recorder.registration_seconds,
+            "load": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -344,7 +356,8 @@ def main() -> None:
         for row in result["rows"]:
             extra = (f"{result['cpu']:.0f}% CPU ({result['cpu_ms_per_request']:.2f} ms a request), "
                      f"{result['rss_mb']:.0f} MB RSS; generator {result['gen_cpu']:.0f}% CPU, "
-                     f"{result['late']:.1%} of heartbeats late") if first else ""
+                     f"{result['late']:.1%} of heartbeats late; all registered in "
+                     f"{result['registration_seconds']:.0f} s; load average {result['load']:.1f}") if first else ""
             print(f"{count:>6} {row['endpoint']:<20} {row['rate']:>7.0f} {row['p50']:>8.1f} {row['p99']:>8.1f} "
                   f"{row['errors']:>6}   {extra}")
             first = False

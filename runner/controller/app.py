@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -66,11 +67,13 @@ def create_app(state: ControllerState, routers: tuple = ()):
     state.heartbeats = state.heartbeats or HeartbeatBook(state.store)
     state.heartbeat_reads = state.heartbeat_reads or heartbeat_reads(state.store)
     if state.report_commits is None and state.store.db.shared:  # a commit is a round trip there (SQLite: local)
-        state.report_commits = GroupCommit(state.store.db.transaction, "report-commits")
+        state.report_commits = GroupCommit(state.store.db.transaction, "report-commits",
+                                           write_group=functools.partial(event_api.record_reports, state))
     if not state.log_commits and isinstance(state.logs, DatabaseLogStore):  # output in the database, not in files
         # Chunks are not serialized writes: several lanes, each a group commit, write at once (a node's chunks
         # always take the same lane).
-        state.log_commits = tuple(GroupCommit(lambda: state.store.db.transaction(serialized=False), f"log-commits-{n}")
+        state.log_commits = tuple(GroupCommit(lambda: state.store.db.transaction(serialized=False), f"log-commits-{n}",
+                                              write_group=functools.partial(log_api.store_chunks, state))
                                   for n in range(LOG_LANES))
 
     @asynccontextmanager

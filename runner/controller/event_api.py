@@ -11,7 +11,8 @@ import asyncio
 import functools
 import json
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import structlog
 from fastapi import HTTPException
@@ -23,8 +24,9 @@ from ..state.standbys import PREPARED
 from ..state.values import Notice
 from ..wire import SetupReport
 from . import metrics, reports, telemetry
-from .auth import node_caller
+from .auth import live_node, node_caller, node_token_hash
 from .front_door import AWAITED, LeanRoute, json_object
+from .group_commit import Outcome, all_at_once
 
 # What an agent's notice report adds for the controller alone (kept out of the restart log's notice): whether
 # it trains on while a replacement gets ready, and how long it expects its emergency checkpoint to take.
@@ -41,7 +43,8 @@ async def agent_event(state, authorization: str, body: bytes) -> dict:
         return await loop.run_in_executor(None, own_transaction_report, state, authorization, body)
     if state.report_commits is None:  # SQLite: a transaction of its own, on a thread
         return await loop.run_in_executor(None, report_alone, state, authorization, body)
-    answer, then = await state.report_commits.run(lambda tx: record_report(state, authorization, body, tx))
+    token_hash = node_token_hash(authorization, state)  # a missing or admin token is refused before the wait
+    answer, then = await state.report_commits.run(ReportRequest(token_hash, body))
     if then is not None:  # after the commit, as on SQLite
         await loop.run_in_executor(None, then)
     return answer
@@ -76,10 +79,37 @@ def report_alone(state, authorization: str, body: bytes) -> dict:
     return answer
 
 
-def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Callable[[], None] | None]:
+@dataclass(frozen=True)
+class ReportRequest:
+    """A report as it waits for its group: the caller's token hash and the body."""
+
+    token_hash: str
+    body: bytes
+
+
+def record_reports(state, tx, requests: Sequence[ReportRequest]) -> list[Outcome]:
+    """The report lane's ``write_group``: the callers' nodes in one read, then each report (runner/controller/
+    group_commit.py, ``all_at_once``), and the measurements kept bounded once for the whole group."""
+    nodes = state.store.nodes_by_token_hashes(tx, list(dict.fromkeys(r.token_hash for r in requests)))
+    measured: list[bool] = []
+    outcomes = all_at_once(tx, [functools.partial(_record_for, state, nodes.get(r.token_hash), r.body, measured)
+                                for r in requests])
+    if measured:
+        metrics.bound_measurements(tx)
+    return outcomes
+
+
+def _record_for(state, node, body: bytes, measured: list[bool], tx):
+    return record_report(state, "", body, tx, node=live_node(node), measured=measured)
+
+
+def record_report(state, authorization: str, body: bytes, tx, node=None,
+                  measured: list[bool] | None = None) -> tuple[dict, Callable[[], None] | None]:
     """Any report but the handover and ``ready``, written in ``tx`` (every read in it too: a group holds the write
-    lock); with what to do once it is committed (prepare a replacement), if anything."""
-    node = node_caller(authorization, state, tx)
+    lock); with what to do once it is committed (prepare a replacement), if anything. ``node``: the caller's, where
+    already read (else read from ``authorization``). ``measured``: where given, a measurement recorded is noted
+    there and the caller keeps the measurements bounded once for many reports."""
+    node = node or node_caller(authorization, state, tx)
     kind, data = _event(json_object(body))
     job_id, attempt = node.job_id, node.attempt
     if kind == EventKind.TELEMETRY:  # frequent: stored on the attempt, never as an event
@@ -105,7 +135,9 @@ def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Cal
         checkpoint = {**data, "attempt": attempt, "time": data.get("time", time.time())}
         accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
         if accepted:
-            metrics.record_commit(tx, job_id, attempt, checkpoint)
+            metrics.record_commit(tx, job_id, attempt, checkpoint, bound=measured is None)
+            if measured is not None:
+                measured.append(True)
         return {"accepted": accepted}, None
     else:
         if kind == "restored":

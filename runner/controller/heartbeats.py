@@ -1,8 +1,8 @@
 """Heartbeats kept in memory and written to the database together, once a second.
 
 A heartbeat's time and progress are shown by ``status`` and the web page and decide nothing, so 2,000
-nodes beating once a second cost one write transaction a second instead of 2,000 that queue on the
-database's write lock. A controller that dies loses at most the last second of them; the next beat
+nodes beating once a second cost eight short write transactions a second (``FLUSH_BATCH`` beats each, in
+node order) instead of 2,000 that queue on the database's write lock. A controller that dies loses at most the last second of them; the next beat
 brings each node's back.
 """
 
@@ -18,6 +18,9 @@ from ..state import Store
 log = structlog.get_logger(__name__)
 
 FLUSH_SECONDS = 1.0
+# Beats written per transaction: each holds the write lock for a few milliseconds, so a report or a registration
+# waits behind one part of a flush, not all 2,000 beats of it (on Postgres, ~100 ms on a loaded machine).
+FLUSH_BATCH = 250
 
 
 class HeartbeatBook:
@@ -46,13 +49,17 @@ class HeartbeatBook:
             return 0
         # Encoded before the write lock is taken: under load this thread shares the interpreter with the event
         # loop, and Python work inside the transaction would hold every other writer back for as long.
-        beats = [(node_id, when, json.dumps(progress)) for node_id, (when, progress) in pending.items()]
+        beats = sorted((node_id, when, json.dumps(progress)) for node_id, (when, progress) in pending.items())
+        written = 0
         try:
-            with self.store.db.transaction() as tx:
-                self.store.record_heartbeats(tx, beats)
+            for start in range(0, len(beats), FLUSH_BATCH):
+                with self.store.db.transaction() as tx:
+                    self.store.record_heartbeats(tx, beats[start:start + FLUSH_BATCH])
+                written = start + FLUSH_BATCH
         except Exception:
+            unwritten = {node_id: pending[node_id] for node_id, _, _ in beats[written:]}
             with self._lock:  # newer beats that arrived meanwhile win
-                self._pending = {**pending, **self._pending}
+                self._pending = {**unwritten, **self._pending}
             raise
         return len(pending)
 

@@ -155,15 +155,17 @@ class StateCollector:
 
 # --- agent reports -> measurements -----------------------------------------------------------------
 def record_commit(tx: Tx, job_id: str, attempt: int, checkpoint: dict, now: float | None = None,
-                  keep: int = MAX_MEASUREMENTS) -> None:
-    """A durable commit the controller accepted: its commit seconds, once per job, attempt and step."""
+                  keep: int = MAX_MEASUREMENTS, bound: bool = True) -> None:
+    """A durable commit the controller accepted: its commit seconds, once per job, attempt and step. ``bound``:
+    fold what is over ``keep`` now (False: the caller calls :func:`bound_measurements` once for many)."""
     seconds = _number(checkpoint.get("seconds"))
     if seconds is None:
         return
     labels = {"emergency": "true" if checkpoint.get("emergency") else "false"}
     m.add_measurement(tx, f"{job_id}/{attempt}/step-{checkpoint.get('step')}/commit", job_id, attempt,
                       "checkpoint_commit_seconds", seconds, labels, now or time.time())
-    _bound(tx, keep)
+    if bound:
+        _bound(tx, keep)
 
 
 def record_notice(tx: Tx, job_id: str, attempt: int, notice: dict, now: float | None = None,
@@ -173,6 +175,11 @@ def record_notice(tx: Tx, job_id: str, attempt: int, notice: dict, now: float | 
     if received is None:
         return
     _record_notice_timing(tx, job_id, attempt, notice, received, now)
+    _bound(tx, keep)
+
+
+def bound_measurements(tx: Tx, keep: int = MAX_MEASUREMENTS) -> None:
+    """Fold what is over ``keep`` observations (after many were recorded with ``bound=False``)."""
     _bound(tx, keep)
 
 

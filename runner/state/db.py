@@ -24,6 +24,18 @@ from .urls import redact
 WRITE_LOCK_KEY = 0x72756E6E6572_01
 LEADER_LOCK_KEY = 0x72756E6E6572_02
 CONNECT_TIMEOUT_SECONDS = 10
+POOL_SIZE = 8  # pooled connections of one controller to Postgres
+
+
+def padded(values: list) -> list:
+    """``values`` with its last item repeated up to the next power of two: a statement with a list of ``?`` of
+    that length is one of a few texts, so the driver's prepared statements are reused (planned once per
+    connection, not at every call) whatever the count. For lists whose repeats change nothing (``IN``, a
+    ``VALUES`` list read into a dict)."""
+    size = 1
+    while size < len(values):
+        size *= 2
+    return list(values) + [values[-1]] * (size - len(values)) if values else list(values)
 
 
 def open_database(url: str, migrate: bool = True) -> "Database":
@@ -154,7 +166,7 @@ class PostgresDatabase(Database):
     kind = "postgres"
     shared = True
 
-    def __init__(self, url: str, pool_size: int = 8):
+    def __init__(self, url: str, pool_size: int = POOL_SIZE, pool_timeout: float = 30.0):
         try:
             import psycopg
             from psycopg.rows import dict_row
@@ -166,8 +178,9 @@ class PostgresDatabase(Database):
         self._psycopg = psycopg
         self._options = dict(row_factory=dict_row, autocommit=True, **KEEPALIVES)
         self.connect().close()  # fail now, naming host and port, rather than in the pool's background thread
+        self._held = threading.local()  # the connection of this thread's open transaction, if any
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=self._options, open=False,
-                                    name="runner", configure=_configure)
+                                    name="runner", configure=_configure, timeout=pool_timeout)
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
 
     def connect(self):
@@ -180,14 +193,29 @@ class PostgresDatabase(Database):
         _configure(conn)
         return conn
 
+    # A thread holds at most one pooled connection. A transaction that asked the pool for a second one could wait
+    # forever: when every other pooled connection belongs to a writer waiting for the write lock this transaction
+    # holds (2,000 nodes' requests keep the pool full), the second never comes. So a read made while the thread's
+    # transaction is open runs on that transaction's connection, seeing its writes, as on SQLite (one connection a
+    # thread), and a transaction inside a transaction is refused, as SQLite refuses it.
     @contextmanager
     def transaction(self, serialized: bool = True) -> Iterator[Tx]:
+        if getattr(self._held, "conn", None) is not None:
+            raise DatabaseError("a transaction was begun inside another on the same thread; pass the open "
+                                "transaction down instead")
         with self._pool.connection() as conn, conn.transaction():
-            if serialized:
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
-            yield Tx(conn, to_postgres)
+            self._held.conn = conn
+            try:
+                if serialized:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+                yield Tx(conn, to_postgres)
+            finally:
+                self._held.conn = None
 
     def query(self, sql: str, params: tuple = ()) -> list[dict]:
+        held = getattr(self._held, "conn", None)
+        if held is not None:  # inside this thread's transaction: on its connection (see above)
+            return list(held.execute(to_postgres(sql), params))
         with self._pool.connection() as conn:
             return list(conn.execute(to_postgres(sql), params))
 

@@ -8,10 +8,27 @@ contiguous, so its size is the end of its last chunk.
 
 from __future__ import annotations
 
-from .db import Database
+from dataclasses import dataclass
+
+from .db import Database, Tx, padded
 
 _STREAM = "job_id = ? AND attempt = ? AND node = ?"
 _RACES = 5  # an agent sends one chunk at a time: more than one racing append is a retry at most
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Output of one stream (a job's attempt on one node) that starts at byte ``offset``."""
+
+    job_id: str
+    attempt: int
+    node: int
+    offset: int
+    data: bytes
+
+    @property
+    def stream(self) -> tuple[str, int, int]:
+        return self.job_id, self.attempt, self.node
 
 
 class DatabaseLogStore:
@@ -46,6 +63,42 @@ class DatabaseLogStore:
                 return max(size, offset + len(data))
         raise RuntimeError(f"log stream {job_id}/{attempt}/{node}: {_RACES} appends raced this one; send it again")
 
+    def append_many_in(self, tx: Tx, chunks: list[Chunk]) -> list[int]:
+        """``append_in`` for many chunks in three statements, whatever their number: the streams' sizes in one
+        read, the new bytes in one multi-row INSERT; the offset to send next for each chunk, in order.
+
+        A chunk whose start another controller took meanwhile (the INSERT skips it: its stream moved on), and a
+        stream's second chunk in one call (a retry), are appended one by one, as ``append_in`` does."""
+        if not chunks:
+            return []
+        sizes = _sizes(tx, list(dict.fromkeys(chunk.stream for chunk in chunks)))
+        answers: list[int | None] = [None] * len(chunks)
+        rows, one_by_one, batched = [], [], set()
+        for i, chunk in enumerate(chunks):
+            if chunk.stream in batched:
+                one_by_one.append(i)
+                continue
+            batched.add(chunk.stream)
+            size = sizes.get(chunk.stream, 0)
+            if chunk.offset > size:
+                answers[i] = size  # a gap: the agent resends from here
+                continue
+            new = bytes(chunk.data[size - chunk.offset:])
+            answers[i] = max(size, chunk.offset + len(chunk.data))
+            if new:
+                rows.append((i, (*chunk.stream, size, new)))
+        if rows:
+            stored = {(row["job_id"], int(row["attempt"]), int(row["node"]), int(row["start"]))
+                      for row in tx.all("INSERT INTO log_chunks (job_id, attempt, node, start, data) VALUES "
+                                        + ",".join(["(?,?,?,?,?)"] * len(rows))
+                                        + " ON CONFLICT DO NOTHING RETURNING job_id, attempt, node, start",
+                                        tuple(value for _, row in rows for value in row))}
+            one_by_one += [i for i, row in rows if row[:4] not in stored]
+        for i in sorted(one_by_one):
+            chunk = chunks[i]
+            answers[i] = self.append_in(tx, chunk.job_id, chunk.attempt, chunk.offset, chunk.data, chunk.node)
+        return answers  # type: ignore[return-value]
+
     def read(self, job_id: str, attempt: int, offset: int = 0, limit: int = 1 << 20, node: int = 0) -> bytes:
         rows = self.db.query(
             f"SELECT start, data FROM log_chunks WHERE {_STREAM} AND start < ? AND start + LENGTH(data) > ? "
@@ -55,6 +108,22 @@ class DatabaseLogStore:
         joined = b"".join(bytes(row["data"]) for row in rows)
         skip = offset - rows[0]["start"]
         return joined[skip:skip + limit]
+
+
+def _sizes(tx: Tx, streams: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], int]:
+    """The size of each stream that has output, in one read (each by the primary key's last entry)."""
+    found = {}
+    for start in range(0, len(streams), 300):
+        part = padded(streams[start:start + 300])
+        rows = tx.all(
+            "SELECT s.column1 AS job_id, s.column2 AS attempt, s.column3 AS node, "
+            "(SELECT c.start + LENGTH(c.data) FROM log_chunks c WHERE c.job_id = s.column1 AND c.attempt = s.column2 "
+            "AND c.node = s.column3 ORDER BY c.start DESC LIMIT 1) AS size "
+            f"FROM (VALUES {','.join(['(?,?,?)'] * len(part))}) AS s",
+            tuple(value for stream in part for value in stream))
+        found.update({(row["job_id"], int(row["attempt"]), int(row["node"])): int(row["size"])
+                      for row in rows if row["size"] is not None})
+    return found
 
 
 def _size(run, job_id: str, attempt: int, node: int) -> int:

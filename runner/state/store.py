@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ..protocol.events import EndReason
 from ..protocol.states import NodeState
-from .db import Database, Tx
+from .db import Database, Tx, padded
 from .job_changes import add_event
 from ..spec.stored import StoredJob, load_stored_job
 from .rows import Attempt, AttemptNode, Event, Job, Node
@@ -227,12 +227,22 @@ class Store:
         rows = tx.all(sql, params) if tx else self.db.query(sql, params)
         return Node.from_row(rows[0]) if rows else None
 
+    def nodes_by_token_hashes(self, tx: Tx, token_hashes: list[str]) -> dict[str, Node]:
+        """``node_by_token_hash`` for many tokens in one read inside ``tx``, by token hash (an unknown one absent)."""
+        found: dict[str, Node] = {}
+        for start in range(0, len(token_hashes), 500):
+            part = padded(token_hashes[start:start + 500])
+            rows = tx.all(f"SELECT * FROM nodes WHERE token_hash IN ({','.join('?' * len(part))})", tuple(part))
+            found.update({row["token_hash"]: Node.from_row(row) for row in rows})
+        return found
+
     def heartbeat_views(self, token_hashes: list[str]) -> dict[str, dict]:
         """What heartbeats are answered from, for many tokens in one read, by token hash (an unknown token is
         absent): each token's node (id, job_id, attempt, rank, state), its job's ``job_state``,
         ``cancel_requested`` and ``spec`` (a StoredJob, fixed at submit), and whether the node's attempt is the
         job's running one (``attempt_current``), on spot (``attempt_spot``) and on notice (``attempt_on_notice``);
         a prepared replacement (attempt 0) has ``prepared_for``."""
+        token_hashes = padded(token_hashes)
         marks = ",".join("?" * len(token_hashes))
         rows = self.db.query(
             f"""SELECT n.id, n.job_id, n.attempt, n.rank, n.state, n.token_hash, n.prepared_for,

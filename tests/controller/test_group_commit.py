@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -139,3 +140,74 @@ def test_a_failed_transaction_fails_its_whole_group_and_stores_none_of_it(logs):
     assert asyncio.run(GroupCommit(transaction, "again").run(
         lambda tx: logs.append_in(tx, "job", 1, 0, b"sent again\n", node=1))) == len(b"sent again\n")
     assert logs.read("job", 1, node=1) == b"sent again\n"
+
+
+def _waiting_for_a_lock(db) -> int:
+    """How many sessions wait for a lock another holds (seen from a connection outside the pool)."""
+    with db.connect() as conn:
+        return conn.execute("SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"]
+
+
+def _until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_group_never_waits_for_a_pooled_connection_that_writers_waiting_on_it_hold(db_url, backend):
+    """The deadlock found at 2,000 nodes: every other pooled connection belongs to a writer that waits for what the
+    group's open transaction holds; a read made by the group's work (a node's token looked up without the open
+    transaction, as it once was) must not wait for a connection of the pool, or nothing ever moves again."""
+    if backend == "sqlite":
+        pytest.skip("SQLite keeps one connection a thread: there is no pool to run out of")
+    from runner.state.db import PostgresDatabase
+    from runner.state.store import Store
+
+    db = PostgresDatabase(db_url, pool_size=3, pool_timeout=15)
+    store = Store(db)
+    commits = GroupCommit(db.transaction, "test-report-commits")
+    writers_done: list[int] = []
+
+    def writer(n: int) -> None:  # a pooled connection each, then a wait for the group's uncommitted row
+        with db.transaction(serialized=False) as tx:
+            tx.execute("INSERT INTO controller_secrets (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                       ("report", f"writer {n}"))
+        writers_done.append(n)
+
+    def report(tx):
+        tx.execute("INSERT INTO controller_secrets (name, value) VALUES (?, ?)", ("report", "kept"))
+        writers = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(2)]
+        for thread in writers:
+            thread.start()
+        _until(lambda: _waiting_for_a_lock(db) >= 2, "the writers never queued behind the group's row")
+        # reads without the transaction: served on the group's own connection, seeing its write
+        return store.node_by_token_hash("no-such-token"), db.query("SELECT value FROM controller_secrets "
+                                                                   "WHERE name = 'report'"), writers
+
+    async def scenario():
+        return await asyncio.wait_for(commits.run(report), 60)
+
+    try:
+        node, read, writers = asyncio.run(scenario())
+        for thread in writers:
+            thread.join(60)
+    finally:
+        commits.stop()
+        db.close()
+    assert node is None and read == [{"value": "kept"}]
+    assert sorted(writers_done) == [0, 1]  # and the writers went on once the group committed
+
+
+def test_a_transaction_inside_a_transaction_on_one_thread_is_refused(db_url):
+    """On both databases a thread has one connection: a nested transaction is an error, never a second one."""
+    db = open_database(db_url)
+    try:
+        with db.transaction() as tx:
+            with pytest.raises(Exception, match="transaction"):
+                with db.transaction():
+                    pass
+            tx.execute("INSERT INTO controller_secrets (name, value) VALUES (?, ?)", ("outer", "kept"))
+        assert db.query("SELECT value FROM controller_secrets WHERE name = 'outer'") == [{"value": "kept"}]
+    finally:
+        db.close()

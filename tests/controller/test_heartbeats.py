@@ -1,4 +1,4 @@
-"""Heartbeats are kept in memory and written together: one transaction a second, whatever the node count."""
+"""Heartbeats are kept in memory and written together once a second: a short transaction per FLUSH_BATCH beats."""
 
 from __future__ import annotations
 
@@ -75,6 +75,33 @@ def test_beats_that_could_not_be_written_wait_for_the_next_flush(store, book):
         book.flush()
     store.db = real
     assert book.flush() == 1 and store.node("n0").last_heartbeat == 11.0
+
+
+def test_a_large_flush_is_written_in_parts_and_a_failed_part_keeps_only_its_beats(store, book, monkeypatch):
+    """Each part holds the write lock briefly; beats of a part already committed are not written twice, and those
+    of the part that failed (and after it) wait for the next flush."""
+    monkeypatch.setattr("runner.controller.heartbeats.FLUSH_BATCH", 2)
+    for n, when in (("n0", 10.0), ("n1", 11.0), ("n2", 12.0)):
+        book.record(n, when, {"phase": "running"})
+    real, opened = store.db, []
+
+    class SecondFails:
+        def transaction(self):
+            opened.append(1)
+            if len(opened) == 2:
+                raise OSError("disk I/O error")
+            return real.transaction()
+
+    store.db = SecondFails()
+    with pytest.raises(OSError):
+        book.flush()
+    store.db = real
+    assert [store.node(n).last_heartbeat for n in ("n0", "n1", "n2")] == [10.0, 11.0, None]
+    counting = CountingTransactions(real)
+    store.db = counting
+    assert book.flush() == 1 and counting.count == 1  # only n2's beat was still to write
+    store.db = real
+    assert store.node("n2").last_heartbeat == 12.0
 
 
 def test_without_a_running_flusher_a_beat_is_written_at_once(store):

@@ -11,7 +11,7 @@ from runner.state import DatabaseUnreachable, SchemaTooNew, open_database
 from runner.state import migrations
 from runner.state.dialect import to_postgres
 from runner.state.leader import Leadership
-from runner.state.logs import DatabaseLogStore
+from runner.state.logs import Chunk, DatabaseLogStore
 from runner.state.migrations import MIGRATIONS, apply_migrations, schema_version
 from runner.state.secrets import shared_secret
 from runner.state.workdirs import DatabaseWorkdirs
@@ -102,6 +102,52 @@ def test_racing_resends_of_one_stream_store_every_byte_once(db_url):
     assert logs.read("j", 1) == text and logs.size("j", 1) == len(text)
 
 
+def test_a_batch_of_chunks_answers_each_as_one_append_would(db_url):
+    """Many streams' chunks in one batch (one read of the sizes, one INSERT): a new chunk, a resend, an overlap,
+    a gap, an empty chunk and a stream's second chunk each get the offset to send next and store what is new."""
+    logs = DatabaseLogStore(open_database(db_url))
+    logs.append("j", 1, 0, b"hello ")
+    logs.append("j", 1, 0, b"rank one\n", node=1)
+    batch = [Chunk("j", 1, 0, 6, b"world\n"),        # the next bytes of a stream
+             Chunk("j", 1, 1, 0, b"rank one\n"),     # a resend of what is stored: nothing new
+             Chunk("j", 2, 0, 0, b"attempt two\n"),  # a new stream
+             Chunk("j", 2, 0, 12, b"and more\n"),    # its second chunk in the same batch (a fast agent's next one)
+             Chunk("j", 3, 0, 5, b"late"),            # a gap: resend from 0
+             Chunk("k", 1, 0, 0, b""),                # nothing at all
+             Chunk("j", 1, 1, 4, b" one\nrank two\n")]  # overlaps the stored end: only the new part lands
+    with logs.db.transaction(serialized=False) as tx:
+        answers = logs.append_many_in(tx, batch)
+    assert answers == [12, 9, 12, 21, 0, 0, 18]
+    assert logs.read("j", 1) == b"hello world\n"
+    assert logs.read("j", 1, node=1) == b"rank one\nrank two\n"
+    assert logs.read("j", 2) == b"attempt two\nand more\n"
+    assert logs.read("j", 3) == b"" and logs.read("k", 1) == b""
+
+
+def test_a_batched_chunk_whose_start_another_writer_took_stores_only_what_is_new(db_url, backend, monkeypatch):
+    """Another controller committed the same stream's next chunk between the batch's read and its INSERT: the
+    INSERT skips that chunk, which is then appended after what the other stored, nothing twice."""
+    import runner.state.logs as logs_module
+
+    if backend == "sqlite":
+        pytest.skip("SQLite has one writer at a time: no other can commit inside this transaction")
+
+    logs = DatabaseLogStore(open_database(db_url))
+    other = DatabaseLogStore(open_database(db_url))
+    logs.append("j", 1, 0, b"one\n")
+    read_sizes = logs_module._sizes
+
+    def sizes_then_a_racing_commit(tx, streams):
+        found = read_sizes(tx, streams)
+        other.append("j", 1, 4, b"two\n")  # committed by another connection after the read
+        return found
+
+    monkeypatch.setattr(logs_module, "_sizes", sizes_then_a_racing_commit)
+    with logs.db.transaction(serialized=False) as tx:
+        assert logs.append_many_in(tx, [Chunk("j", 1, 0, 4, b"two\nthree\n")]) == [14]
+    assert logs.read("j", 1) == b"one\ntwo\nthree\n"
+
+
 def test_a_workdir_archive_is_stored_once_and_streamed_back_whole(db_url, monkeypatch):
     monkeypatch.setattr("runner.state.workdirs.CHUNK_BYTES", 4)
     archives = DatabaseWorkdirs(open_database(db_url))
@@ -174,3 +220,4 @@ def test_rows_decode_to_their_declared_types(db_url):
     attempt, node = store.attempts("j")[0], store.node("n1")
     assert attempt.spot is True and isinstance(attempt.started_at, float) and attempt.end_reason == "running"
     assert node.spot is False and node.offer == offer and isinstance(node.attempt, int)
+
