@@ -8,7 +8,8 @@ What goes in, per registered object:
 * an optimizer whose parameters belong to a registered module: ``get_optimizer_state_dict``, keyed by
   parameter name, resharded likewise (before its first step it has no state, and is kept as a plain
   object instead: asking DCP for it would take a zero-learning-rate step to create one);
-* anything else (schedulers, samplers, scalers, ``extra``, and this rank's RNG states): one small blob
+* anything else (schedulers, samplers, scalers, ``extra``, this rank's RNG states and each DDP's gradient
+  bucket layout, ddp_buckets.py): one small blob
   per rank, ``__runner__.rank<N>``, serialised with ``torch.save`` and read back with ``weights_only=True``.
   At the same world size each rank loads its own; at another, every rank loads rank 0's and RNG states
   are left as they are.
@@ -19,6 +20,7 @@ metadata classes, and byte items through ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import rng
+from . import ddp_buckets, rng
 from .checksum import file_digest
 from .errors import CorruptCheckpointError, RestoreError
 
@@ -71,7 +73,8 @@ def capture(objects: dict, extra: dict, rank: int) -> dict:
             state[name] = dsd.get_optimizer_state_dict(objects[owners[name]], obj)
         else:
             plain[name] = obj.state_dict()
-    blob = {"objects": plain, "extra": dict(extra), "rng": rng.portable(rng.capture())}
+    blob = {"objects": plain, "extra": dict(extra), "rng": rng.portable(rng.capture()),
+            "ddp_buckets": ddp_buckets.record(objects)}
     buffer = io.BytesIO()
     torch.save(blob, buffer)
     state[f"{BLOB_PREFIX}{rank}"] = buffer.getvalue()  # bytes: DCP writes them as one byte item of this rank
@@ -129,13 +132,39 @@ def _layout_of(node):
 
 # ------------------------------------------------------------------ writing
 
+# A replicated item smaller than this is written by the lowest rank holding it, larger ones spread over the
+# ranks (DCP's default, which spreads them all): sharded states then keep their small replicated items
+# (optimizer step counters) in rank 0's file, and a node restoring them fetches rank 0's file and its own
+# ranks' files, not every node's (restore.py).
+SMALL_REPLICATED_BYTES = 64 * 1024
+
+
+def _save_planner():
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    class SavePlanner(DefaultSavePlanner):
+        def _dedup_save_plans(self, all_plans):
+            holders: dict = {}
+            for rank, plan in enumerate(all_plans):
+                for item in plan.items:
+                    if (item.tensor_storage_size() or 0) < SMALL_REPLICATED_BYTES:
+                        holders.setdefault(item.index, rank)
+            all_plans = [dataclasses.replace(plan, items=[item for item in plan.items
+                                                          if holders.get(item.index, rank) == rank])
+                         for rank, plan in enumerate(all_plans)]
+            return super()._dedup_save_plans(all_plans)
+
+    return SavePlanner()
+
+
 def write(staged: dict, folder: Path, comm) -> list[dict]:
     """Collective: write this rank's share of ``staged`` into ``folder``; return its files with checksums."""
     dcp, _ = _dcp()
     writer = dcp.FileSystemWriter(str(folder), sync_files=True, overwrite=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
-        dcp.save(staged, storage_writer=writer, process_group=comm.group, no_dist=comm.group is None)
+        dcp.save(staged, storage_writer=writer, planner=_save_planner(), process_group=comm.group,
+                 no_dist=comm.group is None)
     return own_files(folder, comm.rank)
 
 
@@ -217,13 +246,11 @@ def _planner():
     return SafeLoadPlanner()
 
 
-def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> None:
-    """Collective: load the checkpoint in ``folder`` into the registered objects (resharding as needed)."""
-    dcp, dsd = _dcp()
-    metadata = read_metadata(folder)
+def _target(folder: Path, metadata, objects: dict, rank: int, world_size: int, saved_world: int):
+    """What this rank loads: (its state dict to fill, the key of the blob it reads)."""
+    _, dsd = _dcp()
     keys = set(metadata.state_dict_metadata)
-    same_world = saved_world == comm.world_size
-    blob_key = f"{BLOB_PREFIX}{comm.rank if same_world else 0}"
+    blob_key = f"{BLOB_PREFIX}{rank if saved_world == world_size else 0}"
     if blob_key not in keys:
         raise CorruptCheckpointError(f"{folder}: no {blob_key} in the checkpoint's metadata")
     owners = optimizer_owners(objects)
@@ -234,6 +261,33 @@ def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> No
             target[name] = dsd.get_model_state_dict(obj)
         elif name in owners and saved_here:
             target[name] = dsd.get_optimizer_state_dict(objects[owners[name]], obj)
+    return target, blob_key
+
+
+def files_needed(folder: Path, objects: dict, rank: int, world_size: int, saved_world: int) -> set[str]:
+    """The files of the checkpoint in ``folder`` that this rank's load reads (only its ``.metadata`` need be
+    there): the storage files DCP's read plan for this rank's state names, and the metadata itself."""
+    metadata = read_metadata(folder)
+    target, _ = _target(folder, metadata, objects, rank, world_size, saved_world)
+    planner = _planner()
+    planner.set_up_planner(target, metadata, rank == 0)
+    storage = metadata.storage_data
+    names = {METADATA_NAME}
+    for item in planner.create_local_plan().items:
+        info = storage.get(item.storage_index)
+        if info is None:
+            raise CorruptCheckpointError(f"{folder / METADATA_NAME}: no file holds {item.storage_index.fqn}")
+        names.add(str(info.relative_path))
+    return names
+
+
+def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> None:
+    """Collective: load the checkpoint in ``folder`` into the registered objects (resharding as needed)."""
+    dcp, _ = _dcp()
+    metadata = read_metadata(folder)
+    same_world = saved_world == comm.world_size
+    target, blob_key = _target(folder, metadata, objects, comm.rank, comm.world_size, saved_world)
+    owners = optimizer_owners(objects)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -271,8 +325,9 @@ def _apply(target: dict, blob: dict, objects: dict, extra: dict, owners: dict, f
             raise RestoreError(f"{folder}: {name}.load_state_dict failed ({exc}); the checkpoint was saved by a "
                                f"different {name}. Use the same setup, or another checkpoint folder") from exc
     extra.update(blob.get("extra", {}))
-    if restore_rng:
+    if restore_rng:  # the same ranks: the steps after the resume can be the uninterrupted run's, bit for bit
         rng.restore(rng.from_portable(blob["rng"]))
+        ddp_buckets.restore(objects, blob.get("ddp_buckets", {}))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -111,6 +111,11 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
+def folder_identity(local_root: Path) -> tuple[str, str]:
+    """What ranks sharing one local folder have alike: the host and the folder's absolute path."""
+    return socket.gethostname(), str(Path(local_root).expanduser().absolute())
+
+
 def join(local_root: Path, timeout: datetime.timedelta = SIDE_GROUP_TIMEOUT) -> Ranks | None:
     """The Ranks of this process when torch.distributed is initialised (collective), else None. ``timeout``
     bounds a collective of the side groups (an elastic gang's is short: a lost peer must not stall it)."""
@@ -126,7 +131,7 @@ def join(local_root: Path, timeout: datetime.timedelta = SIDE_GROUP_TIMEOUT) -> 
                                     f"({dist.get_backend()}): {exc}") from exc
     steps, writer, uploader = (GlooComm(g, rank, world) for g in groups)
     # Ranks of one node usually share one local folder: the lowest of them prepares and commits it.
-    where = (socket.gethostname(), str(Path(local_root).expanduser().absolute()))
+    where = folder_identity(local_root)
     everyone = steps.gather(where)
     leader = min(r for r, w in enumerate(everyone) if w == where)
     local_rank = os.environ.get("LOCAL_RANK")

@@ -14,9 +14,11 @@ from pathlib import Path
 import torch
 
 from .checksum import file_digest
+from .dcp_format import METADATA_NAME
 from .durable import DurableTier
 from .errors import CheckpointError, CorruptCheckpointError, RestoreError
 from .local import LocalTier, check_size, read_verified
+from .group import folder_identity
 from .log import get_logger
 from .manifest import FLAT, FOLDER, MANIFEST_NAME, STATE_NAME, Manifest
 from .staging import rebuild
@@ -77,24 +79,38 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
             log.warning("ignoring checkpoints newer than the one the controller handed over (fencing)",
                         max_step=max_step, ignored=sorted(newer))
         steps = [s for s in steps if s <= max_step]
+    me = folder_identity(local.root)
     for step in steps:
         where, manifest, error = None, None, None
-        if folder_leader:
+        if folder_leader:  # the manifest (and a DCP checkpoint's .metadata) here, verified
             try:
-                where, manifest = _materialize(local, durable, step, in_local=step in mine,
-                                               in_durable=step in durable_steps)
+                where, manifest = _materialize_index(local, durable, step, in_local=step in mine,
+                                                     in_durable=step in durable_steps)
             except (CheckpointError, OSError) as exc:
                 error = exc
-        if not comm.all_true(error is None):
-            if error is not None:
-                log.warning("skipping a checkpoint that does not verify", step=step,
-                            error=f"{type(error).__name__}: {error}")
+        if not _all_verified(comm, error, step):
             continue
         folder = local.folder(step)
-        try:
-            if manifest is None:  # a rank sharing its leader's folder
+        if manifest is None:  # a rank sharing its leader's folder
+            try:
                 manifest = local.read_manifest(folder)
                 where = str(folder / MANIFEST_NAME)
+            except (CheckpointError, OSError) as exc:
+                error = exc
+        needed = None if error is not None else _files_needed(folder, manifest, objects, apply_folder, comm)
+        wanted = comm.gather((me, needed))
+        if folder_leader and error is None:  # the files the ranks of this folder read, fetched once here
+            names = set()
+            for where_from, theirs in wanted:
+                if where_from == me:
+                    names |= theirs
+            try:
+                manifest = _materialize_files(local, durable, step, manifest, names, in_durable=step in durable_steps)
+            except (CheckpointError, OSError) as exc:
+                error = exc
+        if not _all_verified(comm, error, step):
+            continue
+        try:
             if apply_folder is not None:
                 apply_folder(folder, manifest, where)
             elif manifest.layout == FOLDER:
@@ -120,6 +136,30 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
     return None
 
 
+def _all_verified(comm, error: BaseException | None, step: int) -> bool:
+    """True on every rank when no rank failed to make its folder's copy of ``step`` complete and verified."""
+    if comm.all_true(error is None):
+        return True
+    if error is not None:
+        log.warning("skipping a checkpoint that does not verify", step=step, error=f"{type(error).__name__}: {error}")
+    return False
+
+
+def _files_needed(folder: Path, manifest: Manifest, objects: dict, apply_folder, comm) -> set[str]:
+    """The files of the checkpoint this rank's load reads: under DCP, those its read plan names (a node
+    fetches only its own ranks' shards); every file otherwise, or when the plan cannot be made (the load
+    then says why)."""
+    everything = {f["name"] for f in manifest.files}
+    if apply_folder is not None or manifest.layout in (FLAT, FOLDER):
+        return everything
+    from . import dcp_format
+
+    try:
+        return dcp_format.files_needed(folder, objects, comm.rank, comm.world_size, manifest.world_size) & everything
+    except Exception:  # noqa: BLE001 - another setup or a damaged .metadata: the load reports it
+        return everything
+
+
 def written_by(manifest: Manifest) -> str:
     """Who wrote a checkpoint, as people read it: 'the transformers 4.46.0 integration (GPT2LMHeadModel)'."""
     if manifest.layout != FOLDER:
@@ -130,48 +170,92 @@ def written_by(manifest: Manifest) -> str:
     return f"the {framework} integration{model}"
 
 
-def _materialize(local: LocalTier, durable: DurableTier | None, step: int, in_local: bool,
-                 in_durable: bool) -> tuple[str, Manifest]:
-    """Make the local folder of ``step`` hold every file of the checkpoint, verified; committed locally."""
+def _materialize_index(local: LocalTier, durable: DurableTier | None, step: int, in_local: bool,
+                       in_durable: bool) -> tuple[str, Manifest]:
+    """Make the local folder of ``step`` hold its manifest, committed, and (a DCP checkpoint) its verified
+    ``.metadata``, which says where each item lies; the data files come with ``_materialize_files``."""
     folder = local.folder(step)
-    manifest, where, from_durable = None, str(folder / MANIFEST_NAME), False
-
-    def fetch(names: list[str] | None) -> Manifest:
-        nonlocal where, from_durable
-        fetched = durable.read_manifest(step)
-        where, from_durable = durable.location(step, MANIFEST_NAME), True
-        folder.mkdir(parents=True, exist_ok=True)
-        local.uncommit(folder)
-        durable.download(step, fetched, folder, names=names(fetched) if names else None)
-        return fetched
-
+    manifest, where = None, str(folder / MANIFEST_NAME)
     if in_local:
-        manifest = local.read_manifest(folder)
-    missing = [] if manifest is None else [f["name"] for f in manifest.files if not (folder / f["name"]).is_file()]
-    if manifest is None or missing:
-        if not in_durable:
-            raise CorruptCheckpointError(f"{folder}: files {missing} are missing here and the durable tier "
-                                         f"has no copy of step {step}")
-        manifest = fetch(lambda m: [f["name"] for f in m.files if not (folder / f["name"]).is_file()])
-    try:
-        verify_folder(folder, manifest)
-    except CorruptCheckpointError as exc:
-        if not in_durable or from_durable:
-            raise
-        log.warning("local copy damaged; fetching the durable one", step=step, error=str(exc))
-        manifest = fetch(None)
-        verify_folder(folder, manifest)
-    if not (folder / MANIFEST_NAME).is_file():
         try:
-            local.commit(folder, manifest)  # the local tier now holds a verified copy
-        except OSError:
-            pass
+            manifest = local.read_manifest(folder)
+        except (CheckpointError, OSError) as exc:
+            if not in_durable:
+                raise
+            log.warning("local manifest unreadable; using the durable one", step=step, error=str(exc))
+    if manifest is None:
+        if not in_durable:
+            raise CorruptCheckpointError(f"{folder}: the manifest is missing here and the durable tier has no copy "
+                                         f"of step {step}")
+        manifest = durable.read_manifest(step)
+        where = durable.location(step, MANIFEST_NAME)
+        folder.mkdir(parents=True, exist_ok=True)
+    index = [METADATA_NAME] if manifest.layout not in (FLAT, FOLDER) else []
+    manifest = _fetch_verified(local, durable, step, manifest, index, in_durable)
+    if not (folder / MANIFEST_NAME).is_file():
+        local.commit(folder, manifest)  # the ranks sharing this folder read it; every file is verified before use
     return where, manifest
 
 
-def verify_folder(folder: Path, manifest: Manifest) -> None:
-    """Check every file's size and checksum, reading each file in chunks (none is held in memory)."""
+def _materialize_files(local: LocalTier, durable: DurableTier | None, step: int, manifest: Manifest,
+                       names: set[str], in_durable: bool) -> Manifest:
+    """Make the files ``names`` of ``step`` present and verified in its local folder, fetching from the
+    durable tier those it lacks or that fail their checksum."""
+    return _fetch_verified(local, durable, step, manifest, [f["name"] for f in manifest.files if f["name"] in names],
+                    in_durable)
+
+
+def _fetch_verified(local: LocalTier, durable: DurableTier | None, step: int, manifest: Manifest,
+                    names: list[str], in_durable: bool) -> Manifest:
+    """Fetch what ``names`` lack here, verify them; a damaged local copy is replaced by the durable one (and
+    its manifest, returned, when the two differ)."""
+    folder = local.folder(step)
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        if not in_durable:
+            raise CorruptCheckpointError(f"{folder}: files {missing} are missing here and the durable tier "
+                                         f"has no copy of step {step}")
+        durable.download(step, manifest, folder, names=missing)
+    try:
+        verify_files(folder, manifest, names)
+        return manifest
+    except CorruptCheckpointError as exc:
+        if not in_durable:
+            raise
+        log.warning("local copy damaged; fetching the durable one", step=step, error=str(exc))
+    theirs = durable.read_manifest(step)
+    if theirs.files != manifest.files:  # another write of this step: the durable tier's is the committed one
+        local.uncommit(folder)
+        names = [f["name"] for f in theirs.files if f["name"] in set(names) or f["name"] == METADATA_NAME]
+    entries = {f["name"]: f for f in theirs.files}
+    damaged = [n for n in names if not _verifies(folder / n, entries[n], theirs)]
+    durable.download(step, theirs, folder, names=damaged)
+    verify_files(folder, theirs, names)
+    if not (folder / MANIFEST_NAME).is_file():
+        local.commit(folder, theirs)
+    return theirs
+
+
+def _verifies(path: Path, entry: dict, manifest: Manifest) -> bool:
+    try:
+        check_size(path, entry)
+    except CorruptCheckpointError:
+        return False
+    return file_digest(path, manifest.checksum) == entry["checksum"]
+
+
+def verify_files(folder: Path, manifest: Manifest, names: list[str]) -> None:
+    """Check the size and checksum of the files ``names`` of ``folder``, reading each in chunks."""
+    wanted = set(names)
+    verify_folder(folder, manifest, lambda entry: entry["name"] in wanted)
+
+
+def verify_folder(folder: Path, manifest: Manifest, which=None) -> None:
+    """Check every file's size and checksum (or those ``which(entry)`` picks), reading each file in chunks
+    (none is held in memory)."""
     for entry in manifest.files:
+        if which is not None and not which(entry):
+            continue
         path = folder / entry["name"]
         check_size(path, entry)
         if file_digest(path, manifest.checksum) != entry["checksum"]:

@@ -42,6 +42,9 @@ def parse(argv):
     p.add_argument("--pause-for-sigterm", type=int)
     p.add_argument("--die-mid-save")
     p.add_argument("--mismatch", action="store_true", help="rank 1 registers no optimizer")
+    p.add_argument("--ranks-per-node", type=int, help="give each group of this many ranks a local folder of its "
+                   "own, <local-dir>/node<N>, as the ranks of one node of a multi-node job have")
+    p.add_argument("--counting-store", action="store_true", help="register countingfile:// (counting_store.py)")
     return p.parse_args(argv)
 
 
@@ -83,7 +86,14 @@ def main(argv) -> int:
     objects = {"model": model, "optimizer": optimizer, "sampler": sampler}
     if args.mismatch and rank == 1:
         del objects["optimizer"]
-    ckpt = Checkpointer(**objects, local_dir=args.local_dir,
+    if args.counting_store:
+        import counting_store
+
+        counting_store.register()
+    local_dir = Path(args.local_dir)
+    if args.ranks_per_node:
+        local_dir = local_dir / f"node{rank // args.ranks_per_node}"
+    ckpt = Checkpointer(**objects, local_dir=local_dir,
                         durable_url=args.durable_url, every_steps=args.every_steps, interval="1h", keep=3)
     got_sigterm = threading.Event()
     library_handler = signal.getsignal(signal.SIGTERM)

@@ -60,6 +60,20 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_and_resumes_bit_exact(
     assert same_weights(tmp_path / "w.pt", uninterrupted)
 
 
+def test_four_rank_default_ddp_resumes_bit_exact(tmp_path):
+    """With DistributedDataParallel's default buckets, 4 gloo ranks stopped at step 6 and resumed end with
+    exactly the weights of an uninterrupted run: the resumed DDP reduces with the buckets the saved one had
+    (its first backward would otherwise sum in another order, and the last bits differ)."""
+    torchrun(4, "--steps", 16, "--local-dir", tmp_path / "whole", "--every-steps", 4, "--out", tmp_path / "whole.pt")
+    common = ["--steps", 16, "--local-dir", tmp_path / "local", "--every-steps", 4]
+    torchrun(4, *common, "--report", tmp_path / "first", "--signal-self", "1:6")
+    stop = reports(tmp_path / "first", 4)[0]["step"]
+    assert stop % 4 and stop < 16  # an emergency checkpoint between the periodic ones
+    torchrun(4, *common, "--report", tmp_path / "second", "--out", tmp_path / "resumed.pt")
+    assert [r["restored"] for r in reports(tmp_path / "second", 4)] == [stop] * 4
+    assert same_weights(tmp_path / "resumed.pt", tmp_path / "whole.pt")
+
+
 def test_sigterm_to_torchrun_stops_every_rank_at_one_step(tmp_path):
     """SIGTERM to the launcher reaches every worker; all stop at one step, committed, and torchrun ends."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(TRAINEE),
@@ -153,3 +167,30 @@ def test_a_single_process_restores_a_checkpoint_of_two_ranks(uninterrupted):
         assert ckpt.restore() == 30
     final = torch.load(uninterrupted)
     assert all(torch.equal(model.state_dict()[k], final[k]) for k in final)
+
+
+def test_each_node_fetches_only_its_own_ranks_shards_once_and_verifies_them(tmp_path):
+    """A 4-rank FSDP2 job on two "nodes" (a local folder per two ranks) resumes on two new nodes: each node
+    downloads the checkpoint's metadata and the shards its own ranks read, each once, not the other node's."""
+    durable = f"countingfile://{tmp_path / 'durable'}"
+    common = ["--fsdp", "--width", 256, "--every-steps", 4, "--durable-url", durable, "--ranks-per-node", 2,
+              "--counting-store"]
+    torchrun(4, *common, "--steps", 8, "--local-dir", tmp_path / "old", "--out", tmp_path / "saved.pt")
+    fetch_log = tmp_path / "fetches.jsonl"
+    os.environ["RUNNER_TEST_FETCH_LOG"] = str(fetch_log)
+    try:
+        torchrun(4, *common, "--steps", 8, "--local-dir", tmp_path / "new", "--dump-full", tmp_path / "restored.pt")
+    finally:
+        del os.environ["RUNNER_TEST_FETCH_LOG"]
+    assert same_weights(tmp_path / "saved.pt", tmp_path / "restored.pt")
+    fetched = [json.loads(line) for line in fetch_log.read_text().splitlines()]
+    by_node = {node: sorted(Path(f["target"]).name for f in fetched if f"/new/{node}/" in f["target"])
+               for node in ("node0", "node1")}
+    # Rank 0's file also holds the small replicated items (Adam's step counters) that every rank reads.
+    assert by_node == {"node0": [".metadata", "__0_0.distcp", "__1_0.distcp"],
+                       "node1": [".metadata", "__0_0.distcp", "__2_0.distcp", "__3_0.distcp"]}, by_node
+    stored = {p.name: p.stat().st_size for p in (tmp_path / "durable" / "step-00000008").iterdir()}
+    for node, not_needed in (("node0", ["__2_0.distcp", "__3_0.distcp"]), ("node1", ["__1_0.distcp"])):
+        got = sum(f["bytes"] for f in fetched if f"/new/{node}/" in f["target"])
+        whole = sum(size for name, size in stored.items() if name != "manifest.json")
+        assert got == whole - sum(stored[name] for name in not_needed)
