@@ -54,8 +54,9 @@ def main() -> int:
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--interval", default="10s", help="periodic checkpoint interval: 30s, 10m, auto")
     parser.add_argument("--bit-exact", action="store_true",
-                        help="one DDP bucket per parameter, so a resumed run ends with exactly the weights of an "
-                             "uninterrupted one on any number of ranks (docs/checkpointing.md)")
+                        help="one DDP bucket per parameter: a resumed run ends with exactly the weights of an "
+                             "uninterrupted one even where the library leaves DDP's buckets alone "
+                             "(docs/checkpointing.md)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -63,8 +64,9 @@ def main() -> int:
     torch.manual_seed(0)
     dataset = make_dataset()
     # DDP over more than two ranks sums gradients in an order that depends on its buckets, which it lays out
-    # anew after the first step of every run, so a resumed run can differ from an uninterrupted one in the
-    # last bits; a bucket per parameter keeps one layout (slower all-reduce: for tests and debugging).
+    # anew after the first step of every run; the Checkpointer saves the layout and gives it back to the
+    # resumed DDP. A bucket per parameter keeps one layout without that (slower all-reduce), for a DDP the
+    # library leaves alone (a communication hook, mixed precision).
     buckets = {"bucket_cap_mb_list": [1e-6]} if args.bit_exact else {}
     model = nn.parallel.DistributedDataParallel(
         nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1)), **buckets)
