@@ -17,22 +17,6 @@ Each project exception keeps its own name and the builtin base its callers catch
 
 from __future__ import annotations
 
+from .protocol.errors import CloudError, ConfigError, InputError, RunnerError, Unreachable
 
-class RunnerError(Exception):
-    """Anything runner raises on purpose."""
-
-
-class InputError(RunnerError):
-    """Bad input, named with the key or value at fault and the fix."""
-
-
-class ConfigError(InputError):
-    """A configuration that cannot be used; the message names the file and the key."""
-
-
-class CloudError(RunnerError):
-    """A provider or its cloud refused or failed."""
-
-
-class Unreachable(RunnerError):
-    """A service we need (the controller, the database) did not answer."""
+__all__ = ["CloudError", "ConfigError", "InputError", "RunnerError", "Unreachable"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .enums import StrEnum
+from .errors import RunnerError
 
 
 class Op(StrEnum):
@@ -48,7 +49,7 @@ class StopReason(StrEnum):
     MOVE = "move"
 
 
-class BadMessage(ValueError):
+class BadMessage(RunnerError, ValueError):
     """A control message that cannot be read: its op is unknown, or a field is missing or of the wrong type."""
 
 
