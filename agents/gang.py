@@ -75,6 +75,8 @@ def gang_environment(assignment: dict) -> dict[str, str]:
         wire.ENV_MASTER_ADDR: gang["master_addr"],
         wire.ENV_MASTER_PORT: str(gang["master_port"]),
         wire.ENV_GPUS_PER_NODE: str(gang["gpus_per_node"]),
+        # a replacement joining a running elastic gang: its training waits for the world in restore()
+        **({wire.ENV_ELASTIC_JOIN: "1"} if gang.get("elastic_join") else {}),
     }
 
 

@@ -25,6 +25,7 @@ from .config import AgentConfig, AgentConfigError, load_agent_config
 from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
+from .elastic import ElasticWorld, LauncherWatch
 from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
 from .gang import GangRanks, gang_environment, node_address, register_for_attempt
@@ -78,6 +79,8 @@ class Agent(AgentCore):
         self.prefetch: CheckpointPrefetch | None = None  # the job's checkpoint, fetched while setup runs
         self.prestarted: Prestarted | None = None  # the job's process, started before its attempt exists
         self.adopted: Prestarted | None = None  # that process, now its attempt's
+        self.elastic = ElasticWorld(self.send_control, self._report_world)  # an elastic gang's worlds
+        self.launcher_watch: LauncherWatch | None = None
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -91,7 +94,8 @@ class Agent(AgentCore):
                  prepared_replacement=prepared)
         self.local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.control = self._start_control_channel()
-        if (self.assignment.get("gang") or {}).get("num_nodes", 1) == 1:  # a gang's nodes stop and restart together
+        gang = self.assignment.get("gang") or {}
+        if gang.get("num_nodes", 1) == 1 and not gang.get("elastic"):  # a gang's nodes stop and restart together
             self.handover = Handover(lambda data: self.reporter.event(wire.HANDOVER, data))
             self.may_train_through = True
         self.emergency = EmergencyStop(send=self.send_control,
@@ -99,7 +103,8 @@ class Agent(AgentCore):
                                        on_durable=self.handover.on_durable if self.handover else None)
         self.watch_loop = self.start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
-        self.reporter.heartbeats(self.config.heartbeat_seconds, self._status, self._on_action, self.shutdown)
+        self.reporter.heartbeats(self.config.heartbeat_seconds, self._status, self._on_action, self.shutdown,
+                                 on_world=self.elastic.on_world)
         sdnotify.ready()
         try:
             if prepared and not self._get_ready():
@@ -198,6 +203,7 @@ class Agent(AgentCore):
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
+            self.elastic.reset()
             self.stop_progress.reset()
             reason, code, message, drill = self._run_job_or_why_not(with_setup=first)
             first = False
@@ -266,6 +272,7 @@ class Agent(AgentCore):
         started = time.monotonic()
         if not self._adopt_prestarted():
             self._start_command(self.assignment["run"], workdir, env)
+        self.launcher_watch = self._watch_launcher() if (self.assignment.get("gang") or {}).get("elastic") else None
         if expected is not None:
             threading.Thread(target=self._verify_drill, args=(expected, started), daemon=True).start()
         elif self.assignment.get("resume_drill_seconds") is not None:
@@ -273,6 +280,8 @@ class Agent(AgentCore):
                            may_run=lambda: not (self.emergency.active or self.cancelled.is_set()))
         code = self.current.wait()
         self.drill.disarm()
+        if self.launcher_watch is not None:
+            self.launcher_watch.close()
         log.info("process exited", code=code, phase=self.phase)
         if self.drill.skipped and not (self.emergency.active or self.cancelled.is_set()):
             log.warning("resume drill skipped", why=self.drill.skipped)
@@ -283,6 +292,9 @@ class Agent(AgentCore):
             return self.stop_reason, code, None, None
         if self.drill.triggered:
             return "drill", code, None, self.drill.outcome()
+        if self.launcher_watch is not None and self.launcher_watch.finished_training:
+            return "succeeded", 0, ("every training process closed; the launcher, waiting at its exit for nodes "
+                                    f"that had left the world, was ended (its exit code {code})"), None
         if code == 0:
             return "succeeded", code, None, None
         failure = classify(code, self.output_tail.text() if self.output_tail else "")
@@ -384,7 +396,24 @@ class Agent(AgentCore):
 
     # --- control --------------------------------------------------------------
     def _status(self) -> dict:
-        return {"phase": self.phase, "progress": self.progress}
+        return {"phase": self.phase, "progress": self.progress, "generation": self.elastic.delivered}
+
+    def _report_world(self, body: dict) -> None:
+        self.reporter.patiently(lambda: self.client.post("/v1/agent/world", body), "world report")
+
+    def _watch_launcher(self) -> LauncherWatch | None:
+        """An elastic gang's launcher, ended once every training process has closed (agents/elastic.py)."""
+        if self.control is None:
+            return None
+        hellos_before, closed_before = self.control.counts()
+
+        def trainees_left() -> bool:
+            hellos, closed = self.control.counts()
+            return hellos > hellos_before and closed - closed_before >= hellos - hellos_before
+
+        supervisor = self.current
+        return LauncherWatch(self.elastic, trainees_left,
+                             lambda: supervisor.stop(self.config.stop_grace_seconds)).start()
 
     def _on_action(self, action: str) -> None:
         if action == wire.CHECKPOINT_NOW and self.train_through is not None:
@@ -410,7 +439,11 @@ class Agent(AgentCore):
         self.stop_progress.on_message(message)
         if op == "stopping" and self.cancel_stop is not None:
             self.cancel_stop.on_ack(message)
+        if op == wire.WORLD_CHANGED:
+            self.elastic.on_world_changed(message)
+            return
         if op == "hello":
+            self.elastic.on_hello(message)
             self.training_pid = message.get("pid")
             if self.drill is not None:
                 self.drill.on_hello()

@@ -72,6 +72,18 @@ HANDOVER = "handover"
 # the agent stops the job and reports STOPPED_BY_PEER, then registers for the next attempt.
 STOP_FOR_PEER = "stop-for-peer"
 
+# Elastic gangs (docs/elastic.md). A heartbeat's action for a node of an elastic attempt whose world has changed:
+# the reply's ``world`` is {"generation", "node_rank", "nnodes", "master_addr", "master_port"}, and the agent hands
+# it, with ``"op": "world"``, to every local rank on the control channel. The heartbeat carries the newest
+# generation the agent knows (``generation``), so the action is repeated until it is known.
+WORLD = "world"
+# The training side's report that the ranks moved to a new world at a step (``op`` on the control channel), which
+# the agent posts to /v1/agent/world: {"generation", "step", "world_size"}.
+WORLD_CHANGED = "world_changed"
+# Set by the agent on a replacement joining a running elastic attempt: its training process waits in restore()
+# for the ``world`` message and gets the state from a peer.
+ENV_ELASTIC_JOIN = "RUNNER_ELASTIC_JOIN"
+
 # A gang node's end in a restart-log row's ``nodes``, besides the attempt's own end reasons:
 NODE_KEPT = "kept"          # carries on into the next attempt
 NODE_RELEASED = "released"  # was healthy, but given up because the whole gang moved to another zone
@@ -139,8 +151,14 @@ def _iso_ms(ts: float | None) -> str | None:
 def attempt_cost(attempt: Attempt, now: float | None = None) -> float:
     """Per-second billing from launch to end (or to now for the running attempt), summed over every node."""
     end = attempt.ended_at or now or time.time()
-    per_hour = sum(n.price_per_hour for n in attempt.nodes) if attempt.nodes else attempt.price_per_hour
-    return round(per_hour * max(0.0, end - attempt.started_at) / 3600.0 + standby_cost(attempt, now), 6)
+    if not attempt.nodes:
+        return round(attempt.price_per_hour * max(0.0, end - attempt.started_at) / 3600.0
+                     + standby_cost(attempt, now), 6)
+    # Each node from the attempt's start (or, an elastic gang's replacement, its launch) to the attempt's end (or
+    # when it left an elastic gang)
+    seconds = [(n.price_per_hour, max(0.0, min(end, n.left_at or end) - max(attempt.started_at, n.joined_at or 0.0)))
+               for n in attempt.nodes]
+    return round(sum(price * s for price, s in seconds) / 3600.0 + standby_cost(attempt, now), 6)
 
 
 def standby_cost(attempt: Attempt, now: float | None = None) -> float:
@@ -204,6 +222,8 @@ def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float |
     if attempt.num_nodes > 1:
         row["num_nodes"] = attempt.num_nodes
         row["nodes"] = node_rows(attempt)
+    if attempt.world_sizes is not None or any(n.joined_at or n.left_at for n in attempt.nodes):
+        row["world_sizes"] = attempt.world_sizes or []  # an elastic gang's: each change with its step
     return row
 
 

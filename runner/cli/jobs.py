@@ -250,7 +250,9 @@ def cancel(job_id: str):
 
 @click.command()
 @click.argument("job_id")
-@click.option("--notice", type=click.Choice(["aws", "gcp", "azure"]), default="aws", show_default=True)
+@click.option("--notice", type=click.Choice(["aws", "gcp", "azure", "none"]), default="aws", show_default=True,
+              help="The cloud whose notice protocol is used; none: the node vanishes without a notice (its "
+                   "processes are killed at once).")
 @click.option("--node", "rank", type=int, default=0, show_default=True,
               help="Of a multi-node job: the rank of the node to preempt.")
 @click.option("--no-reclaim", is_flag=True,
@@ -258,13 +260,19 @@ def cancel(job_id: str):
 @click.option("--rebalance", is_flag=True,
               help="Only an AWS rebalance recommendation (no notice, no reclaim); needs --notice aws.")
 def preempt(job_id: str, notice: str, rank: int, no_reclaim: bool, rebalance: bool):
-    """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss."""
+    """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss
+    (--notice none: the node vanishes at once, without a notice)."""
     if rebalance and notice != "aws":
         raise click.UsageError("--rebalance is an AWS signal: use it with --notice aws")
+    if no_reclaim and notice == "none":
+        raise click.UsageError("--no-reclaim is a false notice; --notice none sends no notice: the node vanishes")
     result = connect().post(f"/v1/jobs/{job_id}/preempt",
                             {"notice": notice, "node": rank, "reclaim": not no_reclaim, "rebalance": rebalance})
-    label = {"aws": "an AWS", "gcp": "a GCP", "azure": "an Azure"}[notice]
     which = f"node {result['node']}" + (f" (rank {result['rank']})" if result.get("rank") else "")
+    if notice == "none":
+        click.echo(f"{which} vanished without a notice (its processes were killed)")
+        return
+    label = {"aws": "an AWS", "gcp": "a GCP", "azure": "an Azure"}[notice]
     if rebalance:
         click.echo(f"sent an AWS rebalance recommendation to {which}")
     elif no_reclaim:

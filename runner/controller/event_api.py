@@ -16,7 +16,7 @@ from typing import Callable
 import structlog
 from fastapi import HTTPException
 
-from ..scheduler import standby
+from ..scheduler import elastic, standby
 from ..scheduler.attempts import hand_over
 from ..state.standbys import PREPARED
 from ..state.values import Notice
@@ -97,6 +97,8 @@ def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Cal
         state.store.set_attempt_notice(tx, job_id, attempt, notice)
         state.store.add_event(tx, job_id, "notice", f"{data.get('source')} {data.get('action')} "
                               f"notice, deadline {data.get('deadline')}", attempt=attempt)
+        if elastic.is_elastic(state.store.job(job_id, tx)):  # once committed: the others may train on without it
+            return {"accepted": True}, functools.partial(_elastic_notice, state, node, data)
     elif kind == "checkpoint":
         reports.step(data.get("step"), "data.step")
         if not data.get("durable"):
@@ -109,9 +111,18 @@ def record_report(state, authorization: str, body: bytes, tx) -> tuple[dict, Cal
     else:
         if kind == "restored":
             _record_restored_step(state, tx, job_id, attempt, data)
+            elastic.record_first_world_size(state.store, tx, node, data)
         state.store.add_event(tx, job_id, kind, str(data.get("message", data)), attempt=attempt)
     prepares = (kind == "notice" and data.get("prepare")) or kind == "rebalance"  # as _prepare_replacement asks
     return {"accepted": True}, functools.partial(_prepare_replacement, state, node, kind, data) if prepares else None
+
+
+def _elastic_notice(state, node, data: dict) -> None:
+    """A notice to a node of an elastic gang: the others train on without it where enough remain."""
+    why = f"node {node.id} (rank {node.rank}) got a {data.get('source')} notice"
+    if elastic.node_leaves(state.store, state.scheduler.providers, node.job_id, node.attempt, node.rank, "preempted",
+                           why):
+        state.scheduler.nudge.set()  # launch its replacement now
 
 
 def _prepare_replacement(state, node, kind: str, data: dict) -> None:

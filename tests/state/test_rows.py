@@ -13,7 +13,7 @@ from runner.state.rows import Attempt, AttemptNode, Event, Job, Node
 
 SQLITE_ONLY = "the table's columns are read with SQLite's PRAGMA table_info (the schema is the same on both)"
 ROWS = {"jobs": Job, "attempts": Attempt, "attempt_nodes": AttemptNode, "nodes": Node, "events": Event}
-JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress", "standby"}
+JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress", "standby", "world_sizes"}
 # The JSON columns whose value has a type of its own (runner/spec/stored.py, runner/state/values.py): each holds
 # what a controller writes there, and comes back as its type, which turns into the same JSON again.
 TYPED = {"spec": {"name": "job", "workdir": ".", "setup": None, "run": "true", "env": {"A": "1"},
