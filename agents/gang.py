@@ -77,6 +77,7 @@ def gang_environment(assignment: dict) -> dict[str, str]:
         wire.ENV_GPUS_PER_NODE: str(gang["gpus_per_node"]),
         # a replacement joining a running elastic gang: its training waits for the world in restore()
         **({wire.ENV_ELASTIC_JOIN: "1"} if gang.get("elastic_join") else {}),
+        **({wire.ENV_MIN_NODES: str(gang["min_nodes"])} if gang.get("min_nodes") else {}),
     }
 
 

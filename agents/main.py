@@ -98,6 +98,9 @@ class Agent(AgentCore):
         if gang.get("num_nodes", 1) == 1 and not gang.get("elastic"):  # a gang's nodes stop and restart together
             self.handover = Handover(lambda data: self.reporter.event(wire.HANDOVER, data))
             self.may_train_through = True
+        # An elastic gang's node on notice trains on: the others move to a world without it, and it stops with a
+        # checkpoint only when told (too few would remain) or at its deadline timer (agents/elastic.py)
+        self.may_train_through = self.may_train_through or bool(gang.get("elastic"))
         self.emergency = EmergencyStop(send=self.send_control,
                                        trainee=ChildProcess(lambda: self.current, lambda: self.training_pid),
                                        on_durable=self.handover.on_durable if self.handover else None)

@@ -83,6 +83,7 @@ WORLD_CHANGED = "world_changed"
 # Set by the agent on a replacement joining a running elastic attempt: its training process waits in restore()
 # for the ``world`` message and gets the state from a peer.
 ENV_ELASTIC_JOIN = "RUNNER_ELASTIC_JOIN"
+ENV_MIN_NODES = "RUNNER_MIN_NODES"  # resources.min_nodes of an elastic gang (below RUNNER_NUM_NODES)
 
 # A gang node's end in a restart-log row's ``nodes``, besides the attempt's own end reasons:
 NODE_KEPT = "kept"          # carries on into the next attempt

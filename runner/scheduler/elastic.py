@@ -73,43 +73,49 @@ def _next_world(ranks: dict[int, AttemptNode], members: tuple[int, ...], previou
 
 # --- a node leaves ------------------------------------------------------------------------------
 def node_leaves(store, providers: dict, job_id: str, attempt: int, rank: int, reason: str, why: str,
-                now: float | None = None) -> bool:
+                now: float | None = None, tx=None) -> bool:
     """A node of the running attempt is preempted or lost: True when the attempt goes on without it (the new
-    world is issued), False when the caller must end the attempt as for any gang."""
-    job = store.job(job_id)
+    world is issued), False when the caller must end the attempt as for any gang. In ``tx`` where given."""
+    job = store.job(job_id, tx)
     if job is None or not is_elastic(job) or reason not in ("preempted", "lost"):
         return False
-    now = now or time.time()
-    gangs, elastic = GangStore(store), ElasticStore(store)
+    if tx is not None:
+        return _leave(store, providers, job_id, attempt, rank, reason, why, now or time.time(), tx)
     with store.db.transaction() as tx:
-        job = store.job(job_id, tx)
-        current = store.current_attempt(job_id, tx)
-        if current is None or current.attempt != attempt or job.state != RUNNING:
-            return False
-        rows = {r.rank: r for r in gangs.nodes_of(job_id, attempt, tx)}
-        mine = rows.get(rank)
-        if mine is None:
-            return False
-        if mine.left_at is not None:
-            return True  # its loss is known already (its notice, then the node's end)
-        world = current_world(rows.values(), elastic.worlds(job_id, attempt, tx))
-        if rank not in world.ranks:  # a replacement that had not joined yet: launch another
-            elastic.mark_left(tx, job_id, attempt, rank, reason, now)
-            store.add_event(tx, job_id, ELASTIC_EVENT, f"{why}; it had not joined the gang yet", attempt=attempt,
-                            now=now)
-            return True
-        members = shrink(world, rank, job.spec["resources"]["min_nodes"])
-        if members is None or job.preemptions + 1 > job.spec["recovery"]["max_preemptions"]:
-            return False
-        new = _next_world(rows, members, world, current, providers.get(current.cloud),
-                          f"rank {rank} {reason}")
-        elastic.add_world(tx, job_id, attempt, new, now)
+        return _leave(store, providers, job_id, attempt, rank, reason, why, now or time.time(), tx)
+
+
+def _leave(store, providers: dict, job_id: str, attempt: int, rank: int, reason: str, why: str, now: float,
+           tx) -> bool:
+    gangs, elastic = GangStore(store), ElasticStore(store)
+    job = store.job(job_id, tx)
+    current = store.current_attempt(job_id, tx)
+    if current is None or current.attempt != attempt or job.state != RUNNING:
+        return False
+    rows = {r.rank: r for r in gangs.nodes_of(job_id, attempt, tx)}
+    mine = rows.get(rank)
+    if mine is None:
+        return False
+    if mine.left_at is not None:
+        return True  # its loss is known already (its notice, then the node's end)
+    world = current_world(rows.values(), elastic.worlds(job_id, attempt, tx))
+    if rank not in world.ranks:  # a replacement that had not joined yet: launch another
         elastic.mark_left(tx, job_id, attempt, rank, reason, now)
-        elastic.count_preemption(tx, job_id)
-        store.add_event(tx, job_id, ELASTIC_EVENT,
-                        f"{why}; the gang trains on with {len(members)} of {job.num_nodes} nodes "
-                        f"(generation {new.generation}, rendezvous {new.master_addr}:{new.master_port}); "
-                        "a replacement is launched", attempt=attempt, now=now)
+        store.add_event(tx, job_id, ELASTIC_EVENT, f"{why}; it had not joined the gang yet", attempt=attempt,
+                        now=now)
+        return True
+    members = shrink(world, rank, job.spec["resources"]["min_nodes"])
+    if members is None or job.preemptions + 1 > job.spec["recovery"]["max_preemptions"]:
+        return False
+    new = _next_world(rows, members, world, current, providers.get(current.cloud),
+                      f"rank {rank} {reason}")
+    elastic.add_world(tx, job_id, attempt, new, now)
+    elastic.mark_left(tx, job_id, attempt, rank, reason, now)
+    elastic.count_preemption(tx, job_id)
+    store.add_event(tx, job_id, ELASTIC_EVENT,
+                    f"{why}; the gang trains on with {len(members)} of {job.num_nodes} nodes "
+                    f"(generation {new.generation}, rendezvous {new.master_addr}:{new.master_port}); "
+                    "a replacement is launched", attempt=attempt, now=now)
     log.info("elastic gang shrinks", job=job_id, attempt=attempt, rank=rank, reason=reason,
              generation=new.generation, members=list(members))
     return True
@@ -146,9 +152,11 @@ def _renumbered(row: AttemptNode, rank: int) -> AttemptNode:
 # --- the heartbeat --------------------------------------------------------------------------------
 def heartbeat_world(store, node: dict, known_generation: int) -> tuple[str, dict | None] | None:
     """What a node of a running elastic attempt is told beyond ``continue``: ``("world", message)`` when its
-    world has a newer generation than its agent knows, ``("stop", None)`` when it has left the world without a
-    notice of its own (it was taken for lost), else None."""
-    from ..wire import STOP_FOR_PEER, WORLD
+    world has a newer generation than its agent knows; ``stop`` when it has left the world without a notice of its
+    own (it was taken for lost); ``checkpoint`` when it is on notice and too few would remain without it (its agent
+    trains on until told: agents/train_through.py); else None. A node on notice that has left the world trains
+    on, untold, until it is reclaimed: its training has no new world and leaves the gang when the others do."""
+    from ..wire import CHECKPOINT_NOW, STOP_FOR_PEER, WORLD
 
     gangs, elastic = GangStore(store), ElasticStore(store)
     rows = gangs.nodes_of(node["job_id"], node["attempt"])
@@ -157,6 +165,9 @@ def heartbeat_world(store, node: dict, known_generation: int) -> tuple[str, dict
         return None
     if mine.left_at is not None:
         return (STOP_FOR_PEER, None) if mine.end_reason == "lost" else None
+    notice = store.current_attempt(node["job_id"]).notice or {}
+    if notice.get("node_rank") == mine.rank:  # its notice could not shrink the world: the gang stops as any gang
+        return CHECKPOINT_NOW, None
     worlds = elastic.worlds(node["job_id"], node["attempt"])
     world = current_world(rows, worlds)
     if world.generation > known_generation and mine.rank in world.ranks:
