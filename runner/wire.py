@@ -176,7 +176,9 @@ def node_rows(attempt: Attempt) -> list[dict]:
     """The restart-log ``nodes`` of a multi-node attempt: one object per node rank."""
     return [{"rank": n.rank, "node": n.node_id, "zone": n.zone, "instance_type": n.instance_type,
              "price_per_hour": n.price_per_hour, "spot": n.spot, "end_reason": n.end_reason,
-             "boot_seconds": n.boot_seconds, "setup_seconds": n.setup_seconds, "restore_seconds": n.restore_seconds}
+             "boot_seconds": n.boot_seconds, "setup_seconds": n.setup_seconds, "restore_seconds": n.restore_seconds,
+             # an elastic gang's: when a replacement was launched into the attempt, when a node left it
+             **({"joined_at": iso(n.joined_at), "left_at": iso(n.left_at)} if n.joined_at or n.left_at else {})}
             for n in attempt.nodes]
 
 

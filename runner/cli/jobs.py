@@ -177,7 +177,7 @@ RESTART_COLUMNS = (
     ("PEAK MEM", lambda r: gigabytes(r.get("peak_memory_gb")), False),
     ("NAN", lambda r: r.get("nan_steps"), False),
 )
-WRAPPED = ("WHERE", "NOTICE", "DRILL", "NODES", "STARTED", "ENDED")  # wrap to fit the terminal; the rest stay whole
+WRAPPED = ("WHERE", "NOTICE", "DRILL", "NODES", "WORLD", "STARTED", "ENDED")  # wrap to fit the terminal; the rest stay whole
 
 
 def print_restart_log(rows: list[dict], err: bool = False, wide: bool = False) -> None:
@@ -186,6 +186,9 @@ def print_restart_log(rows: list[dict], err: bool = False, wide: bool = False) -
     if any(r.get("nodes") for r in rows):  # a multi-node job: each node rank's end, and the noticed rank
         headers.append("NODES")
         cells.append(_nodes)
+    if any(r.get("world_sizes") for r in rows):  # an elastic gang: its world sizes within each attempt
+        headers.append("WORLD")
+        cells.append(_world_sizes)
     print_table(headers, [[cell(r) for cell in cells] for r in rows], empty="No attempts yet.", err=err, wrap=WRAPPED,
                 gap=1)
     if rows and not wide:
@@ -226,6 +229,14 @@ def _when(iso: str | None) -> str | None:
 def _nodes(row: dict) -> str:
     """``0:kept 1:preempted``: each node rank's end."""
     return " ".join(f"{n['rank']}:{n['end_reason']}" for n in row.get("nodes") or [])
+
+
+def _world_sizes(row: dict) -> str | None:
+    """``3 >140> 2 >300> 3``: an elastic gang's world sizes, each change with its step."""
+    sizes = row.get("world_sizes") or []
+    if not sizes:
+        return None
+    return " ".join([str(sizes[0]["world_size"])] + [f">{s['step']}> {s['world_size']}" for s in sizes[1:]])
 
 
 def _drill(row: dict) -> str | None:
