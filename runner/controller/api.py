@@ -282,7 +282,7 @@ def logs(job_id: str, request: Request, attempt: int = Query(ge=1, le=MAX_INT),
     attempts = {a.attempt: a for a in state.store.attempts(job_id)}
     if attempt not in attempts:
         raise HTTPException(404, f"job {job_id} has no attempt {attempt} (it has {len(attempts)})")
-    if not 0 <= node < attempts[attempt].num_nodes:
+    if not 0 <= node < attempts[attempt].num_nodes and node not in {n.rank for n in attempts[attempt].nodes}:
         raise HTTPException(404, f"attempt {attempt} of job {job_id} has no node of rank {node}")
     data = state.logs.read(job_id, attempt, offset, node=node)
     ended = attempts[attempt].end_reason != "running" or job.state in TERMINAL
