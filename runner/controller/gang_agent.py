@@ -250,6 +250,11 @@ def _restart_after_drill(state, current: Attempt, drill: dict, exit_code: int | 
                    attempt_end=AttemptEnd(attempt=attempt, reason="drill", checkpoint_step=step, lost_seconds=0.0,
                                           drill=result, exit_code=exit_code))
         ranks = gangs.nodes_of(job_id, attempt, tx)
+        if any(r.left_at is not None or r.joined_at is not None for r in ranks):
+            # An elastic gang whose world changed: the nodes in it are kept, and the next attempt is planned as any
+            # gang's (its replacements take the job's free ranks; a missing one is launched)
+            gangs.set_end_reasons(tx, job_id, attempt, {r.rank: "kept" for r in ranks if r.left_at is None})
+            return RECOVERING
         gangs.set_end_reasons(tx, job_id, attempt, {r.rank: "kept" for r in ranks})
         resumed = (store.job(job_id, tx).checkpoint or {}).get("step", 0)
         provider = state.scheduler.providers[current.cloud]

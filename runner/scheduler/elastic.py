@@ -201,9 +201,11 @@ def plan_replacements(ctx, job: Job, current: Attempt) -> list[str]:
         return []  # (a launch that failed backs its zone's type off; the gang trains on meanwhile)
     here = gangs.live_nodes_per_zone().get((offer.cloud, offer.zone), 0)
     if provider.free_slots(offer.zone, here) < missing:
-        with store.db.transaction() as tx:
-            store.set_job_message(tx, job.id, f"the gang trains on with {len(active)} of {job.num_nodes} nodes; "
-                                  f"waiting for room in {offer.zone} for its replacement")
+        waiting = (f"the gang trains on with {len(active)} of {job.num_nodes} nodes; waiting for room in "
+                   f"{offer.zone} for its replacement")
+        if job.message != waiting:
+            with store.db.transaction() as tx:
+                store.set_job_message(tx, job.id, waiting)
         return []
     now, ids = time.time(), []
     with store.db.transaction() as tx:
