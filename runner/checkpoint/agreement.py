@@ -8,7 +8,8 @@ launch per step and no wait; the price is that a request is acted on one step af
 arrived, on every rank alike.
 
 The number is one int64, reduced with bitwise OR (``Word`` below): a stop flag, a save-due flag, one bit
-per request reason (the strongest set bit wins), and the step's low 27 bits beside their complement. OR
+per request reason (the strongest set bit wins), a world-change flag (an elastic gang leaves this group
+at this step, elastic.py), and the step's low 26 bits beside their complement. OR
 gives "any rank wants it" for the flags and reasons; for the step, every rank agreeing on it is exactly "no
 bit set in both halves", so ranks that call ``step()`` at different steps are told so. Why one word: gloo's ring all-reduce costs about four times
 as much for six elements as for one at four ranks (benchmarks/distributed_checkpoint.py), and that is paid
@@ -38,20 +39,21 @@ def reason_code(reason: str | None) -> int:
 
 class Word:
     """The bit layout of a round's int64 (bit 63, the sign, is left clear). Steps are compared on their low
-    27 bits: ranks out of step by a multiple of 2**27 would pass, ranks out by a few never do."""
+    26 bits: ranks out of step by a multiple of 2**26 would pass, ranks out by a few never do."""
 
     STOP = 1 << 0
     SAVE = 1 << 1
     REASON_SHIFT = 1                      # reason i (1..7) is bit REASON_SHIFT + i: bits 2..8
-    STEP_BITS = 27
+    STEP_BITS = 26
     STEP_MASK = (1 << STEP_BITS) - 1
-    STEP_SHIFT = 9                           # bits 9..35: the step's low bits
-    NOT_STEP_SHIFT = STEP_SHIFT + STEP_BITS  # bits 36..62: their complement
+    STEP_SHIFT = 9                           # bits 9..34: the step's low bits
+    NOT_STEP_SHIFT = STEP_SHIFT + STEP_BITS  # bits 35..60: their complement
+    WORLD = 1 << 61                          # a rank was told of a new world: every rank leaves this group
 
     @classmethod
-    def encode(cls, step: int, stop: bool, due: bool, reason: int) -> int:
+    def encode(cls, step: int, stop: bool, due: bool, reason: int, world: bool = False) -> int:
         low = step & cls.STEP_MASK
-        word = (cls.STOP if stop else 0) | (cls.SAVE if due else 0)
+        word = (cls.STOP if stop else 0) | (cls.SAVE if due else 0) | (cls.WORLD if world else 0)
         if reason > 0:
             word |= 1 << (cls.REASON_SHIFT + reason)
         return word | (low << cls.STEP_SHIFT) | ((~low & cls.STEP_MASK) << cls.NOT_STEP_SHIFT)
@@ -76,6 +78,7 @@ class Decision:
     save: bool
     request: CheckpointRequest | None  # a notice-style request (stop or not), None for a periodic save
     origin: str                        # "self": this rank asked; "peer": another rank did
+    world: bool = False                # an elastic gang's ranks leave this process group at this step
 
 
 class StepAgreement:
@@ -89,6 +92,7 @@ class StepAgreement:
         self._deadline = math.inf
         self._mine: tuple[bool, bool] = (False, False)  # what this rank itself put in: (request, save)
         self._options = None  # the all-reduce's options, built once (see start)
+        self.last_request: CheckpointRequest | None = None
 
     def exchange(self, step: int, request: CheckpointRequest | None, due: bool) -> Decision | None:
         """Collect the previous round's result and start this step's round."""
@@ -107,6 +111,8 @@ class StepAgreement:
             raise CheckpointError(f"ranks called Checkpointer.step() at different steps (this rank at {self._step}, "
                                   "another at a different one); every rank must call step() with the same step number")
         stop, save, reason = bool(word & Word.STOP), bool(word & Word.SAVE), Word.reason(word)
+        if word & Word.WORLD:  # the group ends here: what else was asked is for the next group to decide
+            return Decision(save=False, request=None, origin="peer", world=True)
         asked, due = self._mine
         if not stop and reason <= 0 and not save:
             return None
@@ -117,14 +123,15 @@ class StepAgreement:
         origin = "self" if asked or (request is None and due) else "peer"
         return Decision(save=save or request is not None, request=request, origin=origin)
 
-    def start(self, step: int, request: CheckpointRequest | None, due: bool) -> None:
+    def start(self, step: int, request: CheckpointRequest | None, due: bool, world: bool = False) -> None:
         import torch.distributed as dist
 
         self._deadline = request.deadline if request is not None and request.deadline is not None else math.inf
         reason = reason_code(request.reason) if request is not None else 0
         self._step = step
-        self._word.fill_(Word.encode(step, bool(request and request.stop), due, reason))
+        self._word.fill_(Word.encode(step, bool(request and request.stop), due, reason, world))
         self._mine = (request is not None, due)
+        self.last_request = request  # what this rank put into the round (a rank leaving an elastic gang says why)
         # The process group's own allreduce, not dist.all_reduce: its checks and logging wrapper cost about
         # a third of the launch, every step, for a tensor and group checked once here.
         if self._options is None:
@@ -141,6 +148,10 @@ class StepAgreement:
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.comm.group)
         neg_deadline = value.item()
         return None if math.isinf(neg_deadline) else -neg_deadline
+
+    def forget(self) -> None:
+        """Drop the round in flight unread (its group is being abandoned: elastic.py)."""
+        self._work = None
 
     def drain(self) -> None:
         """Finish the round in flight without acting on it (close, restore)."""

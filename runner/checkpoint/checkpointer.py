@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import job_settings, rng
+from . import elastic, job_settings, rng
 from .agent_loss import AgentLoss
 from .agent_loss import grace_from_env as agent_loss_grace
 from .agreement import Decision, StepAgreement
@@ -21,7 +21,7 @@ from .control import CheckpointRequest, ControlClient, describe_deadline
 from .durable import DurableTier
 from .errors import CheckpointConfigError, RestoreError
 from .folder_format import FolderFormat, incoming_folder
-from .group import Solo, check_same_objects, join
+from .group import SIDE_GROUP_TIMEOUT, Solo, check_same_objects, distributed, join
 from .hold import Hold
 from .interval import IntervalPolicy, mtbf_from_env, parse_duration
 from .local import LocalTier
@@ -112,7 +112,12 @@ class Checkpointer:
 
         self._policy = IntervalPolicy(fixed_s, mtbf_from_env())
         self._next_due = time.monotonic() + self._policy.period()
-        self._ranks = join(self.local.root)
+        elastic_gang = elastic.enabled() and (distributed() or elastic.joining())
+        if elastic_gang:  # collectives that survive a lost peer, from the start (elastic.py)
+            elastic.solo_group() if elastic.joining() else elastic.make_default_tolerant()
+        self._ranks = join(self.local.root, timeout=elastic.tolerant_group.timeout() if elastic_gang
+                           else SIDE_GROUP_TIMEOUT)
+        self._elastic = elastic.Elastic(self) if elastic_gang else None
         self._seq = 0
         if self._ranks is None:
             self._stager = Stager()
@@ -162,7 +167,8 @@ class Checkpointer:
         self._control = ControlClient(control_path, self._on_control, self.job_id, self.attempt, hello=who,
                                       on_lost=on_lost, on_resume=self._resume_wait.on_resume,
                                       on_recorded=self._retention.recorded,
-                                      on_release=lambda: self._hold.wake(release=True)) if control_path else None
+                                      on_release=lambda: self._hold.wake(release=True),
+                                      on_world=self._elastic.on_world if self._elastic else None) if control_path else None
         self.telemetry = StepTelemetry(self._control, rank=None if self._ranks is None else self._ranks.rank,
                                        attempt=self.attempt)
 
@@ -180,11 +186,33 @@ class Checkpointer:
         ``SIGUSR1`` (a signal to the training process), as the request that stopped it said."""
         return self._stop_reason
 
+    @property
+    def world_changed(self) -> bool:
+        """True at the one ``step()`` of every rank at which an elastic gang moved to a new process group: build
+        DistributedDataParallel again (on the new default group) and a new DataLoader iterator."""
+        return self._elastic is not None and self._elastic.changed
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks training now (1 outside torch.distributed)."""
+        return self._world_size
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the current world (0 outside torch.distributed)."""
+        return 0 if self._ranks is None else self._ranks.rank
+
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
         self._check_open("restore")
         self._await_attempt()
         started = time.monotonic()
+        if self._elastic is not None and elastic.joining() and self._elastic.inbox.generation == 0:
+            step = self._elastic.join()  # from a surviving peer, not from storage
+            self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
+            self._next_due = time.monotonic() + self._policy.period()
+            self._send({"op": "restored", "step": step, "manifest": None, "from_peer": True})
+            return step
         if self._agreement is not None:
             self._agreement.drain()
         handed_over = self._handed_over
@@ -313,7 +341,9 @@ class Checkpointer:
             return
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"Checkpointer.close(timeout={timeout!r}): use a number of seconds from 0, or None")
-        if self._agreement is not None:
+        if self._elastic is not None:
+            self._elastic.drain()
+        elif self._agreement is not None:
             self._agreement.drain()
         end = time.monotonic() + (self._persister.upload_timeout_s if timeout is None else float(timeout))
         if self._stop_deadline is not None:
@@ -452,7 +482,12 @@ class Checkpointer:
         if self._should_stop or self._closed:
             return
         self._check_step(step)
-        decision = self._agreement.collect()
+        if self._elastic is not None:
+            decision = self._elastic.collect(step)  # leaves for a new world here when one is due
+            if self._elastic.changed or self._should_stop:
+                return
+        else:
+            decision = self._agreement.collect()
         if decision is not None:
             self._act(step, decision)
         if self._should_stop:
@@ -461,7 +496,7 @@ class Checkpointer:
             self._save(step, emergency=False)  # every rank reaches this step: no agreement needed
         request = self._take_request()
         due = self.every_steps is None and time.monotonic() >= self._next_due and not self._saved_at(step)
-        self._agreement.start(step, request, due)
+        self._agreement.start(step, request, due, world=self._elastic is not None and self._elastic.world_flag())
 
     def _act(self, step: int, decision: Decision) -> None:
         request = decision.request

@@ -37,6 +37,8 @@ Library -> agent:
   library's reader thread, whatever the training thread is doing) for each ``checkpoint`` request with
   ``stop``: ``step`` is the last step passed to ``step()``, ``in_step`` whether the training thread is inside
   ``step()`` now (waiting for its peers). A rank that never says ``stopping`` is then known by how far it got.
+* ``{"op": "world_changed", "generation": int, "step": int, "world_size": int}`` - an elastic gang's ranks
+  moved to the world of ``generation`` at ``step`` (sent by rank 0 of the new world only; elastic.py).
 * ``{"op": "closed", "step": int|null, "error": bool}`` - ``close()`` is done: the training is over (a
   sidecar agent cannot see the process exit). ``step`` is the last checkpoint's step; ``error`` is true
   when the Checkpointer's ``with`` block ended with an exception (the training failed).
@@ -52,6 +54,13 @@ Agent -> library:
 * ``{"op": "recorded", "step": int}`` - the controller has recorded this durable checkpoint: it is the one the
   controller would hand the job's next attempt, so retention keeps it (retention.py) until a newer one is
   recorded. A node cut off from every controller gets none, and keeps what the controller knows.
+
+* ``{"op": "world", "generation": int, "node_rank": int, "nnodes": int, "master_addr": str,
+  "master_port": int}`` - an elastic gang's new world (``generation`` grows from 1; a repeated generation is
+  ignored): this node's rank in it and where the new group's store listens (hosted by its global rank 0).
+  Global rank = ``node_rank`` x local world size + ``LOCAL_RANK``. Survivors leave the old group at an
+  agreed step (or at once when it is broken) and continue in the new one; a joining process waits for it
+  in ``restore()`` (elastic.py).
 
 The reader thread only records requests; all work happens in the training thread's ``step()``.
 """
@@ -70,8 +79,8 @@ from .log import get_logger
 log = get_logger()
 
 OPS_TO_AGENT = ("hello", "restored", "committed", "stopping", "failed", "telemetry", "manifest", "request_seen",
-                "closed", "holding", "waiting")
-OPS_FROM_AGENT = ("checkpoint", "recorded", "release", "resume")
+                "world_changed", "closed", "holding", "waiting")
+OPS_FROM_AGENT = ("checkpoint", "recorded", "release", "resume", "world")
 REASONS = ("notice", "rebalance", "drill", "cancel", "move")
 
 
@@ -135,13 +144,14 @@ class ControlClient:
 
     def __init__(self, path: str, on_request, job_id: str | None = None, attempt: int | None = None,
                  hello: dict | None = None, on_lost=None, on_recorded=None, on_release=None,
-                 on_resume=None) -> None:
+                 on_resume=None, on_world=None) -> None:
         self.path = path
         self._on_request = on_request
         self._on_lost = on_lost  # called once when the agent closes the channel before close()
         self._on_recorded = on_recorded
         self._on_release = on_release  # the agent ends a hold: training goes on (hold.py)
         self._on_resume = on_resume  # the agent names the step a process started ahead resumes from (resume_wait.py)
+        self._on_world = on_world  # an elastic gang's ``world`` message, as it came
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -199,6 +209,8 @@ class ControlClient:
                     self._on_release()
                 elif message and message["op"] == "resume" and self._on_resume is not None:
                     self._on_resume(message)
+                elif message and message["op"] == "world" and self._on_world is not None:
+                    self._on_world(message)
                 elif line.strip():
                     log.debug("control message ignored", line=line[:200].decode(errors="replace"))
         if not self._closed:

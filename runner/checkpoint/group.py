@@ -111,15 +111,16 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def join(local_root: Path) -> Ranks | None:
-    """The Ranks of this process when torch.distributed is initialised (collective), else None."""
+def join(local_root: Path, timeout: datetime.timedelta = SIDE_GROUP_TIMEOUT) -> Ranks | None:
+    """The Ranks of this process when torch.distributed is initialised (collective), else None. ``timeout``
+    bounds a collective of the side groups (an elastic gang's is short: a lost peer must not stall it)."""
     if not distributed():
         return None
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        groups = [dist.new_group(backend="gloo", timeout=SIDE_GROUP_TIMEOUT) for _ in range(3)]
+        groups = [dist.new_group(backend="gloo", timeout=timeout) for _ in range(3)]
     except (RuntimeError, ValueError) as exc:
         raise CheckpointConfigError(f"the checkpoint library needs the gloo backend beside the training's "
                                     f"({dist.get_backend()}): {exc}") from exc

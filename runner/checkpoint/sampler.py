@@ -87,6 +87,18 @@ class ResumableSampler(Sampler[int]):
             yield index
         self._next_epoch()
 
+    def reshard(self, num_replicas: int, rank: int) -> None:
+        """Go on with the rest of this epoch over a new world (an elastic gang's change, elastic.py): the job
+        has consumed the first ``start + position * num_replicas`` of the order; the new ranks share the rest.
+        Iterators made before the change are stale: make a new one (``iter(loader)``)."""
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"ResumableSampler: rank {rank} is not in a world of {num_replicas}")
+        consumed = self.start + self.position * self.num_replicas
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.start, self.position, self._resume_rng = min(self.length, consumed), 0, None
+        if self.start >= self.length:
+            self._next_epoch()
+
     def _next_epoch(self) -> None:
         self.epoch, self.start, self.position = self.epoch + 1, 0, 0
 

@@ -103,3 +103,12 @@ def test_four_gloo_ranks_reach_one_decision_with_the_earliest_deadline():
         assert origin == ("self" if rank in deadlines else "peer")
         assert error is not None and "different steps" in error
 
+
+
+def test_world_change_flag_survives_the_or_and_leaves_the_step_check_intact():
+    """One rank told of a new world sets the flag; every rank reads it, and the step check still works."""
+    for step in (0, 7, Word.STEP_MASK):
+        word = reduce_or(Word.encode(step, False, False, 0, world=True), Word.encode(step, True, True, 7))
+        assert word & Word.WORLD and Word.steps_agree(word) and Word.reason(word) == 7
+        assert word < (1 << 63)
+    assert not Word.encode(5, True, True, 7) & Word.WORLD

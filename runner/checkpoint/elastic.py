@@ -1,0 +1,331 @@
+"""Elastic gangs, the training side: the same processes leave a process group and go on in a new one (docs/elastic.md).
+
+The agent hands every local rank the gang's new world on the control channel (``world``: a generation, this
+node's rank among ``nnodes``, and the address of the new group's store). Then, in ``Checkpointer.step()``:
+
+* **Notice** (the old group still works): the rank that got the message sets the world-change flag in the
+  step agreement's word (agreement.py), so every rank of the old group reads it at the same step and leaves
+  there. A rank that reads the flag and was given no new world is the one leaving the gang: it stops.
+* **Loss** (a peer vanished): a collective fails, in the user's DDP backward (the default group is a
+  ``TolerantGroup``, which records the error instead of raising it) or in the agreement's round. At its
+  next ``step()`` the rank leaves at once and waits for the message (up to ``RUNNER_ELASTIC_WAIT_SECONDS``;
+  with none, ``should_stop`` turns true and the job recovers from its last checkpoint).
+
+Leaving means abandoning every group of the process (NCCL is aborted, not waited on), making the new
+default group over a TCPStore at the message's address, rebuilding the library's side groups, checking
+that the survivors are at one step, and broadcasting the registered objects' state from the lowest
+surviving rank, so the replicas are identical again (a step trained on local gradients during a loss
+leaves no divergence) and a joining process gets the state from a peer, not from storage. The samplers
+reshard the rest of the epoch over the new world. ``world_changed`` is then true for that one ``step()``.
+
+A process started with ``RUNNER_ELASTIC_JOIN=1`` (a replacement joining a running gang) does the same in
+``restore()``: it waits for its ``world`` message, joins, and receives the state and the step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from . import tolerant_group
+from .errors import CheckpointError, RestoreError
+from .log import get_logger
+from .sampler import ResumableSampler
+
+log = get_logger()
+
+JOIN_ENV = "RUNNER_ELASTIC_JOIN"
+WAIT_ENV = "RUNNER_ELASTIC_WAIT_SECONDS"
+DEFAULT_WAIT_S = 120.0
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.strip().isdigit() else None
+
+
+def joining() -> bool:
+    return os.environ.get(JOIN_ENV, "").strip() not in ("", "0")
+
+
+def enabled() -> bool:
+    """This process belongs to an elastic gang: it joins one, or ``RUNNER_MIN_NODES`` is below ``RUNNER_NUM_NODES``."""
+    fewest, nodes = _env_int("RUNNER_MIN_NODES"), _env_int("RUNNER_NUM_NODES")
+    return joining() or (fewest is not None and nodes is not None and fewest < nodes)
+
+
+def wait_seconds() -> float:
+    try:
+        return max(1.0, float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_S))
+    except ValueError:
+        return DEFAULT_WAIT_S
+
+
+def _local_world() -> tuple[int, int]:
+    """(local world size, local rank), as torchrun sets them; one process per node without it."""
+    return _env_int("LOCAL_WORLD_SIZE") or 1, _env_int("LOCAL_RANK") or 0
+
+
+@dataclass(frozen=True)
+class World:
+    """One ``world`` message: where this node stands in the gang's generation ``generation``."""
+
+    generation: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def parse(cls, message: dict) -> "World | None":
+        try:
+            world = cls(int(message["generation"]), int(message["node_rank"]), int(message["nnodes"]),
+                        str(message["master_addr"]), int(message["master_port"]))
+        except (KeyError, TypeError, ValueError):
+            log.warning("world message ignored: it needs generation, node_rank, nnodes, master_addr and master_port",
+                        message=str(message)[:300])
+            return None
+        if world.generation < 1 or world.nnodes < 1 or not 0 <= world.node_rank < world.nnodes:
+            log.warning("world message ignored: its numbers are out of range", message=str(message)[:300])
+            return None
+        return world
+
+    def rank_and_size(self) -> tuple[int, int]:
+        local_world, local_rank = _local_world()
+        return self.node_rank * local_world + local_rank, self.nnodes * local_world
+
+
+class WorldInbox:
+    """The newest ``world`` message not yet acted on; filled by the control reader, taken by the training thread."""
+
+    def __init__(self) -> None:
+        self.generation = 0  # the world this process is in
+        self._newest: World | None = None
+        self._cond = threading.Condition()
+
+    def offer(self, message: dict) -> None:
+        world = World.parse(message)
+        with self._cond:
+            if world is None or world.generation <= max(self.generation, self._newest.generation if self._newest
+                                                        else 0):
+                return  # the agent repeats a world until it is known; an old one is done with
+            self._newest = world
+            self._cond.notify_all()
+
+    def pending(self) -> World | None:
+        with self._cond:
+            return self._newest if self._newest is not None and self._newest.generation > self.generation else None
+
+    def wait(self, seconds: float, give_up=lambda: False) -> World | None:
+        """The pending world, waiting for one up to ``seconds`` (or until ``give_up()``)."""
+        end = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                if self._newest is not None and self._newest.generation > self.generation:
+                    return self._newest
+                left = end - time.monotonic()
+                if left <= 0 or give_up():
+                    return None
+                self._cond.wait(min(left, 0.2))
+
+    def accept(self, world: World) -> None:
+        with self._cond:
+            self.generation = world.generation
+
+
+def make_default_tolerant() -> None:
+    """Rebuild the training's default group (collective) as a TolerantGroup over the same store and ranks,
+    so that a peer lost during the first generation does not raise in the user's code."""
+    import torch.distributed as dist
+
+    if tolerant_group.default_group() is not None:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tolerant_group.abandon()
+    tolerant_group.init_default(dist.PrefixStore("runner-elastic/0/", store), rank, world)
+
+
+def solo_group() -> None:
+    """A group of this process alone, for a joining process that has none yet (the Checkpointer is then
+    built as under torch.distributed, and restore() replaces the group with the gang's)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        tolerant_group.init_default(dist.HashStore(), 0, 1)
+
+
+def enter(world: World) -> tuple[int, int]:
+    """Leave every group of this process and make the new world's default group; (rank, world size)."""
+    import torch.distributed as dist
+
+    rank, size = world.rank_and_size()
+    tolerant_group.abandon()
+    store = dist.TCPStore(world.master_addr, world.master_port, size, is_master=rank == 0,
+                          timeout=tolerant_group.timeout(), wait_for_workers=False)
+    tolerant_group.init_default(dist.PrefixStore(f"runner-elastic/{world.generation}/", store), rank, size)
+    return rank, size
+
+
+def share_state(comm, step: int | None, objects: dict, extra: dict) -> int:
+    """Make every rank's registered state the lowest surviving rank's (collective on ``comm``); the agreed step.
+
+    Survivors pass their step, a joining process None. Survivors at different steps cannot go on together
+    (the step numbers are the user's): a CheckpointError on every rank."""
+    import torch.distributed as dist
+
+    steps = comm.gather(step)
+    survivors = sorted({s for s in steps if s is not None})
+    if not survivors:
+        raise CheckpointError("no rank of the new world has the training state: every rank is joining")
+    if len(survivors) > 1:
+        raise CheckpointError(f"the surviving ranks left their process group at different steps ({survivors}); "
+                              "they cannot go on together")
+    source = next(r for r, s in enumerate(steps) if s is not None)
+    payload = [None]
+    if comm.rank == source:
+        payload[0] = {"objects": {name: obj.state_dict() for name, obj in objects.items()}, "extra": dict(extra)}
+    dist.broadcast_object_list(payload, src=source, group=comm.group)
+    if comm.rank != source:
+        for name, obj in objects.items():
+            obj.load_state_dict(payload[0]["objects"][name])
+        extra.update(payload[0]["extra"])
+    for obj in objects.values():
+        if isinstance(obj, ResumableSampler):
+            obj.reshard(comm.world_size, comm.rank)
+    return survivors[0]
+
+
+class Elastic:
+    """The Checkpointer's elastic side: it owns the inbox and moves the Checkpointer's ranks to a new world."""
+
+    def __init__(self, checkpointer) -> None:
+        self.ckpt = checkpointer
+        self.inbox = WorldInbox()
+        self.changed = False  # true for the one step() call at which the world changed
+        self.wait_s = wait_seconds()
+
+    def on_world(self, message: dict) -> None:
+        self.inbox.offer(message)
+
+    # ------------------------------------------------------------------ the training thread
+
+    def drain(self) -> None:
+        """close(): finish the agreement's round in flight, unless its group is broken (it would only fail)."""
+        if self.broken():
+            self.ckpt._agreement.forget()
+            return
+        try:
+            self.ckpt._agreement.drain()
+        except Exception as exc:  # noqa: BLE001 - a peer went away as the training ended
+            log.warning("the last step agreement failed at close", error=f"{type(exc).__name__}: {exc}")
+
+    def broken(self) -> bool:
+        group = tolerant_group.default_group()
+        return group is not None and group.broken
+
+    def collect(self, step: int):
+        """The agreement's decision of the last round, or None after moving to a new world here (or stopping)."""
+        ckpt = self.ckpt
+        self.changed = False
+        decision, broken = None, self.broken()
+        if not broken:
+            try:
+                decision = ckpt._agreement.collect()
+            except CheckpointError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the agreement's round failed: a peer is gone
+                log.warning("the step agreement's collective failed; leaving the process group",
+                            step=step, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                broken = True
+        if not broken and (decision is None or not decision.world):
+            return decision
+        self._leave_group(step, broken)
+        return None
+
+    def world_flag(self) -> bool:
+        """Whether this rank asks every rank of the group to leave it at this step's round."""
+        return self.inbox.pending() is not None and not self.broken()
+
+    def _leave_group(self, step: int, broken: bool) -> None:
+        ckpt = self.ckpt
+        started = time.monotonic()
+        leaving_request = ckpt._agreement.last_request
+        ckpt._agreement.forget()
+        if not broken:  # saves in flight finish on the old group, which every rank of it still serves
+            ckpt.wait(self.wait_s)
+        tolerant_group.abandon()  # first: peers stuck in a collective with this rank get an error now
+        world = self.inbox.wait(self.wait_s, give_up=lambda: self._stop_asked(leaving_request) is not None)
+        if world is None:
+            asked = self._stop_asked(leaving_request)
+            reason = asked.reason if asked is not None else "lost"
+            log.warning("this rank left its process group and no new world came for it; stopping (the job "
+                        "recovers from its last checkpoint)" if broken else "this rank is leaving the gang",
+                        step=step, waited_s=round(time.monotonic() - started, 2), reason=reason)
+            self._stop(step, reason)
+            return
+        try:
+            self._move(world, step)
+        except Exception as exc:  # noqa: BLE001 - the training cannot go on in no group: stop and recover
+            log.error("moving to the new world failed; stopping (the job recovers from its last checkpoint)",
+                      step=step, generation=world.generation, error=f"{type(exc).__name__}: {exc}")
+            tolerant_group.abandon()
+            self._stop(step, "lost")
+            return
+        log.info("the world changed", step=step, generation=world.generation, rank=ckpt._ranks.rank,
+                 world_size=ckpt._ranks.world_size, after="loss" if broken else "agreement",
+                 seconds=round(time.monotonic() - started, 3))
+
+    def _stop_asked(self, request):
+        """A stop request this rank holds: the one it put into the last round, or one that came since."""
+        ckpt = self.ckpt
+        for held in (request, ckpt._signal_request, ckpt._control_request):
+            if held is not None and held.stop:
+                return held
+        return None
+
+    def _stop(self, step: int, reason: str) -> None:
+        """Out of the gang: ``should_stop``, with a group of this process alone, so the user's exit path
+        (``dist.destroy_process_group()``) works as after any stop."""
+        ckpt = self.ckpt
+        solo_group()
+        ckpt._stop_reason = reason
+        ckpt._should_stop = True
+        ckpt._send({"op": "stopping", "step": step, "durable": False, "reason": reason, "origin": "peer"})
+
+    def join(self) -> int:
+        """A joining process's restore(): wait for its world, enter it, receive the state; the step."""
+        world = self.inbox.wait(self.wait_s)
+        if world is None:
+            raise RestoreError(f"this process was started to join an elastic gang ({JOIN_ENV}=1) but no world "
+                               f"message came within {self.wait_s:.0f} s; is the agent's control channel there?")
+        started = time.monotonic()
+        step = self._move(world, None)
+        log.info("joined the gang", step=step, generation=world.generation, rank=self.ckpt._ranks.rank,
+                 world_size=self.ckpt._ranks.world_size, seconds=round(time.monotonic() - started, 3))
+        return step
+
+    def _move(self, world: World, step: int | None) -> int:
+        """Enter ``world``, rebuild the Checkpointer's side groups in place, share the state; the agreed step."""
+        from .agreement import StepAgreement
+        from .group import join
+
+        ckpt = self.ckpt
+        enter(world)
+        fresh = join(ckpt.local.root, timeout=tolerant_group.timeout())
+        ranks = ckpt._ranks
+        for old, new in ((ranks.steps, fresh.steps), (ranks.writer, fresh.writer), (ranks.uploader, fresh.uploader)):
+            old.group, old.rank, old.world_size = new.group, new.rank, new.world_size  # the persister holds these
+        ranks.rank, ranks.world_size, ranks.folder_leader = fresh.rank, fresh.world_size, fresh.folder_leader
+        ckpt._persister.folder_leader = fresh.folder_leader
+        ckpt._agreement = StepAgreement(ranks.steps)
+        ckpt.telemetry.rank = fresh.rank
+        agreed = share_state(ranks.steps, step, ckpt.objects, ckpt.extra)
+        self.inbox.accept(world)
+        self.changed = True
+        if ranks.rank == 0:
+            ckpt._send({"op": "world_changed", "generation": world.generation, "step": agreed,
+                        "world_size": ranks.world_size})
+        return agreed
