@@ -446,6 +446,8 @@ class Agent(AgentCore):
             self.elastic.on_world_changed(message)
             return
         if op == "hello":
+            if (self.assignment.get("gang") or {}).get("elastic_join"):
+                self.progress["joining"] = True  # its training waits for its world: the gang may let it in now
             self.elastic.on_hello(message)
             self.training_pid = message.get("pid")
             if self.drill is not None:

@@ -227,7 +227,9 @@ def plan_replacements(ctx, job: Job, current: Attempt) -> list[str]:
 
 
 def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None) -> bool:
-    """Issue the next generation with every replacement whose agent has registered and run setup. A
+    """Issue the next generation with every replacement whose agent has registered and run setup, and whose
+    training processes wait for their world (its heartbeat says ``joining``): the survivors move to the new
+    world at once and wait there for it, so it must not still be starting (importing torch takes a while). A
     replacement that has not registered within ``ctx.gang_timeout`` of its launch is given up (and replaced)."""
     store, elastic = ctx.store, ElasticStore(ctx.store)
     now = now or time.time()
@@ -238,7 +240,8 @@ def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None) -> 
         if row.joined_at is None or row.left_at is not None or row.rank in world.ranks:
             continue
         node = store.node(row.node_id)
-        if row.registered_at is not None and node is not None and node.setup_ended_at is not None:
+        if row.registered_at is not None and node is not None and node.setup_ended_at is not None and (
+                node.progress or {}).get("joining"):
             ready.append(row.rank)
         elif row.registered_at is None and now - row.joined_at > ctx.gang_timeout:
             late.append(row)

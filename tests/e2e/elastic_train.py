@@ -1,5 +1,6 @@
 """DDP (gloo, CPU) in an elastic gang: rebuilt on the new default group when the world changes, the DataLoader's
-iterator made anew so the sampler's reshard takes effect. Prints its pid, step and world size as it goes."""
+iterator made anew so the sampler's reshard takes effect. Prints its pid, step and world size as it goes, and ends
+when ``--finish`` names a file that exists."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--finish", help="a file whose existence ends the training (checked together every 20 steps)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -56,6 +58,11 @@ def main() -> int:
             print(f"pid {os.getpid()} step {step} world changed: rank {ckpt.rank} of {ckpt.world_size}", flush=True)
         if step % 20 == 0:
             print(f"pid {os.getpid()} step {step} world {ckpt.world_size}", flush=True)
+            if args.finish:  # every rank ends at the same step: the flag is all-reduced over the current world
+                flag = torch.tensor([float(os.path.exists(args.finish))])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                if flag.item():
+                    break
     ckpt.close()
     print(f"pid {os.getpid()} done at step {step}", flush=True)
     return 0

@@ -89,8 +89,9 @@ def test_a_lost_node_shrinks_the_world_and_the_attempt_goes_on(world):
     assert lost in market.terminate_calls or store.node(lost).state in ("terminating", "terminated")
 
 
-def test_the_replacement_joins_as_the_next_generation_once_registered_and_set_up(world):
-    """Generation 2 adds the replacement after the survivors, once its agent has registered and run setup; its
+def test_the_replacement_joins_as_the_next_generation_once_set_up_and_its_training_waits(world):
+    """Generation 2 adds the replacement after the survivors, once its agent has registered and run setup and its
+    training processes have connected (they wait for the world: the survivors must not wait for their start); its
     agent is given the job as a gang of one to launch, and RUNNER_ELASTIC_JOIN through ``elastic_join``."""
     store, market, reconciler = world()
     market.lose(node_of(store, 1))
@@ -101,6 +102,10 @@ def test_the_replacement_joins_as_the_next_generation_once_registered_and_set_up
     assert len(ElasticStore(store).worlds(JOB, store.current_attempt(JOB).attempt)) == 1  # setup not done yet
     with store.db.transaction() as tx:
         store.record_setup(tx, replacement, time.time(), time.time())
+    reconciler.tick()
+    assert len(ElasticStore(store).worlds(JOB, store.current_attempt(JOB).attempt)) == 1  # its training not up yet
+    with store.db.transaction() as tx:
+        store.record_heartbeats(tx, [(replacement, time.time(), '{"phase": "running", "joining": true}')])
     reconciler.tick()
     current = store.current_attempt(JOB)
     worlds = ElasticStore(store).worlds(JOB, current.attempt)
