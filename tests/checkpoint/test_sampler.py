@@ -120,3 +120,28 @@ def test_another_world_size_continues_the_epoch_where_the_job_stopped():
     order = before[0].order(0)
     assert sorted(set(rest)) == sorted(order[6:]) and not set(rest) & set(seen)
     assert all(sampler.epoch == 1 for sampler in after)  # the epoch ended on every rank
+
+
+def test_reshard_hands_out_the_rest_of_the_epoch_over_the_new_world():
+    """3 ranks take 2 indices each, then the world becomes 2 ranks, then 4: every index of the epoch once."""
+    from runner.checkpoint import ResumableSampler
+
+    seen = []
+    samplers = [ResumableSampler(30, shuffle=True, seed=5, num_replicas=3, rank=r) for r in range(3)]
+    for sampler in samplers:
+        it = iter(sampler)
+        seen += [next(it) for _ in range(2)]
+    survivors = samplers[:2]
+    for rank, sampler in enumerate(survivors):
+        sampler.reshard(2, rank)
+        it = iter(sampler)
+        seen += [next(it) for _ in range(3)]
+    joined = survivors + [ResumableSampler(30, shuffle=True, seed=5, num_replicas=1, rank=0) for _ in range(2)]
+    joined[2].load_state_dict(survivors[0].state_dict())
+    joined[3].load_state_dict(survivors[0].state_dict())
+    for rank, sampler in enumerate(joined):
+        sampler.reshard(4, rank)
+        seen += list(sampler)
+    assert sorted(set(seen)) == list(range(30))
+    assert len(seen) - 30 < 4  # the padding of the last stretch only
+    assert all(s.epoch == 1 and s.position == 0 for s in joined)
