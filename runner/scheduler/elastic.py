@@ -22,7 +22,6 @@ from typing import Iterable
 
 import structlog
 
-from ..providers.offers import Offer
 from ..state.elastic import ElasticStore, World
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, AttemptNode, Job
@@ -36,9 +35,7 @@ ELASTIC_EVENT = "elastic"
 
 # --- pure decisions ------------------------------------------------------------------------------
 def is_elastic(job: Job) -> bool:
-    resources = job.spec["resources"]
-    min_nodes = resources.get("min_nodes")
-    return min_nodes is not None and min_nodes < resources.get("num_nodes", 1)
+    return job.spec.resources.elastic
 
 
 def current_world(ranks: Iterable[AttemptNode], worlds: list[World]) -> World:
@@ -104,8 +101,8 @@ def _leave(store, providers: dict, job_id: str, attempt: int, rank: int, reason:
         store.add_event(tx, job_id, ELASTIC_EVENT, f"{why}; it had not joined the gang yet", attempt=attempt,
                         now=now)
         return True
-    members = shrink(world, rank, job.spec["resources"]["min_nodes"])
-    if members is None or job.preemptions + 1 > job.spec["recovery"]["max_preemptions"]:
+    members = shrink(world, rank, job.spec.resources.min_nodes)
+    if members is None or job.preemptions + 1 > job.spec.recovery.max_preemptions:
         return False
     new = _next_world(rows, members, world, current, providers.get(current.cloud),
                       f"rank {rank} {reason}")
@@ -165,8 +162,8 @@ def heartbeat_world(store, node: dict, known_generation: int) -> tuple[str, dict
         return None
     if mine.left_at is not None:
         return (STOP_FOR_PEER, None) if mine.end_reason == "lost" else None
-    notice = store.current_attempt(node["job_id"]).notice or {}
-    if notice.get("node_rank") == mine.rank:  # its notice could not shrink the world: the gang stops as any gang
+    notice = store.current_attempt(node["job_id"]).notice
+    if notice is not None and notice.node_rank == mine.rank:  # its notice could not shrink the world: the gang stops as any gang
         return CHECKPOINT_NOW, None
     worlds = elastic.worlds(node["job_id"], node["attempt"])
     world = current_world(rows, worlds)
@@ -195,7 +192,7 @@ def plan_replacements(ctx, job: Job, current: Attempt) -> list[str]:
     if missing <= 0 or job.cancel_requested or not active:
         return []
     home = store.node(active[0].node_id)
-    offer = Offer(**home.offer)
+    offer = home.offer
     provider = ctx.providers.get(offer.cloud)
     if provider is None or (ctx.backoff if home.spot else ctx.on_demand_backoff).blocks(offer, time.time()):
         return []  # (a launch that failed backs its zone's type off; the gang trains on meanwhile)
@@ -217,8 +214,8 @@ def plan_replacements(ctx, job: Job, current: Attempt) -> list[str]:
         for rank in range(next_rank, next_rank + missing):
             node_id = f"n-{secrets.token_hex(6)}"
             store.insert_node(tx, node_id, job.id, current.attempt, offer.cloud,
-                              ctx.token_hasher(ctx.node_token(node_id)), offer.to_json(), home.spot, now, rank=rank)
-            gangs.add(tx, job.id, current.attempt, rank, node_id, offer.to_json(), home.spot)
+                              ctx.token_hasher(ctx.node_token(node_id)), offer, home.spot, now, rank=rank)
+            gangs.add(tx, job.id, current.attempt, rank, node_id, offer, home.spot)
             elastic.mark_joined(tx, job.id, current.attempt, rank, now)
             store.add_event(tx, job.id, ELASTIC_EVENT, f"replacement {node_id} (rank {rank}) launched in {offer.zone}",
                             attempt=current.attempt, now=now)

@@ -15,6 +15,7 @@ from runner.scheduler.reconciler import Reconciler, SchedulerContext
 from runner.scheduler.states import RUNNING
 from runner.scheduler.transitions import transition
 from runner.spec import validate_job
+from runner.spec.stored import stored_job
 from runner.state import Store, open_database
 from runner.state.elastic import ElasticStore
 from runner.state.gangs import GangStore
@@ -34,7 +35,7 @@ def world(db_url):
                              "resources": {"num_nodes": num_nodes, "min_nodes": min_nodes},
                              "recovery": {"resume_drill": "off", "max_preemptions": max_preemptions}})
         with store.db.transaction() as tx:
-            store.insert_job(tx, JOB, "elastic", spec.model_dump(), "PENDING", time.time())
+            store.insert_job(tx, JOB, "elastic", stored_job(spec, None), "PENDING", time.time())
         reconciler = Reconciler(ctx)
         reconciler.tick()
         register(store, range(num_nodes))

@@ -18,7 +18,8 @@ JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress", "s
 # what a controller writes there, and comes back as its type, which turns into the same JSON again.
 TYPED = {"spec": {"name": "job", "workdir": ".", "setup": None, "run": "true", "env": {"A": "1"},
                   "resources": {"cloud": None, "accelerators": "T4:1", "cpus": None, "memory_gb": None,
-                                "regions": None, "spot_policy": "spot", "max_price_per_hour": None, "num_nodes": 1},
+                                "regions": None, "spot_policy": "spot", "max_price_per_hour": None, "num_nodes": 1,
+                                "min_nodes": None},
                   "checkpoint": {"local_dir": None, "durable_url": None, "interval": "auto", "keep": 3},
                   "recovery": {"max_preemptions": 50, "max_failures": 2, "resume_drill": "10m", "deadline": None,
                                "total_steps": None, "prepare_on": ["notice"], "standby_timeout": "10m"},
