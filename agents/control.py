@@ -35,6 +35,8 @@ class ControlServer:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self.connected = threading.Event()
+        self.hellos = 0           # training processes that have connected (ever)
+        self.closed_and_gone = 0  # ... and of those, the ones that closed their Checkpointer and disconnected
 
     def start(self) -> "ControlServer":
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +80,8 @@ class ControlServer:
         finally:
             with self._lock:
                 hello = self._clients.pop(conn, None)
+                if hello is not None and conn in self._closed:
+                    self.closed_and_gone += 1
                 self._closed.discard(conn)
                 self._readers.remove(threading.current_thread())
             conn.close()
@@ -107,6 +111,8 @@ class ControlServer:
     def _hello(self, conn: socket.socket, message: dict) -> None:
         with self._lock:
             if conn in self._clients:
+                if self._clients[conn] is None:
+                    self.hellos += 1
                 self._clients[conn] = message
         log.info("training process connected", pid=message.get("pid"), job=message.get("job_id"),
                  attempt=message.get("attempt"))
@@ -116,6 +122,11 @@ class ControlServer:
             hello = self._clients.get(conn) or {}
         sender = {k: hello.get(k) for k in ("rank", "local_rank", "pid") if k not in message and k in hello}
         return {**message, **sender} if sender else message
+
+    def counts(self) -> tuple[int, int]:
+        """(training processes connected ever, those that closed their Checkpointer and then disconnected)."""
+        with self._lock:
+            return self.hellos, self.closed_and_gone
 
     def send(self, message: dict) -> int:
         """Send to every connection; return how many training processes (connections that said hello) got it."""

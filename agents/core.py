@@ -118,6 +118,12 @@ class AgentCore:
                 self.send_control(Recorded(step).to_json())
         return on_delivered
 
+    def _world_size(self, message: dict) -> int | None:
+        """The ranks of the training's world, as its processes said in their hello (an elastic gang's first
+        world size in the restart log)."""
+        hellos = self.control.trainees() if self.control is not None else []
+        return message.get("world_size") or next((h["world_size"] for h in hellos if h.get("world_size")), None)
+
     def stops_answered_by(self, message: dict) -> list:
         """The stops under way that a ``stopping`` answers (each has ``on_ack``)."""
         return [self.emergency]
@@ -158,4 +164,5 @@ class AgentCore:
         log.info(text, manifest=message.get("manifest"))
         if message.get("expected") and step < message["expected"]:
             text += f" (the checkpoint of step {message['expected']} was missing or did not verify)"
-        self.reporter.event(EventKind.RESTORED, {"message": text, "step": step, "expected": message.get("expected")})
+        self.reporter.event(EventKind.RESTORED, {"message": text, "step": step, "expected": message.get("expected"),
+                                                 "world_size": self._world_size(message)})

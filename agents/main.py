@@ -29,6 +29,7 @@ from .config import AgentConfig, AgentConfigError, load_agent_config
 from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
+from .elastic import ElasticWorld, LauncherWatch
 from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
 from .gang import GangRanks, node_address, register_for_attempt
@@ -86,6 +87,9 @@ class Agent(AgentCore):
         for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING):
             self.on_op(op, self.stop_progress.on_message)
         self.on_op(Op.HELLO, self._on_hello)
+        self.on_op(Op.WORLD_CHANGED, self._on_world_changed)
+        self.elastic = ElasticWorld(self.send_control, self._report_world)  # an elastic gang's worlds
+        self.launcher_watch: LauncherWatch | None = None
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -99,14 +103,19 @@ class Agent(AgentCore):
                  prepared_replacement=prepared)
         self.local_log = open(self.config.scratch_dir / "job.log", "ab")
         self.control = self._start_control_channel()
-        if (self.assignment.get("gang") or {}).get("num_nodes", 1) == 1:  # a gang's nodes stop and restart together
+        gang = self.assignment.get("gang") or {}
+        if gang.get("num_nodes", 1) == 1 and not gang.get("elastic"):  # a gang's nodes stop and restart together
             self.handover = Handover(lambda data: self.reporter.event(EventKind.HANDOVER, data))
             self.may_train_through = True
+        # An elastic gang's node on notice trains on: the others move to a world without it, and it stops with a
+        # checkpoint only when told (too few would remain) or at its deadline timer (agents/elastic.py)
+        self.may_train_through = self.may_train_through or bool(gang.get("elastic"))
         self.emergency = EmergencyStop(send=self.send_control, trainee=self._child(),
                                        on_durable=self.handover.on_durable if self.handover else None)
         self.watch_loop = self.start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
-        self.reporter.heartbeats(self.config.heartbeat_seconds, self._status, self._on_action, self.shutdown)
+        self.reporter.heartbeats(self.config.heartbeat_seconds, self._status, self._on_action, self.shutdown,
+                                 on_world=self.elastic.on_world)
         sdnotify.ready()
         try:
             if prepared and not self._get_ready():
@@ -205,6 +214,7 @@ class Agent(AgentCore):
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
+            self.elastic.reset()
             self.stop_progress.reset()
             reason, code, message, drill = self._run_job_or_why_not(with_setup=first)
             first = False
@@ -273,6 +283,7 @@ class Agent(AgentCore):
         started = time.monotonic()
         if not self._adopt_prestarted():
             self._start_command(self.assignment["run"], workdir, env)
+        self.launcher_watch = self._watch_launcher() if (self.assignment.get("gang") or {}).get("elastic") else None
         if expected is not None:
             threading.Thread(target=self._verify_drill, args=(expected, started), daemon=True).start()
         elif self.assignment.get("resume_drill_seconds") is not None:
@@ -280,6 +291,8 @@ class Agent(AgentCore):
                            may_run=lambda: not (self.emergency.active or self.cancelled.is_set()))
         code = self.current.wait()
         self.drill.disarm()
+        if self.launcher_watch is not None:
+            self.launcher_watch.close()
         log.info("process exited", code=code, phase=self.phase)
         if self.drill.skipped and not (self.emergency.active or self.cancelled.is_set()):
             log.warning("resume drill skipped", why=self.drill.skipped)
@@ -290,6 +303,9 @@ class Agent(AgentCore):
             return self.stop_reason, code, None, None
         if self.drill.triggered:
             return EndReason.DRILL, code, None, self.drill.outcome()
+        if self.launcher_watch is not None and self.launcher_watch.finished_training:
+            return EndReason.SUCCEEDED, 0, ("every training process closed; the launcher, waiting at its exit for "
+                                            f"nodes that had left the world, was ended (its exit code {code})"), None
         if code == 0:
             return EndReason.SUCCEEDED, code, None, None
         failure = classify(code, self.output_tail.text() if self.output_tail else "")
@@ -377,7 +393,27 @@ class Agent(AgentCore):
 
     # --- control --------------------------------------------------------------
     def _status(self) -> dict:
-        return {"phase": self.phase, "progress": self.progress}
+        return {"phase": self.phase, "progress": self.progress, "generation": self.elastic.delivered}
+
+    def _on_world_changed(self, message: dict) -> None:
+        self.elastic.on_world_changed(message)
+
+    def _report_world(self, body: dict) -> None:
+        self.reporter.patiently(lambda: self.client.post("/v1/agent/world", body), "world report")
+
+    def _watch_launcher(self) -> LauncherWatch | None:
+        """An elastic gang's launcher, ended once every training process has closed (agents/elastic.py)."""
+        if self.control is None:
+            return None
+        hellos_before, closed_before = self.control.counts()
+
+        def trainees_left() -> bool:
+            hellos, closed = self.control.counts()
+            return hellos > hellos_before and closed - closed_before >= hellos - hellos_before
+
+        supervisor = self.current
+        return LauncherWatch(self.elastic, trainees_left,
+                             lambda: supervisor.stop(self.config.stop_grace_seconds)).start()
 
     def _child(self) -> ChildProcess:
         """The job's current process, as a stop with a checkpoint reaches it."""
@@ -418,6 +454,9 @@ class Agent(AgentCore):
         super().on_control(message)
 
     def _on_hello(self, message: dict) -> None:
+        if (self.assignment.get("gang") or {}).get("elastic_join"):
+            self.progress["joining"] = True  # its training waits for its world: the gang may let it in now
+        self.elastic.on_hello(message)
         self.training_pid = message.get("pid")
         if self.drill is not None:
             self.drill.on_hello()

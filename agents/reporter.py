@@ -139,7 +139,7 @@ class Reporter:
                 time.sleep(self.retry_every)
 
     def heartbeats(self, every: float, status: Callable[[], dict], on_action: Callable[[str], None],
-                   stop: threading.Event) -> None:
+                   stop: threading.Event, on_world: Callable[[dict], None] | None = None) -> None:
         """Post ``status()`` every ``every`` seconds until ``stop``, in a thread; hand each reply's action on."""
         if self.client is None:
             return
@@ -147,10 +147,13 @@ class Reporter:
         def beat() -> None:
             while not stop.is_set():
                 try:
-                    action = self.client.post("/v1/agent/heartbeat", status())["action"]
+                    reply = self.client.post("/v1/agent/heartbeat", status())
+                    action = reply["action"]
                 except ClientError as exc:
                     log.warning("heartbeat failed", error=str(exc))
-                    action = Action.CONTINUE
+                    action, reply = Action.CONTINUE, {}
+                if on_world is not None and isinstance(reply.get("world"), dict):  # an elastic gang's new world
+                    on_world(reply["world"])
                 on_action(action)
                 stop.wait(every)
 

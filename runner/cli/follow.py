@@ -40,6 +40,8 @@ class LogFollower:
 
     def _streams(self, row: dict) -> list[int]:
         ranks = list(range(row.get("num_nodes") or 1))
+        # an elastic gang's replacements hold ranks past the job's (docs/elastic.md)
+        ranks += sorted(n["rank"] for n in row.get("nodes") or [] if n["rank"] not in ranks)
         if self.only_node is not None:
             ranks = [r for r in ranks if r == self.only_node]
         return ranks

@@ -177,7 +177,7 @@ RESTART_COLUMNS = (
     ("PEAK MEM", lambda r: gigabytes(r.get("peak_memory_gb")), False),
     ("NAN", lambda r: r.get("nan_steps"), False),
 )
-WRAPPED = ("WHERE", "NOTICE", "DRILL", "NODES", "STARTED", "ENDED")  # wrap to fit the terminal; the rest stay whole
+WRAPPED = ("WHERE", "NOTICE", "DRILL", "NODES", "WORLD", "STARTED", "ENDED")  # wrap to fit the terminal; the rest stay whole
 
 
 def print_restart_log(rows: list[dict], err: bool = False, wide: bool = False) -> None:
@@ -186,6 +186,9 @@ def print_restart_log(rows: list[dict], err: bool = False, wide: bool = False) -
     if any(r.get("nodes") for r in rows):  # a multi-node job: each node rank's end, and the noticed rank
         headers.append("NODES")
         cells.append(_nodes)
+    if any(r.get("world_sizes") for r in rows):  # an elastic gang: its world sizes within each attempt
+        headers.append("WORLD")
+        cells.append(_world_sizes)
     print_table(headers, [[cell(r) for cell in cells] for r in rows], empty="No attempts yet.", err=err, wrap=WRAPPED,
                 gap=1)
     if rows and not wide:
@@ -228,6 +231,14 @@ def _nodes(row: dict) -> str:
     return " ".join(f"{n['rank']}:{n['end_reason']}" for n in row.get("nodes") or [])
 
 
+def _world_sizes(row: dict) -> str | None:
+    """``3 >140> 2 >300> 3``: an elastic gang's world sizes, each change with its step."""
+    sizes = row.get("world_sizes") or []
+    if not sizes:
+        return None
+    return " ".join([str(sizes[0]["world_size"])] + [f">{s['step']}> {s['world_size']}" for s in sizes[1:]])
+
+
 def _drill(row: dict) -> str | None:
     drill = row.get("drill")
     if not drill:
@@ -250,7 +261,9 @@ def cancel(job_id: str):
 
 @click.command()
 @click.argument("job_id")
-@click.option("--notice", type=click.Choice(["aws", "gcp", "azure"]), default="aws", show_default=True)
+@click.option("--notice", type=click.Choice(["aws", "gcp", "azure", "none"]), default="aws", show_default=True,
+              help="The cloud whose notice protocol is used; none: the node vanishes without a notice (its "
+                   "processes are killed at once).")
 @click.option("--node", "rank", type=int, default=0, show_default=True,
               help="Of a multi-node job: the rank of the node to preempt.")
 @click.option("--no-reclaim", is_flag=True,
@@ -258,13 +271,19 @@ def cancel(job_id: str):
 @click.option("--rebalance", is_flag=True,
               help="Only an AWS rebalance recommendation (no notice, no reclaim); needs --notice aws.")
 def preempt(job_id: str, notice: str, rank: int, no_reclaim: bool, rebalance: bool):
-    """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss."""
+    """Chaos (local provider): a preemption notice through that cloud's metadata protocol, then the node's loss
+    (--notice none: the node vanishes at once, without a notice)."""
     if rebalance and notice != "aws":
         raise click.UsageError("--rebalance is an AWS signal: use it with --notice aws")
+    if no_reclaim and notice == "none":
+        raise click.UsageError("--no-reclaim is a false notice; --notice none sends no notice: the node vanishes")
     result = connect().post(f"/v1/jobs/{job_id}/preempt",
                             {"notice": notice, "node": rank, "reclaim": not no_reclaim, "rebalance": rebalance})
-    label = {"aws": "an AWS", "gcp": "a GCP", "azure": "an Azure"}[notice]
     which = f"node {result['node']}" + (f" (rank {result['rank']})" if result.get("rank") else "")
+    if notice == "none":
+        click.echo(f"{which} vanished without a notice (its processes were killed)")
+        return
+    label = {"aws": "an AWS", "gcp": "a GCP", "azure": "an Azure"}[notice]
     if rebalance:
         click.echo(f"sent an AWS rebalance recommendation to {which}")
     elif no_reclaim:

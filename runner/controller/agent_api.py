@@ -51,6 +51,24 @@ def _current(state, who: Principal) -> tuple[Job, Attempt | None]:
     return job, attempt
 
 
+class WorldChanged(BaseModel):
+    generation: int = Field(ge=1, le=reports.MAX_INT, strict=True)
+    step: int = Field(ge=0, le=reports.MAX_INT, strict=True)
+    world_size: int = Field(ge=1, le=1 << 20, strict=True)
+    previous_world_size: int | None = Field(default=None, ge=1, le=1 << 20, strict=True)
+
+
+@router.post("/world")
+def world_changed(body: WorldChanged, request: Request, who: Principal = Depends(require_node)):
+    """An elastic gang's ranks moved to a new world at ``step``: appended to the attempt's ``world_sizes``. The
+    job and attempt are the token's node's (a node's token reaches only its own job)."""
+    from ..scheduler.elastic import record_world_change
+
+    accepted = record_world_change(_state(request).store, who.node, body.generation, body.step, body.world_size,
+                                   body.previous_world_size)
+    return {"accepted": accepted}
+
+
 class Registration(BaseModel):
     address: str | None = None  # where the other nodes of a gang reach this node
 
@@ -111,7 +129,7 @@ def _assignment(state, job_id: str, attempt: int, node: Node, address: str | Non
     drill_seconds = spec.recovery.resume_drill_seconds()
     prepared = node.attempt == PREPARED  # setting up for an attempt not created yet: no gang fields, no port
     gang = None if prepared else gang_agent.gang_fields(state, job, attempt, node, address)
-    if gang is not None and gang["node_rank"] != 0:
+    if gang is not None and (gang["node_rank"] != 0 or gang.get("elastic_join")):
         drill_seconds = None  # the drill runs once for the whole gang: node 0 drives it
     extra = {}
     if gang is not None and gang["num_nodes"] > 1:

@@ -282,7 +282,7 @@ def logs(job_id: str, request: Request, attempt: int = Query(ge=1, le=MAX_INT),
     attempts = {a.attempt: a for a in state.store.attempts(job_id)}
     if attempt not in attempts:
         raise HTTPException(404, f"job {job_id} has no attempt {attempt} (it has {len(attempts)})")
-    if not 0 <= node < attempts[attempt].num_nodes:
+    if not 0 <= node < attempts[attempt].num_nodes and node not in {n.rank for n in attempts[attempt].nodes}:
         raise HTTPException(404, f"attempt {attempt} of job {job_id} has no node of rank {node}")
     data = state.logs.read(job_id, attempt, offset, node=node)
     ended = attempts[attempt].end_reason != "running" or job.state in TERMINAL
@@ -306,7 +306,7 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(require_admin
 
 
 class PreemptRequest(BaseModel):
-    notice: str = "aws"
+    notice: str = "aws"  # or "none": the node vanishes without a notice
     node: int = 0  # the node rank of a multi-node job
     reclaim: bool = True  # False: a false notice (the node is not reclaimed at its deadline)
     rebalance: bool = False  # only an AWS rebalance recommendation: no notice, no reclaim
@@ -318,10 +318,13 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
     state = _state(request)
     job = _job_or_404(state, job_id)
     # Bad input first: it is bad whatever the job's state.
-    if body.notice not in ("aws", "gcp", "azure"):
-        raise HTTPException(422, f"notice: {body.notice!r} is not one of aws, gcp, azure")
+    if body.notice not in ("aws", "gcp", "azure", "none"):
+        raise HTTPException(422, f"notice: {body.notice!r} is not one of aws, gcp, azure, none")
+    if body.notice == "none" and (body.rebalance or not body.reclaim):
+        raise HTTPException(422, "notice: none makes the node vanish; it takes neither rebalance nor reclaim: false")
     num_nodes = job.num_nodes
-    if not 0 <= body.node < num_nodes:
+    live_ranks = {n.rank for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n.attempt > 0}
+    if not 0 <= body.node < num_nodes and body.node not in live_ranks:  # (an elastic gang's replacement: past them)
         ranks = "0" if num_nodes == 1 else f"0 to {num_nodes - 1}"
         raise HTTPException(422, f"node: job {job_id} has no node of rank {body.node}; its node ranks are {ranks}")
     if job.state in TERMINAL:  # as cancel says it
@@ -333,6 +336,15 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
     provider = state.scheduler.providers[node.provider]
     if not isinstance(provider, InjectsNotices):
         raise HTTPException(409, f"the {node.provider} provider cannot inject notices; only local can")
+    if body.notice == "none":
+        if not hasattr(provider, "vanish"):
+            raise HTTPException(409, f"the {node.provider} provider cannot make a node vanish; only local can")
+        provider.vanish(node.id)
+        with state.store.db.transaction() as tx:
+            state.store.add_event(tx, job_id, "chaos", f"node {node.id} (rank {node.rank}) vanished without a notice",
+                                  attempt=node.attempt)
+        state.scheduler.nudge.set()
+        return {"node": node.id, "rank": node.rank, "notice": "none", "grace_seconds": None}
     if body.rebalance:
         if body.notice != "aws":
             raise HTTPException(422, "rebalance: a rebalance recommendation is an AWS signal; use notice aws")

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import structlog
 from fastapi import HTTPException
 
-from ..scheduler import standby
+from ..scheduler import elastic, standby
 from ..scheduler.attempts import hand_over
 from ..protocol.events import NOTICE_KINDS, EventKind
 from ..state.standbys import PREPARED
@@ -125,9 +125,16 @@ def record_report(state, authorization: str, body: bytes, tx, node=None,
         notice = Notice.from_json({k: v for k, v in metrics.without_timing(data).items() if k not in PREPARE_FIELDS})
         if state.store.job(job_id, tx).num_nodes > 1:
             notice = notice.with_rank(node.rank)
-        state.store.set_attempt_notice(tx, job_id, attempt, notice)
         state.store.add_event(tx, job_id, "notice", f"{data.get('source')} {data.get('action')} "
                               f"notice, deadline {data.get('deadline')}", attempt=attempt)
+        # An elastic gang trains on without the node where enough remain (the attempt is then not on notice);
+        # otherwise the notice is the attempt's, and its heartbeat tells the node to checkpoint and stop
+        if elastic.node_leaves(state.store, state.scheduler.providers, job_id, attempt, node.rank, "preempted",
+                               f"node {node.id} (rank {node.rank}) got a {data.get('source')} notice", tx=tx):
+            return {"accepted": True}, state.scheduler.nudge.set  # launch its replacement now
+        state.store.set_attempt_notice(tx, job_id, attempt, notice)
+        if elastic.is_elastic(state.store.job(job_id, tx)):
+            return {"accepted": True}, None
     elif kind == "checkpoint":
         reports.step(data.get("step"), "data.step")
         if not data.get("durable"):
@@ -142,6 +149,7 @@ def record_report(state, authorization: str, body: bytes, tx, node=None,
     else:
         if kind == "restored":
             _record_restored_step(state, tx, job_id, attempt, data)
+            elastic.record_first_world_size(state.store, tx, node, data)
         state.store.add_event(tx, job_id, kind, str(data.get("message", data)), attempt=attempt)
     prepares = (kind == "notice" and data.get("prepare")) or kind == "rebalance"  # as _prepare_replacement asks
     return {"accepted": True}, functools.partial(_prepare_replacement, state, node, kind, data) if prepares else None

@@ -17,6 +17,7 @@ from fastapi import HTTPException
 
 from ..providers.base import rendezvous_port
 from ..providers.errors import ProviderError
+from ..scheduler import elastic
 from ..scheduler.attempts import end_attempt
 from ..scheduler.gang import gang_outcome, gpus_per_node
 from ..scheduler.spot_return import move_request
@@ -54,7 +55,8 @@ def register(state, node: Node, address: str) -> tuple[int, dict | None]:
         store.update_node(tx, node.id, registered_at=now, last_heartbeat=now, attempt=current.attempt)
         store.note_first_registration(tx, node.id, now)
         ranks = gangs.nodes_of(job.id, current.attempt, tx)
-        missing = [r.rank for r in ranks if r.registered_at is None]
+        # (an elastic gang's replacement joins a running attempt: it never holds up the others, nor they it)
+        missing = [r.rank for r in ranks if r.registered_at is None and r.joined_at is None and r.left_at is None]
         if missing:
             return 0, waiting(f"waiting for the gang's ranks {missing} to register")
         store.mark_attempt_running(tx, job.id, current.attempt, now)
@@ -69,6 +71,12 @@ def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) 
     store, gangs = state.store, GangStore(state.store)
     resources = job.spec.resources
     row = next(a for a in store.attempts(job.id) if a.attempt == attempt)
+    joining = elastic.joiner_fields(store, node.id, job.id, attempt, address) if resources.elastic else None
+    if joining is not None:  # a replacement joining a running elastic attempt: its launcher is a gang of one
+        provider = state.scheduler.providers.get(row.cloud)
+        return {**joining, "master_port": provider.rendezvous_port(row.master_port) if provider else 29500,
+                "gpus_per_node": gpus_per_node(_node_accelerators(node, resources)), "elastic": True,
+                "min_nodes": resources.min_nodes}
     port = row.master_port
     if port is None:  # a single-node attempt: its port is chosen when its node first registers
         provider = state.scheduler.providers.get(row.cloud)
@@ -82,7 +90,8 @@ def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) 
     else:
         ips, rank = [address or "127.0.0.1"], 0
     return {"num_nodes": row.num_nodes, "node_rank": rank, "node_ips": ips, "master_addr": ips[0],
-            "master_port": port, "gpus_per_node": gpus_per_node(_node_accelerators(node, resources))}
+            "master_port": port, "gpus_per_node": gpus_per_node(_node_accelerators(node, resources)),
+            **({"elastic": True, "min_nodes": resources.min_nodes} if resources.elastic else {})}
 
 
 def _node_accelerators(node: Node, resources: Resources) -> tuple[str, int] | None:
@@ -109,6 +118,10 @@ def exit_report(state, node: Node, reason: str, exit_code: int | None, message: 
         gangs.record_exit(tx, job_id, attempt, node.rank, reason, exit_code)
     current = store.current_attempt(job_id)
     new_state = None
+    if current is not None and current.attempt == attempt and elastic.left_the_world(store, node.id, job_id, attempt):
+        elastic.release_left_node(store, node.id)  # it left an elastic world that trains on without it
+        state.scheduler.nudge.set()
+        return {"state": None, "action": "shutdown"}
     if current is not None and current.attempt == attempt:
         if reason == "drill" and (drill or {}).get("passed") is not False:
             new_state = _restart_after_drill(state, current, drill or {}, exit_code)
@@ -125,6 +138,8 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
     store, gangs = state.store, GangStore(state.store)
     job_id, attempt = current.job_id, current.attempt
     ranks = gangs.nodes_of(job_id, attempt)
+    if any(r.joined_at is not None or r.left_at is not None for r in ranks):  # an elastic world has changed
+        return _settle_elastic(state, current, ranks, drill, message)
     outcome = gang_outcome({r.rank: r.exit_reason for r in ranks}, current.num_nodes)
     if outcome is None:
         return None
@@ -150,6 +165,28 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
     return end_attempt(store, job_id, attempt, outcome.reason, ranks=outcome.ranks, drill=drill,
                        exit_code=codes.get(outcome.ranks[0]) if outcome.ranks else codes.get(0), message=text,
                        force_state=force)
+
+
+def _settle_elastic(state, current: Attempt, ranks: list[AttemptNode], drill: dict | None,
+                    message: str | None) -> str | None:
+    """An elastic attempt whose world has changed ends when its current members' reports decide it (renumbered
+    densely; the nodes that left and a replacement not yet in decide nothing)."""
+    members = elastic.deciding_ranks(state.store, current, ranks)
+    outcome = gang_outcome({r.rank: r.exit_reason for r in members}, len(members))
+    if outcome is None:
+        return None
+    if outcome.reason == "failed" and (gone := _gone_node(state, [r for r in ranks if r.left_at is None])):
+        rank, why = gone  # a member's process failed because another member vanished (too few left to go on)
+        return end_attempt(state.store, current.job_id, current.attempt, "preempted" if why == "preempted" else "lost",
+                           ranks=(rank,), message=f"node of rank {rank} is gone ({why}); its peers stopped")
+    slots = tuple(members[r].node_id for r in outcome.ranks)
+    ending = tuple(r.rank for r in ranks if r.node_id in slots)
+    codes = {r.rank: r.exit_code for r in members}
+    text = message if outcome.reason != "failed" else (
+        "the job failed on the node of " + ", ".join(f"rank {r} (exit code {codes[d]})"
+                                                     for d, r in zip(outcome.ranks, ending)))
+    return end_attempt(state.store, current.job_id, current.attempt, outcome.reason, ranks=ending, drill=drill,
+                       exit_code=codes.get(outcome.ranks[0]) if outcome.ranks else codes.get(0), message=text)
 
 
 def _release_preempted(state, node: Node) -> str | None:
@@ -214,6 +251,11 @@ def _restart_after_drill(state, current: Attempt, drill: dict, exit_code: int | 
                    attempt_end=AttemptEnd(attempt=attempt, reason="drill", checkpoint_step=step, lost_seconds=0.0,
                                           drill=result, exit_code=exit_code))
         ranks = gangs.nodes_of(job_id, attempt, tx)
+        if any(r.left_at is not None or r.joined_at is not None for r in ranks):
+            # An elastic gang whose world changed: the nodes in it are kept, and the next attempt is planned as any
+            # gang's (its replacements take the job's free ranks; a missing one is launched)
+            gangs.set_end_reasons(tx, job_id, attempt, {r.rank: "kept" for r in ranks if r.left_at is None})
+            return RECOVERING
         gangs.set_end_reasons(tx, job_id, attempt, {r.rank: "kept" for r in ranks})
         resumed = (store.job(job_id, tx).checkpoint or {}).get("step", 0)
         provider = state.scheduler.providers[current.cloud]

@@ -15,7 +15,7 @@ import time
 from fastapi import HTTPException
 
 from ..costpolicy import observe
-from ..scheduler import standby
+from ..scheduler import elastic, standby
 from ..scheduler.spot_return import move_request
 from ..scheduler.states import TERMINAL
 from ..spec.stored import StoredJob
@@ -34,9 +34,13 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
     checkpoint for a move to spot: runner/scheduler/spot_return.py), or shut down (or, a gang node whose
     attempt ended while its job still runs, to stop that job and stay). The token is checked before the body."""
     node = await heartbeat_caller(authorization, state)
-    phase, progress = _beat(body)
+    phase, progress, generation = _beat(body)
     state.heartbeats.record(node["id"], time.time(), {"phase": phase, **(progress or {})})
     action = _action_from_view(node)
+    if action == CONTINUE and node["attempt_current"] and _is_elastic(node["spec"]):  # its world may have changed
+        told = await _off_the_loop(state, elastic.heartbeat_world, state.store, node, generation)
+        if told is not None:
+            return {"action": told[0], **({"world": told[1]} if told[1] is not None else {})}
     if action is None:  # a move to spot or a kept gang node: answered from further reads, off the loop if remote
         action = await _off_the_loop(state, _action_with_reads, state, node)
     return {"action": action}
@@ -45,15 +49,18 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
 ROUTE = LeanRoute(heartbeat, max_body=64 * 1024, runs=AWAITED)  # a beat is a few hundred bytes
 
 
-def _beat(body: bytes) -> tuple[str, dict | None]:
-    """The body's ``phase`` (default running) and ``progress``, refused (422) naming the field as FastAPI would."""
+def _beat(body: bytes) -> tuple[str, dict | None, int]:
+    """The body's ``phase`` (default running), ``progress`` and ``generation`` (an elastic gang's newest world its
+    agent knows; default 0), refused (422) naming the field as FastAPI would."""
     beat = json_object(body)
-    phase, progress = beat.get("phase", "running"), beat.get("progress")
+    phase, progress, generation = beat.get("phase", "running"), beat.get("progress"), beat.get("generation", 0)
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        raise HTTPException(422, "body.generation: Input should be a valid integer")
     if not isinstance(phase, str):
         raise HTTPException(422, "body.phase: Input should be a valid string")
     if progress is not None and not isinstance(progress, dict):
         raise HTTPException(422, "body.progress: Input should be a valid dictionary")
-    return phase, reports.progress(progress)
+    return phase, reports.progress(progress), generation
 
 
 def _action_from_view(node: dict) -> str | None:
@@ -92,6 +99,12 @@ async def _off_the_loop(state, function, *args):
     if state.store.db.shared:
         return await asyncio.get_running_loop().run_in_executor(None, function, *args)
     return function(*args)
+
+
+def _is_elastic(spec) -> bool:
+    """Whether a job's gang is elastic (``resources.min_nodes`` below ``num_nodes``)."""
+    min_nodes = getattr(spec.resources, "min_nodes", None)
+    return min_nodes is not None and min_nodes < spec.resources.num_nodes
 
 
 def _spec_flags(spec: StoredJob) -> tuple[bool, bool]:

@@ -17,6 +17,10 @@ class Action(StrEnum):
     CHECKPOINT_NOW = "checkpoint"    # a node on notice: the replacement is ready (or none is coming), stop now
     STANDBY_WAIT = "wait"            # a prepared replacement: keep waiting for the handover
     STAY = "stay"                    # (exit report) a gang node kept for the next attempt: register again
+    # An elastic gang's world changed: the reply's ``world`` ({"generation", "node_rank", "nnodes", "master_addr",
+    # "master_port"}) goes to every local rank with ``"op": "world"``; repeated until the heartbeat's
+    # ``generation`` says the agent knows it (docs/elastic.md).
+    WORLD = "world"
 
     @property
     def stops_job(self) -> bool:

@@ -36,6 +36,11 @@ NODE_IPS = "RUNNER_NODE_IPS"            # one address per line, in rank order
 MASTER_ADDR = "RUNNER_MASTER_ADDR"      # node 0's address: it hosts the rendezvous
 MASTER_PORT = "RUNNER_MASTER_PORT"      # fresh for each attempt
 GPUS_PER_NODE = "RUNNER_GPUS_PER_NODE"  # the accelerator count of resources.accelerators (1 for CPU-only)
+# Elastic gangs (docs/elastic.md): resources.min_nodes, below RUNNER_NUM_NODES; and, on a replacement joining a
+# running elastic attempt, "1": its training waits in restore() for the ``world`` message and gets the state from
+# a peer.
+MIN_NODES = "RUNNER_MIN_NODES"
+ELASTIC_JOIN = "RUNNER_ELASTIC_JOIN"
 
 # Read by the checkpoint library when set (by the user, or a test).
 MTBF_SECONDS = "RUNNER_MTBF_SECONDS"                  # interval: auto's mean time between unannounced failures
@@ -73,6 +78,8 @@ def gang_environment(gang: dict | None) -> dict[str, str]:
         MASTER_ADDR: gang["master_addr"],
         MASTER_PORT: str(gang["master_port"]),
         GPUS_PER_NODE: str(gang["gpus_per_node"]),
+        **({ELASTIC_JOIN: "1"} if gang.get("elastic_join") else {}),
+        **({MIN_NODES: str(gang["min_nodes"])} if gang.get("min_nodes") else {}),
     }
 
 

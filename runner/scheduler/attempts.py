@@ -123,10 +123,13 @@ def close_drained(store: Store, node: Node, exit_code: int | None) -> bool:
 
 def _end_gang(store: Store, tx, attempt: Attempt, reason: str, ranks: Iterable[int], job_goes_on: bool) -> None:
     """Each node's end in the restart log; the nodes not kept are released."""
-    reasons = node_end_reasons(attempt.num_nodes, reason, ranks, job_goes_on)
     gangs = GangStore(store)
+    rows = gangs.nodes_of(attempt.job_id, attempt.attempt, tx)
+    # (an elastic gang's replacements hold ranks past num_nodes; a node that left its world keeps its own end)
+    reasons = node_end_reasons(max([attempt.num_nodes - 1, *(n.rank for n in rows)]) + 1, reason, ranks, job_goes_on)
+    reasons = {n.rank: reasons[n.rank] for n in rows if n.left_at is None} if rows else reasons
     gangs.set_end_reasons(tx, attempt.job_id, attempt.attempt, reasons)
-    for node in gangs.nodes_of(attempt.job_id, attempt.attempt, tx):
+    for node in rows:
         row = store.node(node.node_id, tx)
         if reasons.get(node.rank) != EndReason.KEPT and row and row.state in (NODE_LAUNCHING, NODE_RUNNING):
             store.update_node(tx, node.node_id, state=NODE_TERMINATING)

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
 from ..providers.offers import Offer
@@ -55,7 +55,12 @@ def plan_gang(num_nodes: int, kept: Iterable[KeptNode], candidates: list[Candida
     ``candidates`` come best first (runner/scheduler/policy.rank_offers); ``free_slots(offer)`` is how many
     more nodes the offer's zone takes now (kept nodes already counted as there).
     """
+    kept = list(kept)
+    beyond = sorted((k for k in kept if k.rank >= num_nodes), key=lambda k: k.rank)
     kept = {k.rank: k for k in kept if k.rank < num_nodes}
+    # An elastic gang's replacement held a rank past num_nodes in its attempt: it takes a free rank now
+    for node, rank in zip(beyond, [r for r in range(num_nodes) if r not in kept]):
+        kept[rank] = replace(node, rank=rank)
     missing = tuple(rank for rank in range(num_nodes) if rank not in kept)
     if kept and not missing:
         return GangPlan(keep=kept, launch=(), candidate=None)

@@ -27,6 +27,7 @@ from ..protocol.events import EndReason
 from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
 from . import placement
+from . import elastic
 from .attempts import end_attempt
 from .gang import KeptNode, plan_gang, unregistered_ranks
 from .states import PENDING, PROVISIONING, RECOVERING, RUNNING
@@ -95,6 +96,8 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
             gangs.mark_released(tx, node_id, EndReason.RELEASED)
         for rank, node in plan.keep.items():
             gangs.add(tx, job.id, attempt, rank, node.node_id, node.offer, node.spot)
+            if store.node(node.node_id, tx).rank != rank:  # an elastic gang's replacement takes a free rank
+                store.update_node(tx, node.node_id, rank=rank)
         for rank, node_id in new_ids.items():
             offer = plan.candidate.offer
             store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
@@ -188,6 +191,8 @@ def gang_node_gone(ctx, node: Node, reason: str, why: str) -> None:
     store, gangs = ctx.store, GangStore(ctx.store)
     latest = gangs.latest_for_node(node.id)
     attempt = latest.attempt if latest else node.attempt
+    if elastic.node_leaves(store, ctx.providers, node.job_id, attempt, node.rank, reason, why):
+        return  # an elastic gang trains on without it
     ended = end_attempt(store, node.job_id, attempt, reason, ranks=(node.rank,), message=why)
     if ended is None:
         with store.db.transaction() as tx:

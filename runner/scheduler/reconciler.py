@@ -25,7 +25,7 @@ from ..state.rows import Job, Node
 from ..state.store import NODES_HOLDING_A_JOB, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATED, NODE_TERMINATING
 from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
-from . import placement
+from . import elastic, placement
 from .attempts import end_attempt
 from .gang import GANG_FORM_SECONDS
 from .cloud_calls import DESCRIBE_WORKERS, LAUNCH_WORKERS, TERMINATE_WORKERS, Answer, CloudCalls
@@ -223,6 +223,8 @@ def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
     if answer.error is not None:
         exc = answer.error
         backoff.record_failure(key, time.time())
+        if elastic.replacement_failed(store, node, str(exc)):  # its gang trains on; another is launched
+            return
         with store.db.transaction() as tx:
             store.update_node(tx, node.id, state=NODE_TERMINATED, terminated_at=time.time())
             store.delete_running_attempt(tx, node.job_id, node.attempt)
@@ -256,6 +258,18 @@ def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
             # leader after a failover, or a tick late under load): the job is running already.
             if store.node(node.id, tx).registered_at is not None and job.num_nodes == 1:
                 transition(tx, job.id, RUNNING, now=time.time(), message=f"attempt {node.attempt} running")
+
+
+def grow_elastic_gangs(ctx: SchedulerContext) -> None:
+    """Elastic gangs training on with fewer nodes: launch their replacements, and let in those that are ready."""
+    for job, current in elastic.elastic_attempts(ctx.store):
+        ctx.guard.run("elastic", job.id, _grow_elastic_gang, ctx, job, current)
+
+
+def _grow_elastic_gang(ctx: SchedulerContext, job: Job, current) -> None:
+    for node_id in elastic.plan_replacements(ctx, job, current):
+        _launch(ctx, ctx.store.node(node_id))
+    elastic.admit_joiners(ctx, job, current)
 
 
 WAIT_FOR_AGENT, END_ATTEMPT, CANCEL_JOB = "wait for the agent", "end the attempt", "cancel the job"
@@ -299,4 +313,4 @@ def _apply_cancellation(ctx: SchedulerContext, job: Job) -> None:
 # One tick, in order. collect_launches comes again last: what came back meanwhile (every launch of this tick, when
 # launches run inline).
 TICK_WORKERS = (collect_launches, finish_launches, watch_running_nodes, watch_gang_formation, apply_cancellations,
-                move_to_spot, release_unneeded, release_nodes, launch_pending_jobs, collect_launches)
+                move_to_spot, release_unneeded, release_nodes, launch_pending_jobs, grow_elastic_gangs, collect_launches)

@@ -70,6 +70,30 @@ class Resources(_Section):
     max_price_per_hour: Optional[float] = Field(default=None, gt=0, description="USD cap per node-hour.")
     num_nodes: int = Field(default=1, ge=1, le=MAX_NUM_NODES, strict=True,
                            description="Nodes launched together as one gang in one zone (docs/multinode.md).")
+    min_nodes: Optional[int] = Field(
+        default=None, ge=1, le=MAX_NUM_NODES, strict=True,
+        description="Below num_nodes, the gang is elastic: when a node is preempted or lost, the others train on "
+                    "while at least this many remain, and the replacement joins later (docs/elastic.md). "
+                    "Default: num_nodes (not elastic).")
+
+    @field_validator("min_nodes")
+    @classmethod
+    def _at_most_num_nodes(cls, value, info):
+        num_nodes = info.data.get("num_nodes")
+        if value is not None and isinstance(num_nodes, int) and value > num_nodes:
+            raise ValueError(f"{value} is more than resources.num_nodes ({num_nodes}); use a number from 1 to "
+                             f"{num_nodes} (below num_nodes makes the gang elastic), or leave it out")
+        return value
+
+    @property
+    def elastic(self) -> bool:
+        """The gang trains on with fewer nodes after a loss (``min_nodes`` below ``num_nodes``)."""
+        return self.min_nodes is not None and self.min_nodes < self.num_nodes
+
+    @property
+    def fewest_nodes(self) -> int:
+        """``min_nodes``, or ``num_nodes`` when it is not set."""
+        return self.min_nodes if self.min_nodes is not None else self.num_nodes
 
     @field_validator("cloud", mode="before")
     @classmethod

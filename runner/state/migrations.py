@@ -269,6 +269,28 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE attempts ADD COLUMN standby TEXT
         """,
     ),
+    (
+        15,
+        # Elastic gangs (runner/state/elastic.py): the worlds an attempt trained in (each generation's node ranks
+        # and rendezvous), when each node joined or left it, and the world sizes the training side reported.
+        """
+        ALTER TABLE attempts ADD COLUMN world_sizes TEXT;
+        ALTER TABLE attempts ADD COLUMN world_generation INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE attempt_nodes ADD COLUMN joined_at REAL;
+        ALTER TABLE attempt_nodes ADD COLUMN left_at REAL;
+        CREATE TABLE elastic_worlds (
+            job_id TEXT NOT NULL REFERENCES jobs(id),
+            attempt INTEGER NOT NULL,
+            generation INTEGER NOT NULL,
+            ranks TEXT NOT NULL,
+            master_addr TEXT NOT NULL,
+            master_port INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (job_id, attempt, generation)
+        )
+        """,
+    ),
 ]
 
 

@@ -77,6 +77,8 @@ class AttemptNode:
     boot_seconds: float | None = None  # the ledger: this node's start for the attempt (0: kept from the last)
     setup_seconds: float | None = None
     restore_seconds: float | None = None
+    joined_at: float | None = None  # an elastic gang's replacement: when it was launched into the running attempt
+    left_at: float | None = None    # an elastic gang's node that left the running attempt (preempted or lost)
 
     @classmethod
     def from_row(cls, row: Row) -> AttemptNode:
@@ -85,7 +87,8 @@ class AttemptNode:
                    bool(row["spot"]), float(row["price_per_hour"]), row["address"],
                    None if registered_at is None else float(registered_at), row["exit_reason"], row["exit_code"],
                    row["end_reason"], _float_or_none(row["boot_seconds"]), _float_or_none(row["setup_seconds"]),
-                   _float_or_none(row["restore_seconds"]))
+                   _float_or_none(row["restore_seconds"]), _float_or_none(row.get("joined_at")),
+                   _float_or_none(row.get("left_at")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,10 @@ class Attempt:
     restore_seconds: float | None
     nodes: tuple[AttemptNode, ...] = ()
     standby: dict | None = None  # the replacement prepared while this attempt ran (runner/state/standbys.py)
+    # An elastic gang's world sizes within the attempt, [{"step", "world_size"}, ...] (runner/state/elastic.py),
+    # and the newest generation the training side reported
+    world_sizes: list | None = None
+    world_generation: int = 0
 
     @classmethod
     def from_row(cls, row: Row, nodes: tuple[AttemptNode, ...] = ()) -> Attempt:
@@ -143,7 +150,8 @@ class Attempt:
                    row["nan_steps"], row["first_step"], _float_or_none(row["first_step_at"]), row["last_step"],
                    _float_or_none(row["last_step_at"]), _float_or_none(row["boot_seconds"]), _float_or_none(row["setup_seconds"]),
                    _float_or_none(row["restore_seconds"]), nodes,
-                   _loads(row["standby"]) if row.get("standby") else None)
+                   _loads(row["standby"]) if row.get("standby") else None,
+                   _loads(row["world_sizes"]) if row.get("world_sizes") else None, row.get("world_generation") or 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,8 @@ class Marker:
 
 @dataclass
 class Segment:
-    kind: str    # "boot", "setup" or "restore": a phase of the attempt's start on this lane's node
+    kind: str    # "boot", "setup" or "restore": a phase of the attempt's start on this lane's node; "narrow":
+    #              a stretch an elastic gang trained with fewer nodes
     x: float
     width: float
     title: str
@@ -106,8 +107,10 @@ def layout(attempts: list[dict], notices: dict[int, list[dict]], commits: list[d
         ended = row["ended"] or now
         checkpoint_marks = [Marker("checkpoint", round(x_of(c["time"]), 1), f"checkpoint of step {c['step']} committed")
                             for c in commits if c["attempt"] == row["attempt"]]
+        narrow = _narrow_stretches(row, ended)
         for lane in _lanes_of(row):
-            x, right = x_of(row["started"]), x_of(ended)
+            # an elastic gang's node is on its lane from its launch into the attempt until it left it
+            x, right = x_of(max(row["started"], lane["joined"] or 0.0)), x_of(min(ended, lane["left"] or ended))
             bar = Lane(attempt=row["attempt"], label=lane["label"], reason=lane["reason"], y=y, x=round(x, 1),
                        width=round(max(MIN_BAR, right - x), 1), title=_title(row, lane))
             lost = row.get("lost_seconds") or 0.0
@@ -120,7 +123,10 @@ def layout(attempts: list[dict], notices: dict[int, list[dict]], commits: list[d
             if lane["rank"] in (None, 0):  # a gang's checkpoint is one for every node: marked on node 0's lane
                 bar.markers += checkpoint_marks
                 bar.gap = _gap(row, x_of)
-            bar.phases = _phases(row, lane["phases"], x_of)
+            bar.phases = _phases({**row, "started": lane["joined"] or row["started"]}, lane["phases"], x_of)
+            bar.phases += [Segment("narrow", round(x_of(a), 1), round(max(1.0, x_of(b) - x_of(a)), 1),
+                                   f"the gang trained with {n} of {row['num_nodes']} nodes")
+                           for a, b, n in narrow if _in_world_from(lane) <= a and b <= (lane["left"] or ended)]
             lanes.append(bar)
             y += LANE
         y += ATTEMPT_GAP
@@ -134,11 +140,13 @@ def _lanes_of(row: dict) -> list[dict]:
     nodes = row.get("nodes") or []
     if not nodes:
         return [{"rank": None, "label": f"#{row['attempt']} {where}", "reason": row["end_reason"], "ended_it": True,
+                 "joined": None, "left": None,
                  "phases": {phase: row.get(f"{phase}_seconds") for phase in PHASES}}]
     lanes = []
     for node in nodes:
         reason = node["end_reason"] if node["end_reason"] in LEGEND else row["end_reason"]
         lanes.append({"rank": node["rank"], "reason": reason,
+                      "joined": _unix(node.get("joined_at")), "left": _unix(node.get("left_at")),
                       "label": f"#{row['attempt']} node {node['rank']} · {node['zone']} · {node['instance_type']}",
                       "ended_it": node["end_reason"] not in (EndReason.KEPT, EndReason.RELEASED),
                       "phases": {phase: node.get(f"{phase}_seconds") for phase in PHASES}})
@@ -146,6 +154,41 @@ def _lanes_of(row: dict) -> list[dict]:
 
 
 PHASES = ("boot", "setup", "restore")
+
+
+def _narrow_stretches(row: dict, ended: float) -> list[tuple[float, float, int]]:
+    """An elastic attempt's stretches with fewer nodes than the job's: (from, to, nodes). A node counts from
+    when its replacement could join (its launch plus its boot and setup) until it left."""
+    nodes = row.get("nodes") or []
+    if not any(n.get("left_at") for n in nodes):
+        return []
+    spans = []
+    for node in nodes:
+        joined = _unix(node.get("joined_at"))
+        if joined is not None:
+            joined += (node.get("boot_seconds") or 0.0) + (node.get("setup_seconds") or 0.0)
+        spans.append((joined if joined is not None else row["started"], _unix(node.get("left_at")) or ended))
+    times = sorted({t for span in spans for t in span if row["started"] <= t <= ended} | {row["started"], ended})
+    stretches = []
+    for a, b in zip(times, times[1:]):
+        count = sum(1 for start, end in spans if start <= a and b <= end)
+        if b > a and count < row["num_nodes"]:
+            if stretches and stretches[-1][1] == a and stretches[-1][2] == count:
+                stretches[-1] = (stretches[-1][0], b, count)
+            else:
+                stretches.append((a, b, count))
+    return stretches
+
+
+def _in_world_from(lane: dict) -> float:
+    """When a lane's node could train in its elastic world: at once, or a replacement once booted and set up."""
+    if lane["joined"] is None:
+        return 0.0
+    return lane["joined"] + (lane["phases"].get("boot") or 0.0) + (lane["phases"].get("setup") or 0.0)
+
+
+def _unix(iso: str | None) -> float | None:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
 
 
 def _phases(row: dict, seconds: dict, x_of) -> list[Segment]:

@@ -54,3 +54,13 @@ def test_preempting_a_rank_the_job_does_not_have_names_the_valid_ranks(tmp_path,
     result = runner("preempt", job_id, "--node", "2")
     assert result.returncode == 2 and "0 to 1" in result.stderr
     runner("cancel", job_id)
+
+
+def test_validate_and_submit_refuse_min_nodes_above_num_nodes_alike(tmp_path, runner, controller):
+    """Exit 2 from both, naming resources.min_nodes and its bound; nothing is submitted."""
+    path = write_job(tmp_path / "job", GANG.format(nodes="2, min_nodes: 3"))
+    for command in ("validate", "submit"):
+        result = runner(command, str(path))
+        assert result.returncode == 2, (command, result.stderr)
+        assert "resources.min_nodes" in result.stderr and "resources.num_nodes (2)" in result.stderr
+    assert runner.json("jobs") == []

@@ -28,6 +28,11 @@ BAD = [
     ("name: ok\nrun: x\nresources: {spot_policy: cheap}", "resources.spot_policy"),
     ("name: ok\nrun: x\nresources: {max_price_per_hour: -1}", "resources.max_price_per_hour"),
     ("name: ok\nrun: x\nresources: {cpus: many}", "resources.cpus"),
+    ("name: ok\nrun: x\nresources: {num_nodes: 3, min_nodes: 4}", "resources.min_nodes"),
+    ("name: ok\nrun: x\nresources: {min_nodes: 2}", "resources.min_nodes"),
+    ("name: ok\nrun: x\nresources: {num_nodes: 3, min_nodes: 0}", "resources.min_nodes"),
+    ("name: ok\nrun: x\nresources: {num_nodes: 3, min_nodes: '2'}", "resources.min_nodes"),
+    ("name: ok\nrun: x\nresources: {num_nodes: 3, min_nodes: 1.5}", "resources.min_nodes"),
     ("name: ok\nrun: x\ncheckpoint: {keep: 0}", "checkpoint.keep"),
     ("name: ok\nrun: x\ncheckpoint: {interval: 5 minutes}", "checkpoint.interval"),
     ("name: ok\nrun: x\ncheckpoint: {intervall: 5m}", "checkpoint.intervall"),
@@ -111,3 +116,12 @@ def test_accelerators_may_list_alternatives_in_order():
     assert spec.resources.accelerator_options() == [("A100", 1), ("L4", 1), ("T4", 1)]
     assert parse_job(GOOD + "resources: {accelerators: 'L4:1'}").resources.accelerator_options() == [("L4", 1)]
     assert parse_job(GOOD).resources.accelerator_options() == []
+
+
+def test_min_nodes_below_num_nodes_makes_a_gang_elastic_and_defaults_to_num_nodes():
+    """Not set: num_nodes (not elastic); equal to num_nodes: not elastic either; below it: elastic."""
+    plain = parse_job("name: ok\nrun: x\nresources: {num_nodes: 3}", "job.yaml").resources
+    assert (plain.min_nodes, plain.fewest_nodes, plain.elastic) == (None, 3, False)
+    assert not parse_job("name: ok\nrun: x\nresources: {num_nodes: 3, min_nodes: 3}", "job.yaml").resources.elastic
+    elastic = parse_job("name: ok\nrun: x\nresources: {num_nodes: 3, min_nodes: 2}", "job.yaml").resources
+    assert (elastic.fewest_nodes, elastic.elastic) == (2, True)

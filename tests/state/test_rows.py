@@ -13,12 +13,13 @@ from runner.state.rows import Attempt, AttemptNode, Event, Job, Node
 
 SQLITE_ONLY = "the table's columns are read with SQLite's PRAGMA table_info (the schema is the same on both)"
 ROWS = {"jobs": Job, "attempts": Attempt, "attempt_nodes": AttemptNode, "nodes": Node, "events": Event}
-JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress", "standby"}
+JSON_COLUMNS = {"spec", "checkpoint", "notice", "drill", "offer", "progress", "standby", "world_sizes"}
 # The JSON columns whose value has a type of its own (runner/spec/stored.py, runner/state/values.py): each holds
 # what a controller writes there, and comes back as its type, which turns into the same JSON again.
 TYPED = {"spec": {"name": "job", "workdir": ".", "setup": None, "run": "true", "env": {"A": "1"},
                   "resources": {"cloud": None, "accelerators": "T4:1", "cpus": None, "memory_gb": None,
-                                "regions": None, "spot_policy": "spot", "max_price_per_hour": None, "num_nodes": 1},
+                                "regions": None, "spot_policy": "spot", "max_price_per_hour": None, "num_nodes": 1,
+                                "min_nodes": None},
                   "checkpoint": {"local_dir": None, "durable_url": None, "interval": "auto", "keep": 3},
                   "recovery": {"max_preemptions": 50, "max_failures": 2, "resume_drill": "10m", "deadline": None,
                                "total_steps": None, "prepare_on": ["notice"], "standby_timeout": "10m"},

@@ -114,3 +114,27 @@ def test_a_gangs_phases_are_each_nodes_own_and_a_phase_of_no_time_is_not_drawn()
               "setup_seconds": 0.0, "restore_seconds": None}]
     lanes = timeline.layout([_row(1, T0, None, "running", nodes=nodes)], {}, [], now=T0 + 100).lanes
     assert lanes[0].phases == [] and [p.kind for p in lanes[1].phases] == ["boot"]
+
+
+def test_an_elastic_gangs_lanes_show_who_was_in_and_the_narrower_stretch():
+    """Node 1 left at 100 s; its replacement (rank 3) was launched then and joined after 10 s of boot and 20 s of
+    setup: node 1's bar ends at 100 s, rank 3's starts there, and the survivors' lanes mark 100 to 130 s as the
+    stretch with 2 of 3 nodes."""
+    def iso(t):
+        from runner.wire import iso as to_iso
+        return to_iso(t)
+
+    def node(rank, reason, **extra):
+        return {"rank": rank, "node": f"n-{rank}", "zone": "local-a", "instance_type": "sim-t4", "end_reason": reason,
+                **extra}
+    nodes = [node(0, "running"), node(1, "lost", joined_at=None, left_at=iso(T0 + 100)), node(2, "running"),
+             node(3, "running", joined_at=iso(T0 + 100), left_at=None, boot_seconds=10.0, setup_seconds=20.0)]
+    row = _row(1, T0, None, "running", num_nodes=3, nodes=nodes)
+    lanes = timeline.layout([row], {}, [], now=T0 + 200).lanes
+    x_of = lambda t: timeline.GUTTER + t * (timeline.WIDTH - timeline.GUTTER - timeline.RIGHT) / 200
+    assert abs(lanes[1].x + lanes[1].width - x_of(100)) < 0.2 and abs(lanes[3].x - x_of(100)) < 0.2
+    for survivor in (lanes[0], lanes[2]):
+        (narrow,) = [p for p in survivor.phases if p.kind == "narrow"]
+        assert abs(narrow.x - x_of(100)) < 0.2 and abs(narrow.x + narrow.width - x_of(130)) < 0.2
+        assert "2 of 3 nodes" in narrow.title
+    assert not [p for p in lanes[1].phases + lanes[3].phases if p.kind == "narrow"]

@@ -63,3 +63,50 @@ def kill_session(sid: int, timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
+
+
+def _parents() -> dict[int, int]:
+    """Every live process's parent, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            found[int(entry.name)] = int(fields[1])
+    return found
+
+
+def tree_members(root: int, sid: int) -> list[int]:
+    """The session's processes and every descendant of them and of ``root``, wherever they went (torchrun starts
+    its workers in sessions of their own)."""
+    parents = _parents()
+    members = set(session_members(sid)) | ({root} if root in parents else set())
+    grew = True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in members} - members
+        members |= more
+        grew = bool(more)
+    return sorted(members)
+
+
+def kill_tree(root: int, timeout: float = 5.0) -> None:
+    """SIGKILL a node's whole process tree at once, as a vanished VM's processes all stop, and wait for it.
+    The tree is read before any is killed, so a worker is not orphaned out of reach first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        members = tree_members(root, root)
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)

@@ -24,7 +24,7 @@ from ..base import DefaultCheckpoints, DescribesInBatch, HoldsGangs, LaunchReque
 from ..errors import NoCapacityError, ProviderError
 from ..offers import Offer
 from ...local_durable import throttle_environment
-from .processes import kill_session, process_ref
+from .processes import kill_session, kill_tree, process_ref
 
 log = structlog.get_logger(__name__)
 
@@ -208,6 +208,14 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
         log.info("notice injected", node=node_id, cloud=cloud, grace_seconds=grace)
         return grace
 
+
+    def vanish(self, node_id: str) -> None:
+        """The node vanishes without a notice: every process of it (the job's workers too) is killed at once. Its
+        describe then says it is gone, not preempted, so its attempt counts it ``lost``."""
+        node_dir = self.node_dir(node_id)
+        if (node_dir / "ref").exists():
+            kill_tree(int((node_dir / "ref").read_text().split(":")[0]))
+        log.info("node vanished", node=node_id)
 
     def inject_rebalance(self, node_id: str) -> None:
         """Deliver an AWS rebalance recommendation (an early sign, not a notice) through the node's metadata server."""

@@ -1,0 +1,98 @@
+"""An elastic gang through the real app on the in-memory provider: the heartbeat's ``world`` action (repeated until
+the agent says it knows the generation), a notice that shrinks the world, a notice that cannot (the node is told to
+checkpoint and stop), the exit report of a node that left, and ``POST /v1/agent/world`` with its token checks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runner.controller.app import ControllerState, create_app
+from runner.controller.auth import hash_token
+from runner.controller.logstore import LogStore
+from runner.state.gangs import GangStore
+
+from scheduler_world import make_world
+
+ADMIN = "admin-token"
+
+
+@pytest.fixture
+def world(db_url):
+    world = make_world(db_url)
+    world.ctx.token_hasher = hash_token
+    return world
+
+
+@pytest.fixture
+def api(world, tmp_path):
+    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
+    with TestClient(create_app(state)) as client:
+        yield client
+
+
+def elastic_gang(world, api, min_nodes=2) -> tuple[str, dict[int, dict]]:
+    """A running 3-node elastic gang whose agents have registered; each rank's node headers."""
+    job_id = world.submit(resources={"num_nodes": 3, "min_nodes": min_nodes})
+    world.tick()
+    ranks = world.store.current_attempt(job_id).nodes
+    headers = {r.rank: {"Authorization": f"Bearer {world.ctx.node_token(r.node_id)}"} for r in ranks}
+    for rank in (0, 1, 2):  # the last registration completes the gang
+        answer = api.post("/v1/agent/register", json={"address": f"10.0.0.{rank}"}, headers=headers[rank]).json()
+    assert answer["gang"]["elastic"] is True and answer["gang"]["min_nodes"] == min_nodes
+    assert world.store.job(job_id).state == "RUNNING"
+    return job_id, headers
+
+
+def beat(api, headers, generation=0):
+    return api.post("/v1/agent/heartbeat", json={"phase": "running", "generation": generation},
+                    headers=headers).json()
+
+
+def notice(api, headers):
+    body = {"kind": "notice", "data": {"source": "aws", "action": "terminate", "deadline": None, "prepare": True}}
+    assert api.post("/v1/agent/events", json=body, headers=headers).json()["accepted"] is True
+
+
+def test_a_notice_shrinks_the_world_and_each_survivor_hears_it_until_it_knows_it(world, api):
+    job_id, headers = elastic_gang(world, api)
+    assert beat(api, headers[0]) == {"action": "continue"}
+    notice(api, headers[1])
+    told = beat(api, headers[2])
+    assert told["action"] == "world"
+    assert {k: told["world"][k] for k in ("generation", "node_rank", "nnodes", "master_addr")} == {
+        "generation": 1, "node_rank": 1, "nnodes": 2, "master_addr": "10.0.0.0"}
+    assert beat(api, headers[2]) == told  # repeated: the agent has not said it knows generation 1
+    assert beat(api, headers[2], generation=1) == {"action": "continue"}
+    assert beat(api, headers[1]) == {"action": "continue"}  # on notice and out of the world: it trains on, untold
+    # Its job then stops (it has no new world); its exit report ends nothing, and its node goes
+    answer = api.post("/v1/agent/exit", json={"reason": "stopped-by-peer", "exit_code": 0}, headers=headers[1])
+    assert answer.json()["action"] == "shutdown"
+    current = world.store.current_attempt(job_id)
+    assert current.attempt == 1 and world.store.job(job_id).state == "RUNNING"
+    assert {r.rank: r.end_reason for r in current.nodes}[1] == "preempted"
+
+
+def test_a_notice_that_would_leave_too_few_tells_the_node_to_checkpoint_and_stop(world, api):
+    """min_nodes 3 of 3 is not elastic; with min_nodes 2, a second notice while shrunk is the case."""
+    job_id, headers = elastic_gang(world, api)
+    notice(api, headers[1])
+    notice(api, headers[2])  # 1 of 3 would remain
+    assert beat(api, headers[2], generation=1)["action"] == "checkpoint"
+    assert world.store.current_attempt(job_id).attempt == 1  # its exit report ends the attempt, as for any gang
+
+
+def test_the_world_report_is_kept_for_the_callers_own_job_only(world, api):
+    job_id, headers = elastic_gang(world, api)
+    other_id, other_headers = elastic_gang(world, api)
+    change = {"generation": 1, "step": 140, "world_size": 2, "previous_world_size": 3}
+    assert api.post("/v1/agent/world", json=change).status_code == 401
+    assert api.post("/v1/agent/world", json=change, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert api.post("/v1/agent/world", json=change, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 403
+    assert api.post("/v1/agent/world", json={**change, "step": -1}, headers=headers[0]).status_code == 422
+    assert api.post("/v1/agent/world", json=change, headers=headers[0]).json() == {"accepted": True}
+    rows = api.get(f"/v1/jobs/{job_id}/restarts", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    assert rows[0]["world_sizes"] == [{"step": 0, "world_size": 3}, {"step": 140, "world_size": 2}]
+    assert world.store.current_attempt(other_id).world_sizes is None  # the token names the job, not the body
