@@ -88,6 +88,7 @@ class Agent(AgentCore):
             self.on_op(op, self.stop_progress.on_message)
         self.on_op(Op.HELLO, self._on_hello)
         self.on_op(Op.WORLD_CHANGED, self._on_world_changed)
+        self.assignment: dict = {}  # the controller's answer to the registration (run())
         self.elastic = ElasticWorld(self.send_control, self._report_world)  # an elastic gang's worlds
         self.launcher_watch: LauncherWatch | None = None
 

@@ -61,8 +61,13 @@ def _iso_ms(ts: float | None) -> str | None:
 def attempt_cost(attempt: Attempt, now: float | None = None) -> float:
     """Per-second billing from launch to end (or to now for the running attempt), summed over every node."""
     end = attempt.ended_at or now or time.time()
-    per_hour = sum(n.price_per_hour for n in attempt.nodes) if attempt.nodes else attempt.price_per_hour
-    return round(per_hour * max(0.0, end - attempt.started_at) / 3600.0 + standby_cost(attempt, now), 6)
+    if not attempt.nodes:
+        return round(attempt.price_per_hour * max(0.0, end - attempt.started_at) / 3600.0
+                     + standby_cost(attempt, now), 6)
+    # each node billed while it was in the attempt (an elastic gang's nodes join and leave)
+    seconds = [(n.price_per_hour, max(0.0, min(end, n.left_at or end) - max(attempt.started_at, n.joined_at or 0.0)))
+               for n in attempt.nodes]
+    return round(sum(price * s for price, s in seconds) / 3600.0 + standby_cost(attempt, now), 6)
 
 
 def standby_cost(attempt: Attempt, now: float | None = None) -> float:
@@ -79,7 +84,8 @@ def node_rows(attempt: Attempt) -> list[dict]:
     """The restart-log ``nodes`` of a multi-node attempt: one object per node rank."""
     return [{"rank": n.rank, "node": n.node_id, "zone": n.zone, "instance_type": n.instance_type,
              "price_per_hour": n.price_per_hour, "spot": n.spot, "end_reason": n.end_reason,
-             "boot_seconds": n.boot_seconds, "setup_seconds": n.setup_seconds, "restore_seconds": n.restore_seconds}
+             "boot_seconds": n.boot_seconds, "setup_seconds": n.setup_seconds, "restore_seconds": n.restore_seconds,
+             **({"joined_at": iso(n.joined_at), "left_at": iso(n.left_at)} if n.joined_at or n.left_at else {})}
             for n in attempt.nodes]
 
 
@@ -126,6 +132,8 @@ def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float |
     if attempt.num_nodes > 1:
         row["num_nodes"] = attempt.num_nodes
         row["nodes"] = node_rows(attempt)
+    if attempt.world_sizes is not None or any(n.joined_at or n.left_at for n in attempt.nodes):
+        row["world_sizes"] = attempt.world_sizes or []  # an elastic gang's: each change with its step
     return row
 
 

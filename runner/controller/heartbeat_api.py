@@ -37,7 +37,7 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
     phase, progress, generation = _beat(body)
     state.heartbeats.record(node["id"], time.time(), {"phase": phase, **(progress or {})})
     action = _action_from_view(node)
-    if action == CONTINUE and node["attempt_current"] and _is_elastic(node["spec"]):  # its world may have changed
+    if action == Action.CONTINUE and node["attempt_current"] and _is_elastic(node["spec"]):  # its world may have changed
         told = await _off_the_loop(state, elastic.heartbeat_world, state.store, node, generation)
         if told is not None:
             return {"action": told[0], **({"world": told[1]} if told[1] is not None else {})}

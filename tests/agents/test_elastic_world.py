@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from agents.elastic import ElasticWorld, LauncherWatch
-from agents.gang import gang_environment
+from runner.protocol.environment import gang_environment
 
 WORLD = {"generation": 1, "node_rank": 1, "nnodes": 2, "master_addr": "10.0.0.1", "master_port": 29731}
 
@@ -58,6 +58,6 @@ def test_a_launcher_waiting_for_nodes_that_left_is_ended_once_every_process_has_
 def test_a_joining_replacement_gets_its_variables():
     gang = {"num_nodes": 1, "node_rank": 0, "node_ips": ["10.0.0.9"], "master_addr": "10.0.0.9", "master_port": 29600,
             "gpus_per_node": 1, "elastic": True, "elastic_join": True, "min_nodes": 2}
-    env = gang_environment({"gang": gang})
+    env = gang_environment(gang)
     assert env["RUNNER_ELASTIC_JOIN"] == "1" and env["RUNNER_MIN_NODES"] == "2" and env["RUNNER_NUM_NODES"] == "1"
-    assert "RUNNER_ELASTIC_JOIN" not in gang_environment({"gang": {**gang, "elastic_join": False}})
+    assert "RUNNER_ELASTIC_JOIN" not in gang_environment({**gang, "elastic_join": False})
