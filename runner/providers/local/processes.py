@@ -50,12 +50,17 @@ def session_members(sid: int) -> list[int]:
 
 def kill_session(sid: int, timeout: float = 5.0) -> None:
     """SIGKILL every process of a session, as a power-off would, and wait until they are gone."""
+    _kill_until_gone(lambda: session_members(sid), timeout)
+
+
+def _kill_until_gone(members, timeout: float) -> None:
+    """SIGKILL what ``members()`` lists, again and again, until it lists nothing or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while True:
-        members = session_members(sid)
-        if not members:
+        pids = members()
+        if not pids:
             return
-        for pid in members:
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -97,16 +102,4 @@ def tree_members(root: int, sid: int) -> list[int]:
 def kill_tree(root: int, timeout: float = 5.0) -> None:
     """SIGKILL a node's whole process tree at once, as a vanished VM's processes all stop, and wait for it.
     The tree is read before any is killed, so a worker is not orphaned out of reach first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        members = tree_members(root, root)
-        if not members:
-            return
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
+    _kill_until_gone(lambda: tree_members(root, root), timeout)
