@@ -70,7 +70,9 @@ def test_a_provider_whose_every_describe_hangs_holds_up_no_cancel_or_launch(batc
     d = world.submit(name="d")
     tick_until(world, lambda: world.store.job(b).state == "CANCELLED" and world.store.job(d).state == "PROVISIONING",
                "b's cancel and d's launch")
-    assert world.store.node(world.node(b).id).state == "terminated"
+    # b's terminate is asked for and answered on the provider's threads: a tick or two after the cancel
+    tick_until(world, lambda: world.store.node(world.node(b).id).state == "terminated", "b's node released")
+    assert world.ctx.describes.in_flight(world.node(a).id)  # with a's describe still hung all along
 
 
 def test_a_describe_answer_about_a_node_released_meanwhile_is_ignored(per_node):
