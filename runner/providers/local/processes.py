@@ -32,9 +32,8 @@ def ref_alive(ref: str | None) -> bool:
     return str(process_start_ticks(int(pid))) == ticks
 
 
-def session_members(sid: int) -> list[int]:
-    """Every live process whose session id is ``sid`` (the node and everything it started)."""
-    members = []
+def _live_processes():
+    """``(pid, stat fields after the command name)`` of every live (not zombie) process."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -43,9 +42,13 @@ def session_members(sid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+        if fields[0] != "Z":
+            yield int(entry.name), fields
+
+
+def session_members(sid: int) -> list[int]:
+    """Every live process whose session id is ``sid`` (the node and everything it started)."""
+    return [pid for pid, fields in _live_processes() if int(fields[3]) == sid]
 
 
 def kill_session(sid: int, timeout: float = 5.0) -> None:
@@ -72,18 +75,7 @@ def _kill_until_gone(members, timeout: float) -> None:
 
 def _parents() -> dict[int, int]:
     """Every live process's parent, by pid."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            found[int(entry.name)] = int(fields[1])
-    return found
+    return {pid: int(fields[1]) for pid, fields in _live_processes()}
 
 
 def tree_members(root: int, sid: int) -> list[int]:
