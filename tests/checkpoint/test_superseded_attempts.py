@@ -123,16 +123,16 @@ def test_an_attempt_that_ignores_should_stop_cannot_destroy_the_handed_over_chec
 
 
 def test_an_attempt_cut_off_from_the_runner_stops_committing_once_a_newer_one_started(tmp_path):
-    """Attempt 1 never hears that it was replaced and keeps saving (keep: 100, so it prunes nothing itself).
-    Attempt 2 (keep: 2) marks the folder at start: attempt 1 commits nothing more, attempt 2's retention is
+    """Attempt 1 never hears that it was replaced and keeps saving (keep: a million, so it prunes nothing itself
+    however many steps it runs while attempt 2 starts). Attempt 2 (keep: 2) marks the folder at start: attempt 1 commits nothing more, attempt 2's retention is
     not undone, and attempt 3 resumes from attempt 2's last commit."""
     durable = tmp_path / "durable"
-    old = Attempt(tmp_path, 1, durable, keep=100)
+    old = Attempt(tmp_path, 1, durable, keep=10**6)
     new = None
     try:
         known = old.number("saved", at_least=3)  # what the controller last heard of, say
         new = Attempt(tmp_path, 2, durable, resume_step=known)
-        assert new.number("ready") == known
+        assert new.number("ready") == known, new.errors
         seen_marker = old.number("saved", at_least=old.last_saved() + 8)
         reached = new.number("saved", at_least=known + 4)
         old.finish()
