@@ -12,7 +12,7 @@ from typing import Callable
 import structlog
 
 from runner.protocol.events import EventKind
-from runner.protocol.messages import Op, Recorded
+from runner.protocol.messages import CheckpointRequest, Op, Recorded, StopReason
 
 from .config import AgentConfig
 from .control import ControlServer
@@ -97,7 +97,10 @@ class AgentCore:
             self.reporter.event(EventKind.NOTICE, {**data, "prepare": through,
                                                    "checkpoint_seconds": round(expected, 3)})
             if through:
-                self.train_through = TrainThrough(notice, expected, self.emergency.start, self.send_control).start()
+                if not self.checkpoint_clock.measured:
+                    self._measure_a_checkpoint_now(notice)
+                self.train_through = TrainThrough(notice, self.checkpoint_clock.expected, self.emergency.start,
+                                                  self.send_control).start()
             else:
                 self.emergency.start(notice)
         else:
@@ -105,6 +108,13 @@ class AgentCore:
                                                          "taking an opportunistic checkpoint", **data})
             sent = self.send_control(rebalance_message(notice))
             log.info("opportunistic checkpoint requested", source=notice.source, kind=notice.kind, delivered_to=sent)
+
+    def _measure_a_checkpoint_now(self, notice: Notice) -> None:
+        """No durable commit timed yet (the notice came before the first periodic checkpoint): a checkpoint now,
+        training on, times one, so the emergency checkpoint starts early enough for a state of any size, and
+        leaves a durable step from the notice's start should the last one miss the reclaim."""
+        sent = self.send_control(CheckpointRequest(StopReason.NOTICE, stop=False).to_json())
+        log.info("notice before any timed checkpoint: one now, to time it", source=notice.source, delivered_to=sent)
 
     # --- what the training library says -------------------------------------------
     def _recorded_by_controller(self, fields: dict):

@@ -17,7 +17,9 @@ stop is then taken at the first of:
   controller releases the replacement.
 
 The expected duration is the library's own measure: the ``seconds`` of its recent durable commits (from the
-start of the save to the commit on the durable tier), or a conservative default before the first.
+start of the save to the commit on the durable tier), or a default before the first. A notice before any
+timed commit asks for a checkpoint at once (training on) to time one, and the timer re-reads the expected
+duration while it waits.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ MARGIN_SECONDS = 3.0               # on top of the expected duration: saves vary
 MARGIN_SHARE = 0.25                # ... or this share of it, when larger
 MIN_LEAD_SECONDS = 5.0             # less time than this to train on: stop at once, as before
 FALSE_NOTICE_GRACE_SECONDS = 5.0   # still running this long after the deadline: the notice was false
+RECHECK_SECONDS = 0.5              # how often the timer re-reads the expected checkpoint time
 
 
 class CheckpointClock:
@@ -62,6 +65,11 @@ class CheckpointClock:
         durable = max(self._seconds) if self._seconds else DEFAULT_CHECKPOINT_SECONDS
         return max(durable, max(self._local, default=0.0))
 
+    @property
+    def measured(self) -> bool:
+        """Has a durable commit been timed? Before one, ``expected`` is a guess that a large state outgrows."""
+        return bool(self._seconds)
+
 
 def lead_seconds(seconds_left: float | None, expected: float) -> float:
     """How long training may go on before the emergency checkpoint must start (<= 0: start it now)."""
@@ -83,10 +91,12 @@ def trains_through(notice: Notice, expected: float) -> bool:
 class TrainThrough:
     """Waits for the controller's word or the timer, whichever comes first (see the module's doc)."""
 
-    def __init__(self, notice: Notice, expected: float, stop_now: Callable[[Notice], None],
+    def __init__(self, notice: Notice, expected: float | Callable[[], float], stop_now: Callable[[Notice], None],
                  send: Callable[[dict], int]):
         self.notice = notice
-        self.expected = expected
+        # Read again while training goes on: a commit measured during the notice (see AgentCore.on_notice)
+        # moves the moment the emergency checkpoint must start.
+        self.expected = expected if callable(expected) else (lambda: expected)
         self.stop_now = stop_now  # the emergency path: checkpoint, stop, hand over
         self.send = send          # the control channel
         self._word = threading.Event()
@@ -102,15 +112,16 @@ class TrainThrough:
     def _run(self) -> None:
         left = self.notice.seconds_left() or 0.0
         deadline_unix = time.time() + left
-        lead = lead_seconds(left, self.expected)
         log.info("notice: training goes on while the replacement gets ready", seconds_left=round(left, 1),
-                 checkpoint_in=round(lead, 1), expected_checkpoint_seconds=round(self.expected, 2))
-        if self._word.wait(max(0.0, lead)):
+                 checkpoint_in=round(lead_seconds(left, self.expected()), 1),
+                 expected_checkpoint_seconds=round(self.expected(), 2))
+        if self._wait_for_word_until_the_checkpoint_must_start(deadline_unix):
             log.info("the replacement is ready (or none is coming): emergency checkpoint now")
             self.stop_now(self.notice)
             return
         log.warning("the deadline nears and the replacement is not ready: durable checkpoint, then hold",
-                    seconds_left=round(deadline_unix - time.time(), 1))
+                    seconds_left=round(deadline_unix - time.time(), 1),
+                    expected_checkpoint_seconds=round(self.expected(), 2))
         self.send(CheckpointRequest(StopReason.NOTICE, stop=False, deadline=deadline_unix, hold=True).to_json())
         if self._word.wait(max(0.0, deadline_unix - time.time())):
             log.info("the replacement is ready: the held job stops")
@@ -119,3 +130,13 @@ class TrainThrough:
         time.sleep(max(0.0, deadline_unix + FALSE_NOTICE_GRACE_SECONDS - time.time()))
         log.warning("the deadline passed and this node still runs: a false notice; training goes on")
         self.send(Release().to_json())
+
+    def _wait_for_word_until_the_checkpoint_must_start(self, deadline_unix: float) -> bool:
+        """True at the controller's word; False once the deadline leaves only the checkpoint's reserve, as
+        the expected duration stands at each moment (re-read every RECHECK_SECONDS)."""
+        while True:
+            lead = lead_seconds(deadline_unix - time.time(), self.expected())
+            if lead <= 0:
+                return self._word.is_set()
+            if self._word.wait(min(lead, RECHECK_SECONDS)):
+                return True

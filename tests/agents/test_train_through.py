@@ -42,6 +42,7 @@ class Recorder:
     def __init__(self):
         self.sent: list[dict] = []
         self.stopped = threading.Event()
+        self.start = self.stop_now  # as EmergencyStop.start
 
     def send(self, message: dict) -> int:
         self.sent.append(message)
@@ -87,3 +88,63 @@ def test_the_word_during_the_hold_stops_the_job_and_no_word_by_the_deadline_rele
     while len(false.sent) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [m["op"] for m in false.sent] == ["checkpoint", "release"] and not false.stopped.is_set()
+
+
+def test_a_slower_commit_measured_during_the_notice_starts_the_emergency_checkpoint_sooner():
+    """The timer re-reads the expected checkpoint time: a 1 GB state's first durable commit, timed during the
+    notice, moves the hold earlier than the guess made at the notice said."""
+    recorder = Recorder()
+    clock = CheckpointClock()
+    clock.observe({"op": "committed", "durable": True, "seconds": 0.1})
+    notice = _notice(60.0)
+    TrainThrough(notice, clock.expected, recorder.stop_now, recorder.send).start()
+    time.sleep(0.2)
+    assert recorder.sent == []  # 60 s less 3.1 s: training goes on
+    clock.observe({"op": "committed", "durable": True, "seconds": 56.0})  # now 56 s + 25 % leaves none
+    deadline = time.monotonic() + 30
+    while not recorder.sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert recorder.sent and recorder.sent[0]["hold"] is True
+    assert notice.seconds_left() > 50  # long before the first estimate's moment (~57 s)
+
+
+class Control:
+    def __init__(self):
+        self.sent: list[dict] = []
+
+    def send(self, message: dict) -> int:
+        self.sent.append(message)
+        return 1
+
+
+class Events:
+    """The reporter: notices and commits reach the controller (not here)."""
+
+    def event(self, kind, fields, on_delivered=None):
+        pass
+
+
+def _core():
+    from agents.core import AgentCore
+
+    core = AgentCore(config=None, reporter=Events())
+    core.may_train_through = True
+    core.emergency = Recorder()  # the emergency path: not reached while training goes on
+    control = Control()
+    core.send_control = control.send
+    return core, control
+
+
+def test_a_notice_before_any_timed_checkpoint_asks_for_one_at_once_and_training_goes_on():
+    core, control = _core()
+    core.on_notice(_notice(120))
+    assert [(m["op"], m["stop"], m.get("hold", False)) for m in control.sent] == [("checkpoint", False, False)]
+    assert core.train_through is not None
+
+
+def test_a_notice_after_a_timed_checkpoint_asks_for_none_until_the_timer():
+    core, control = _core()
+    core.checkpoint_clock.observe({"op": "committed", "durable": True, "seconds": 0.5})
+    core.on_notice(_notice(120))
+    time.sleep(0.2)
+    assert control.sent == [] and core.train_through is not None
