@@ -188,9 +188,12 @@ class CheckpointPrefetch:
         self.fetched_bytes += target.stat().st_size
 
     def _drop_superseded(self, current: int) -> None:
-        """Folders this follower made for other steps, never committed here: it follows another one now."""
+        """Folders this follower made for other steps, never committed here: it follows another one now. The
+        newest complete one stays: should the upload followed now miss the reclaim (an emergency checkpoint cut
+        off), that is the step the controller hands over."""
         with self._lock:
-            old = [s for s in self._created if s != current]
+            keep = {current, max(self._complete, default=None)}
+            old = [s for s in self._created if s not in keep]
         for step in old:
             folder = self.local_root / step_folder(step)
             if not (folder / MANIFEST).exists():

@@ -85,6 +85,37 @@ def test_a_checkpoint_being_uploaded_is_followed_file_by_file(tmp_path):
         assert (tmp_path / "new-node" / folder_name(5) / name).read_bytes() == (committed / name).read_bytes()
 
 
+def test_a_complete_checkpoint_is_kept_while_a_newer_upload_is_followed_and_is_handed_over_at_once(tmp_path):
+    """The emergency checkpoint being uploaded may miss the reclaim: the controller then hands over the last
+    committed step, which the follower fetched before. Following the newer upload must not delete it, and the
+    handover must not wait for it again (it did, until the stall limit: 30 s, and the restore read it twice)."""
+    source = tmp_path / "source"
+    with Checkpointer(local_dir=source, model=_model(4)) as ckpt:
+        ckpt.save(5)
+        ckpt.save(9)
+        assert ckpt.wait(60)
+    durable = tmp_path / "durable"
+    shutil.copytree(source / folder_name(5), durable / folder_name(5))
+    prefetch = CheckpointPrefetch(f"file://{durable}", tmp_path / "new-node", poll_seconds=0.05).start()
+    try:
+        wanted = [p for p in (source / folder_name(5)).iterdir() if p.name != "manifest.json"]
+        here = tmp_path / "new-node" / folder_name(5)
+        _wait(lambda: all((here / p.name).is_file() for p in wanted))  # the newest, step 5, fetched
+        newer = durable / folder_name(9)
+        newer.mkdir()
+        first = sorted(p.name for p in (source / folder_name(9)).iterdir() if p.name != "manifest.json")[0]
+        shutil.copy(source / folder_name(9) / first, newer / first)  # the emergency upload, cut off by the reclaim
+        _wait(lambda: (tmp_path / "new-node" / folder_name(9) / first).is_file())
+        fetched = prefetch.fetched_bytes
+        assert prefetch.wait_for(5, timeout=120)
+        assert prefetch.fetched_bytes == fetched  # kept, not fetched again
+    finally:
+        prefetch.stop()
+    for path in (source / folder_name(5)).iterdir():
+        if path.name != "manifest.json":
+            assert (tmp_path / "new-node" / folder_name(5) / path.name).read_bytes() == path.read_bytes()
+
+
 def test_a_step_the_durable_tier_lacks_is_not_waited_for(tmp_path):
     (tmp_path / "durable").mkdir()
     prefetch = CheckpointPrefetch(f"file://{tmp_path / 'durable'}", tmp_path / "new-node", poll_seconds=0.05).start()
