@@ -31,7 +31,7 @@ A third measure, ``--goodput N``: one job on the AWS profile (trained through) p
 node-seconds between the first notice and the end of the last cycle (the job's first boot and setup, paid once
 per job, are left out), beside the job's whole-life ratio.
 
-    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1] [--goodput 0]
+    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1] [--goodput 0] [--root DIR]
 """
 
 from __future__ import annotations
@@ -178,9 +178,9 @@ def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _bench(name: str, profile: dict, scale: float) -> tuple[Path, Bench]:
+def _bench(name: str, profile: dict, scale: float, under: str | None = None) -> tuple[Path, Bench]:
     """A controller of its own whose local market has the profile's boot and durable bandwidth."""
-    root = Path(tempfile.mkdtemp(prefix=f"cloud-recovery-{name}-"))
+    root = Path(tempfile.mkdtemp(prefix=f"cloud-recovery-{name}-", dir=under))
     bench = Bench(root, time_scale=scale)
     config = yaml.safe_load((bench.home / "config.yaml").read_text())
     config["clouds"]["local"].update(boot_seconds=profile["boot_s"], durable_mb_per_s=profile["mb_per_s"])
@@ -195,16 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every duration and the checkpoint size")
     parser.add_argument("--goodput", type=int, default=0, metavar="N",
                         help="also: an AWS-profile job preempted every 10 minutes (times --scale), N times")
+    parser.add_argument("--root", default=None, metavar="DIR",
+                        help="where the controller's home, the nodes' local tiers and the durable tier live (default: "
+                             "the temporary folder). A cloud GPU node's local disk writes GB/s: where this machine's "
+                             "disk is slower than the durable tier's bandwidth, put them in memory (/dev/shm)")
     args = parser.parse_args(argv)
     names = [p for p in args.profiles.split(",") if p and p != "none"]
     unknown = [p for p in names if p not in PROFILES]
     if unknown or args.count < 1 or args.scale <= 0:
         parser.error(f"profiles are {', '.join(PROFILES)}; --count >= 1; --scale > 0")
-    print(f"machine: {machine()}; scale {args.scale:g}", flush=True)
+    print(f"machine: {machine()}; scale {args.scale:g}; files under {args.root or tempfile.gettempdir()}", flush=True)
     table = []
     if args.goodput > 0:
         profile = scaled(PROFILES["aws"], args.scale)
-        root, bench = _bench("goodput", profile, args.scale)
+        root, bench = _bench("goodput", profile, args.scale, args.root)
         try:
             bench.start()
             result = goodput_run(bench, root, profile, args.goodput, 600 * args.scale)
@@ -215,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               f"times): {result}", flush=True)
     for name in names:
         profile = scaled(PROFILES[name], args.scale)
-        root, bench = _bench(name, profile, args.scale)
+        root, bench = _bench(name, profile, args.scale, args.root)
         results: dict[str, list[dict]] = {path: [] for path in PATHS}
         try:
             bench.start()
