@@ -116,3 +116,49 @@ def test_a_file_is_visible_under_its_name_only_once_complete(tmp_path):
     fs.put_file(str(source), f"local-durable://{tmp_path / 'step-00000001' / 'skeleton.pkl'}")
     assert sorted(p.name for p in target.parent.iterdir()) == ["data-00000.bin", "skeleton.pkl"]
     assert fs.upload_streams == 1 and LocalDurableFileSystem().upload_streams is None
+
+
+class _Clock:
+    """A clock that moves only when told: every sleep oversleeps by 2 ms and every write takes 3 ms, as on a
+    busy machine; the bandwidth's arithmetic is checked against it, not against this machine's speed."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds + 0.002
+
+
+class _SlowSink:
+    def __init__(self, clock: _Clock):
+        self.clock = clock
+        self.written = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.clock.now += 0.003
+        self.written += len(chunk)
+
+
+@pytest.mark.parametrize("megabytes", [1, 64])
+def test_a_transfer_makes_up_the_time_lost_between_its_chunks_but_never_beats_the_bandwidth(monkeypatch, megabytes):
+    """200 MB/s: 1 MiB costs 5.2 ms of budget. Losing 5 ms a chunk (oversleep + write) for good moved 64 MiB at
+    101 MB/s; made up, it moves at the bandwidth, and no faster (at least N / rate from the first chunk)."""
+    import io
+
+    from runner import local_durable
+
+    clock = _Clock()
+    monkeypatch.setattr(local_durable, "time", clock)
+    bandwidth = local_durable.Bandwidth(200e6, "up", None)
+    monkeypatch.setattr(local_durable.Bandwidth, "_local_next", {})
+    size = megabytes << 20
+    sink = _SlowSink(clock)
+    started = clock.now
+    local_durable._copy(io.BytesIO(bytes(size)), sink, bandwidth)  # noqa: SLF001
+    seconds = clock.now - started
+    assert sink.written == size
+    assert seconds >= size / 200e6  # never faster than the bandwidth
+    assert seconds <= size / 200e6 + 0.010  # the lost time made up, but for the last chunk's write and oversleep
