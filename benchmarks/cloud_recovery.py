@@ -59,7 +59,7 @@ PROFILES = {
 }
 PATHS = {"trained through": "[notice]", "stop at once": "[]"}
 
-# The job: a small model plus a buffer that makes its checkpoint the profile's size; every step is printed
+# The job: a small model plus buffers that make its checkpoint the profile's size; every step is printed
 # with its wall-clock time, so the gap is read off the job's own clock.
 TRAINEE = """
 import os, time
@@ -69,7 +69,10 @@ from runner.checkpoint import Checkpointer
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 state_mb = float(os.environ["BENCH_STATE_MB"])
-model.register_buffer("ballast", torch.rand(max(1, int(state_mb * 1e6 / 4))))
+# As a model's state is many tensors: eight of an eighth each (a tensor is one file of the checkpoint, and
+# the replacement's download follows the upload file by file).
+for i in range(8):
+    model.register_buffer(f"ballast{i}", torch.rand(max(1, int(state_mb * 1e6 / 4 / 8))))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 ckpt = Checkpointer(model=model, optimizer=optimizer)
 step = ckpt.restore()
