@@ -96,16 +96,16 @@ def test_a_slower_commit_measured_during_the_notice_starts_the_emergency_checkpo
     recorder = Recorder()
     clock = CheckpointClock()
     clock.observe({"op": "committed", "durable": True, "seconds": 0.1})
-    notice = _notice(60.0)
+    notice = _notice(600.0)
     TrainThrough(notice, clock.expected, recorder.stop_now, recorder.send).start()
     time.sleep(0.2)
-    assert recorder.sent == []  # 60 s less 3.1 s: training goes on
-    clock.observe({"op": "committed", "durable": True, "seconds": 56.0})  # now 56 s + 25 % leaves none
-    deadline = time.monotonic() + 30
+    assert recorder.sent == []  # 600 s less 3.1 s: training goes on
+    clock.observe({"op": "committed", "durable": True, "seconds": 500.0})  # now 500 s + 25 % leaves none
+    deadline = time.monotonic() + 120
     while not recorder.sent and time.monotonic() < deadline:
         time.sleep(0.05)
     assert recorder.sent and recorder.sent[0]["hold"] is True
-    assert notice.seconds_left() > 50  # long before the first estimate's moment (~57 s)
+    assert notice.seconds_left() > 300  # long before the first estimate's moment (3.1 s before the deadline)
 
 
 class Control:
