@@ -97,10 +97,9 @@ class AgentCore:
             self.reporter.event(EventKind.NOTICE, {**data, "prepare": through,
                                                    "checkpoint_seconds": round(expected, 3)})
             if through:
-                if not self.checkpoint_clock.measured:
-                    self._measure_a_checkpoint_now(notice)
+                measure = None if self.checkpoint_clock.measured else lambda: self._measure_a_checkpoint_now(notice)
                 self.train_through = TrainThrough(notice, self.checkpoint_clock.expected, self.emergency.start,
-                                                  self.send_control).start()
+                                                  self.send_control, measure=measure).start()
             else:
                 self.emergency.start(notice)
         else:
@@ -110,7 +109,7 @@ class AgentCore:
             log.info("opportunistic checkpoint requested", source=notice.source, kind=notice.kind, delivered_to=sent)
 
     def _measure_a_checkpoint_now(self, notice: Notice) -> None:
-        """No durable commit timed yet (the notice came before the first periodic checkpoint): a checkpoint now,
+        """No durable commit timed yet (the notice came before the first periodic checkpoint): a checkpoint,
         training on, times one, so the emergency checkpoint starts early enough for a state of any size, and
         leaves a durable step from the notice's start should the last one miss the reclaim."""
         sent = self.send_control(CheckpointRequest(StopReason.NOTICE, stop=False).to_json())

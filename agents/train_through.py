@@ -18,8 +18,8 @@ stop is then taken at the first of:
 
 The expected duration is the library's own measure: the ``seconds`` of its recent durable commits (from the
 start of the save to the commit on the durable tier), or a default before the first. A notice before any
-timed commit asks for a checkpoint at once (training on) to time one, and the timer re-reads the expected
-duration while it waits.
+timed commit asks for a checkpoint (training on) to time one, two seconds in unless the controller's word came,
+and the timer re-reads the expected duration while it waits.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ MARGIN_SHARE = 0.25                # ... or this share of it, when larger
 MIN_LEAD_SECONDS = 5.0             # less time than this to train on: stop at once, as before
 FALSE_NOTICE_GRACE_SECONDS = 5.0   # still running this long after the deadline: the notice was false
 RECHECK_SECONDS = 0.5              # how often the timer re-reads the expected checkpoint time
+MEASURE_AFTER_SECONDS = 2.0        # no word from the controller by then: time a checkpoint (see TrainThrough)
 
 
 class CheckpointClock:
@@ -92,8 +93,12 @@ class TrainThrough:
     """Waits for the controller's word or the timer, whichever comes first (see the module's doc)."""
 
     def __init__(self, notice: Notice, expected: float | Callable[[], float], stop_now: Callable[[Notice], None],
-                 send: Callable[[dict], int]):
+                 send: Callable[[dict], int], measure: Callable[[], None] | None = None):
         self.notice = notice
+        # No durable commit timed yet: ``measure`` asks for a checkpoint (training on) to time one, unless the
+        # controller's word comes first (a job that does not prepare on notices hears it at once; a save then
+        # would only hold up its emergency checkpoint).
+        self.measure = measure
         # Read again while training goes on: a commit measured during the notice (see AgentCore.on_notice)
         # moves the moment the emergency checkpoint must start.
         self.expected = expected if callable(expected) else (lambda: expected)
@@ -115,6 +120,8 @@ class TrainThrough:
         log.info("notice: training goes on while the replacement gets ready", seconds_left=round(left, 1),
                  checkpoint_in=round(lead_seconds(left, self.expected()), 1),
                  expected_checkpoint_seconds=round(self.expected(), 2))
+        if self.measure is not None and not self._word.wait(min(MEASURE_AFTER_SECONDS, max(0.0, left))):
+            self.measure()
         if self._wait_for_word_until_the_checkpoint_must_start(deadline_unix):
             log.info("the replacement is ready (or none is coming): emergency checkpoint now")
             self.stop_now(self.notice)

@@ -135,11 +135,24 @@ def _core():
     return core, control
 
 
-def test_a_notice_before_any_timed_checkpoint_asks_for_one_at_once_and_training_goes_on():
+def test_a_notice_before_any_timed_checkpoint_asks_for_one_and_training_goes_on():
     core, control = _core()
     core.on_notice(_notice(120))
+    deadline = time.monotonic() + 120
+    while not control.sent and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [(m["op"], m["stop"], m.get("hold", False)) for m in control.sent] == [("checkpoint", False, False)]
-    assert core.train_through is not None
+    assert not core.emergency.stopped.is_set()
+
+
+def test_the_controllers_word_before_the_timing_checkpoint_leaves_only_the_emergency_one():
+    """A job that does not prepare on notices hears "checkpoint" at once: a timing save would hold it up."""
+    core, control = _core()
+    core.on_notice(_notice(120))
+    core.train_through.checkpoint_now()
+    assert core.emergency.stopped.wait(60)
+    time.sleep(0.1)
+    assert control.sent == []
 
 
 def test_a_notice_after_a_timed_checkpoint_asks_for_none_until_the_timer():
