@@ -12,11 +12,12 @@ node's rank among ``nnodes``, and the address of the new group's store). Then, i
   with none, ``should_stop`` turns true and the job recovers from its last checkpoint).
 
 Leaving means abandoning every group of the process (NCCL is aborted, not waited on), making the new
-default group over a TCPStore at the message's address, rebuilding the library's side groups, checking
-that the survivors are at one step, and broadcasting the registered objects' state from the lowest
-surviving rank, so the replicas are identical again (a step trained on local gradients during a loss
-leaves no divergence) and a joining process gets the state from a peer, not from storage. The samplers
-reshard the rest of the epoch over the new world. ``world_changed`` is then true for that one ``step()``.
+default group over a TCPStore at the message's address, rebuilding the library's side groups, and one
+all-gather (the census) of each rank's step, whether its replica may have diverged and its local folder:
+the survivors must be at one step. Then the state goes only where it is missing (peer_state.py): nowhere
+after a notice (the survivors hold it alike), to a joining process from a survivor, and after a loss (a step
+trained on local gradients) from the lowest survivor to every rank. The samplers reshard the rest of the
+epoch over the new world. ``world_changed`` is then true for that one ``step()``.
 
 A process started with ``RUNNER_ELASTIC_JOIN=1`` (a replacement joining a running gang) does the same in
 ``restore()``: it waits for its ``world`` message, joins, and receives the state and the step.

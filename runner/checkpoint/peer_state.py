@@ -148,7 +148,7 @@ def _padded(nbytes: int) -> int:
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor's bytes, as a 1-d uint8 view (no copy)."""
-    return tensor.reshape(-1).view(torch.uint8)
+    return tensor.detach().reshape(-1).view(torch.uint8)
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
@@ -230,7 +230,7 @@ def receive_state(link: Link, own: dict) -> dict:
     blob = torch.empty(int(length.item()), dtype=torch.uint8)
     link.recv(blob)
     skeleton, specs = pickle.loads(blob.numpy().tobytes())
-    mine = tensors_by_path(own)
+    mine = {path: tensor.detach() for path, tensor in tensors_by_path(own).items()}  # same storage, no autograd
     tensors: list[torch.Tensor | None] = [None] * len(specs)
     for i, spec in enumerate(specs):
         if spec.nbytes == 0:

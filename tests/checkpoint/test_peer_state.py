@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 from collections import OrderedDict
 
+import pytest
 import torch
 from torch import nn
 
@@ -77,6 +78,17 @@ def test_a_fresh_process_gets_the_whole_state_bitwise_into_its_own_parameters():
     assert link.sizes.count(300 * 1000 * 4) == 3 and len(link.sizes) == 6
 
 
+def test_parameters_themselves_are_filled_in_place():
+    """An object whose state_dict() hands out its parameters as they are (requiring grad) gets the bytes in them."""
+    model, _ = trained(0)
+    fresh = trained(1)[0]
+    link = QueueLink()
+    peer_state.send_state(link, model.state_dict(keep_vars=True))
+    got = peer_state.receive_state(link, fresh.state_dict(keep_vars=True))
+    assert same(fresh.state_dict(), model.state_dict())
+    assert got["0.weight"].data_ptr() == fresh[0].weight.data_ptr()
+
+
 def test_what_is_not_a_plain_tensor_still_arrives():
     """Mapping types and their attributes, tuples, empty and 0-d tensors, bools, non-contiguous views and
     sparse tensors (in the pickled skeleton) all come out as they went in."""
@@ -103,3 +115,16 @@ def test_a_tensor_of_another_shape_at_the_same_place_is_not_overwritten():
     got = peer_state.receive_state(link, {"a": mine_a, "b": mine_b})
     assert got["a"].shape == (2_000_000,) and got["a"].data_ptr() != mine_a.data_ptr() and not mine_a.any()
     assert got["b"].dtype == torch.float32 and not mine_b.any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_state_is_staged_through_host_memory():  # pragma: no cover - needs a GPU
+    """GPU tensors leave as host bytes and arrive on the host; load_state_dict puts them on the GPU."""
+    model, _ = trained(0)
+    model = model.cuda()
+    fresh = trained(1)[0].cuda()
+    link = QueueLink()
+    peer_state.send_state(link, {"model": model.state_dict()})
+    got = peer_state.receive_state(link, {"model": fresh.state_dict()})
+    fresh.load_state_dict(got["model"])
+    assert same(fresh.state_dict(), model.state_dict())
