@@ -15,7 +15,11 @@ the state a joining rank receives weighs about ``--state-mb`` MB. Figures (wall 
 * loss without notice: from the SIGKILL to the survivors' first step done in the new world (the world
   message is sent at once here; a controller's detection comes on top);
 * grow: from the moment the replacement is ready (its process connected and waiting in ``restore()``)
-  and the world is sent, to the first step done at full width; against 5 s + the state's size at 100 MB/s.
+  and the world is sent, to the first step done at full width; against 5 s + the state's size at 100 MB/s;
+* where each change's seconds go, phase by phase (the Checkpointer's record of its last change, read here
+  from a private attribute, and the user's DDP rebuild): waiting for saves in flight and for the world
+  message, the new default group, the side groups, the census, swapping the groups in (the old ones'
+  destructors), moving the state, DDP.
 """
 
 from __future__ import annotations
@@ -224,7 +228,8 @@ def main() -> int:
         state_mb = args.state_mb + 2 * 2 * args.width * args.width * 4 / 2**20
         goal_grow = 5 + state_mb / 100
         load = os.getloadavg()[0]
-        print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before, {load:.1f} after; 3 ranks of {args.width}-wide MLP, "
+        print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before, {load:.1f} after; "
+              f"3 ranks of {args.width}-wide MLP, "
               f"state ~{state_mb:.0f} MB")
         print("| figure | value | baseline | ratio |")
         print("| --- | --- | --- | --- |")
@@ -239,7 +244,7 @@ def main() -> int:
         print(f"| grow: replacement ready to a step done at full width | {joined - ready:.2f} s | {goal_grow:.1f} s "
               f"(goal: 5 s + {state_mb:.0f} MB at 100 MB/s) | {(joined - ready) / goal_grow:.2f} |")
         print("\nwhere a change's seconds go (rank 0; the joiner's restore() for the grow):")
-        names = ("saves", "world_wait", "group", "side_groups", "census", "state", "ddp")
+        names = ("saves", "world_wait", "group", "side_groups", "census", "swap_groups", "state", "ddp")
         print("| change | " + " | ".join(names) + " |")
         print("| --- " * (len(names) + 1) + "|")
         for what, phases in (("shrink (notice)", changes[0]["phases"]), ("grow, rank 0", changes[1]["phases"]),

@@ -431,6 +431,7 @@ class Elastic:
         ranks.folder_leader = ckpt._persister.folder_leader = census.folder_leader(ranks.rank)
         ckpt._agreement = StepAgreement(ranks.steps)
         ckpt.telemetry.rank = ranks.rank
+        phases.done("swap_groups")  # mostly the old side groups' destructors (gloo joins its threads)
         moved = share_state(ranks.steps, census, ckpt.objects, ckpt.extra)
         for obj in ckpt.objects.values():
             if isinstance(obj, ResumableSampler):
