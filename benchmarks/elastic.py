@@ -15,7 +15,11 @@ the state a joining rank receives weighs about ``--state-mb`` MB. Figures (wall 
 * loss without notice: from the SIGKILL to the survivors' first step done in the new world (the world
   message is sent at once here; a controller's detection comes on top);
 * grow: from the moment the replacement is ready (its process connected and waiting in ``restore()``)
-  and the world is sent, to the first step done at full width; against 5 s + the state's size at 100 MB/s.
+  and the world is sent, to the first step done at full width; against 5 s + the state's size at 100 MB/s;
+* where each change's seconds go, phase by phase (the Checkpointer's record of its last change, read here
+  from a private attribute, and the user's DDP rebuild): waiting for saves in flight and for the world
+  message, the new default group, the side groups, the census, swapping the groups in (the old ones'
+  destructors), moving the state, DDP.
 """
 
 from __future__ import annotations
@@ -61,9 +65,13 @@ def rank_program(args) -> int:
     ckpt = Checkpointer(model=model, optimizer=optimizer, ballast=Ballast(args.state_mb), local_dir=args.local_dir,
                         interval="1h")
     step = ckpt.restore()
+    joined = time.time()
     ddp = nn.parallel.DistributedDataParallel(model)
     x = torch.randn(32, args.width)
     out = open(args.report, "a")
+    phases = ckpt._elastic.last_phases  # a joiner's restore(): how its change's seconds went (not a public API)
+    if phases is not None:
+        out.write(json.dumps({"join": phases.seconds, "ddp": time.time() - joined}) + "\n")
     while step < args.steps:
         started = time.time()
         loss = ddp(x).square().mean()
@@ -75,10 +83,14 @@ def rank_program(args) -> int:
         ckpt.step(step)
         if ckpt.should_stop:
             break
+        changed = time.time()
         if ckpt.world_changed:
             ddp = nn.parallel.DistributedDataParallel(model)
-        out.write(json.dumps({"step": step, "world": ckpt.world_size, "rank": ckpt.rank, "start": started,
-                              "stepped": stepped, "end": time.time(), "changed": ckpt.world_changed}) + "\n")
+        line = {"step": step, "world": ckpt.world_size, "rank": ckpt.rank, "start": started, "stepped": stepped,
+                "end": time.time(), "changed": ckpt.world_changed}
+        if ckpt.world_changed:
+            line["phases"] = {**ckpt._elastic.last_phases.seconds, "ddp": round(line["end"] - changed, 4)}
+        out.write(json.dumps(line) + "\n")
         out.flush()
         while Path(args.gate).read_text().strip() and step >= int(Path(args.gate).read_text()):
             Path(f"{args.gate}.{os.getpid()}").write_text(str(step))
@@ -118,6 +130,10 @@ class Node:
                           "master_addr": "127.0.0.1", "master_port": port})
 
     def lines(self) -> list[dict]:
+        """The report's step lines."""
+        return [line for line in self.records() if "step" in line]
+
+    def records(self) -> list[dict]:
         return [json.loads(line) for line in self.report.read_text().splitlines()] if self.report.is_file() else []
 
 
@@ -165,6 +181,7 @@ def main() -> int:
     if args.rank_program:
         return rank_program(args)
     s = args.steps // 6  # full width until s, 2 ranks to 3s, full width to 5s, then a kill
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(args, Path(tmp))
         bench.hold(s)
@@ -188,6 +205,7 @@ def main() -> int:
             bench.hold(5 * s)
             bench.held([a, b, joiner], 5 * s)
             joined = min(line["end"] for line in joiner.lines())
+            join_phases = next(r for r in joiner.records() if "join" in r)
             joiner.proc.send_signal(signal.SIGKILL)
             killed = time.time()
             port = free_port()
@@ -210,7 +228,8 @@ def main() -> int:
         state_mb = args.state_mb + 2 * 2 * args.width * args.width * 4 / 2**20
         goal_grow = 5 + state_mb / 100
         load = os.getloadavg()[0]
-        print(f"machine: {os.cpu_count()} cores, load average {load:.1f}; 3 ranks of {args.width}-wide MLP, "
+        print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before, {load:.1f} after; "
+              f"3 ranks of {args.width}-wide MLP, "
               f"state ~{state_mb:.0f} MB")
         print("| figure | value | baseline | ratio |")
         print("| --- | --- | --- | --- |")
@@ -224,6 +243,14 @@ def main() -> int:
               f"{after_kill / 10:.2f} |")
         print(f"| grow: replacement ready to a step done at full width | {joined - ready:.2f} s | {goal_grow:.1f} s "
               f"(goal: 5 s + {state_mb:.0f} MB at 100 MB/s) | {(joined - ready) / goal_grow:.2f} |")
+        print("\nwhere a change's seconds go (rank 0; the joiner's restore() for the grow):")
+        names = ("saves", "world_wait", "group", "side_groups", "census", "swap_groups", "state", "ddp")
+        print("| change | " + " | ".join(names) + " |")
+        print("| --- " * (len(names) + 1) + "|")
+        for what, phases in (("shrink (notice)", changes[0]["phases"]), ("grow, rank 0", changes[1]["phases"]),
+                             ("grow, joiner", {**join_phases["join"], "ddp": join_phases["ddp"]}),
+                             ("loss", changes[2]["phases"])):
+            print(f"| {what} | " + " | ".join(f"{phases[n]:.2f}" if n in phases else "-" for n in names) + " |")
         print(f"median step at full width {statistics.median(l['end'] - l['start'] for l in lines[:s]) * 1e3:.0f} ms")
     return 0
 

@@ -12,11 +12,12 @@ node's rank among ``nnodes``, and the address of the new group's store). Then, i
   with none, ``should_stop`` turns true and the job recovers from its last checkpoint).
 
 Leaving means abandoning every group of the process (NCCL is aborted, not waited on), making the new
-default group over a TCPStore at the message's address, rebuilding the library's side groups, checking
-that the survivors are at one step, and broadcasting the registered objects' state from the lowest
-surviving rank, so the replicas are identical again (a step trained on local gradients during a loss
-leaves no divergence) and a joining process gets the state from a peer, not from storage. The samplers
-reshard the rest of the epoch over the new world. ``world_changed`` is then true for that one ``step()``.
+default group over a TCPStore at the message's address, rebuilding the library's side groups, and one
+all-gather (the census) of each rank's step, whether its replica may have diverged and its local folder:
+the survivors must be at one step. Then the state goes only where it is missing (peer_state.py): nowhere
+after a notice (the survivors hold it alike), to a joining process from a survivor, and after a loss (a step
+trained on local gradients) from the lowest survivor to every rank. The samplers reshard the rest of the
+epoch over the new world. ``world_changed`` is then true for that one ``step()``.
 
 A process started with ``RUNNER_ELASTIC_JOIN=1`` (a replacement joining a running gang) does the same in
 ``restore()``: it waits for its ``world`` message, joins, and receives the state and the step.
@@ -24,15 +25,18 @@ A process started with ``RUNNER_ELASTIC_JOIN=1`` (a replacement joining a runnin
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
 
 from runner.protocol import messages as msg
 
-from . import tolerant_group
+from . import peer_state, tolerant_group
 from .errors import CheckpointError, RestoreError
+from .group import GlooComm, folder_identity
 from .log import get_logger
 from .sampler import ResumableSampler
 
@@ -81,7 +85,7 @@ class World:
     master_port: int
 
     @classmethod
-    def parse(cls, message: dict) -> "World | None":
+    def parse(cls, message: dict) -> World | None:
         try:
             world = cls(int(message["generation"]), int(message["node_rank"]), int(message["nnodes"]),
                         str(message["master_addr"]), int(message["master_port"]))
@@ -165,39 +169,132 @@ def enter(world: World) -> tuple[int, int]:
 
     rank, size = world.rank_and_size()
     tolerant_group.abandon()
+    if rank != 0:  # see _await_listener
+        _await_listener(world.master_addr, world.master_port, tolerant_group.timeout().total_seconds())
     store = dist.TCPStore(world.master_addr, world.master_port, size, is_master=rank == 0,
                           timeout=tolerant_group.timeout(), wait_for_workers=False)
     tolerant_group.init_default(dist.PrefixStore(f"runner-elastic/{world.generation}/", store), rank, size)
     return rank, size
 
 
-def share_state(comm, step: int | None, objects: dict, extra: dict) -> int:
-    """Make every rank's registered state the lowest surviving rank's (collective on ``comm``); the agreed step.
+def _await_listener(host: str, port: int, seconds: float) -> None:
+    """Wait until the new rank 0's store accepts connections. A TCPStore client that finds no listener backs
+    off for half a second or more before it tries again, and the ranks of a new world arrive within
+    milliseconds of each other, so most changes paid that pause; polling every 10 ms here does not."""
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, end - time.monotonic()))):
+                return
+        except OSError:
+            if time.monotonic() >= end:
+                return  # the store's own connect reports it, with its message
+            time.sleep(0.01)
 
-    Survivors pass their step, a joining process None. Survivors at different steps cannot go on together
-    (the step numbers are the user's): a CheckpointError on every rank."""
+
+def side_groups(timeout) -> tuple[GlooComm, GlooComm, GlooComm]:
+    """The library's three gloo side groups (steps, writer, uploader) over the new default group's ranks
+    (group.py says why three)."""
     import torch.distributed as dist
 
-    steps = comm.gather(step)
-    survivors = sorted({s for s in steps if s is not None})
-    if not survivors:
-        raise CheckpointError("no rank of the new world has the training state: every rank is joining")
-    if len(survivors) > 1:
-        raise CheckpointError(f"the surviving ranks left their process group at different steps ({survivors}); "
-                              "they cannot go on together")
-    source = next(r for r, s in enumerate(steps) if s is not None)
-    payload = [None]
-    if comm.rank == source:
-        payload[0] = {"objects": {name: obj.state_dict() for name, obj in objects.items()}, "extra": dict(extra)}
-    dist.broadcast_object_list(payload, src=source, group=comm.group)
-    if comm.rank != source:
-        for name, obj in objects.items():
-            obj.load_state_dict(payload[0]["objects"][name])
-        extra.update(payload[0]["extra"])
-    for obj in objects.values():
-        if isinstance(obj, ResumableSampler):
-            obj.reshard(comm.world_size, comm.rank)
-    return survivors[0]
+    rank, size = dist.get_rank(), dist.get_world_size()
+    return tuple(GlooComm(dist.new_group(backend="gloo", timeout=timeout), rank, size) for _ in range(3))
+
+
+@dataclass(frozen=True)
+class Census:
+    """What each rank of a new world brings to it, from one all-gather: its step (None: a joining process),
+    whether its replica may differ from the others' (it trained a step on its own gradients), and which
+    local folder it writes into."""
+
+    steps: list[int | None]
+    diverged: list[bool]
+    folders: list[int]
+
+    @classmethod
+    def take(cls, comm, step: int | None, diverged: bool, local_root) -> Census:
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([-1 if step is None else int(step), int(diverged), _folder_key(local_root)],
+                            dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(comm.world_size)]
+        dist.all_gather(everyone, mine, group=comm.group)
+        rows = [row.tolist() for row in everyone]
+        return cls([None if s < 0 else s for s, _, _ in rows], [bool(d) for _, d, _ in rows], [f for _, _, f in rows])
+
+    def agreed_step(self) -> int:
+        """The step every survivor left at; a CheckpointError on every rank when they differ or none is there."""
+        survivors = sorted({s for s in self.steps if s is not None})
+        if not survivors:
+            raise CheckpointError("no rank of the new world has the training state: every rank is joining")
+        if len(survivors) > 1:
+            raise CheckpointError(f"the surviving ranks left their process group at different steps ({survivors}); "
+                                  "they cannot go on together")
+        return survivors[0]
+
+    def folder_leader(self, rank: int) -> bool:
+        """The lowest rank writing into this rank's local folder prepares and commits it."""
+        return min(r for r, f in enumerate(self.folders) if f == self.folders[rank]) == rank
+
+
+def _folder_key(local_root) -> int:
+    """A 63-bit digest of this rank's host and local folder (ranks alike share the folder)."""
+    digest = hashlib.blake2b(repr(folder_identity(local_root)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
+
+
+def share_state(comm, census: Census, objects: dict, extra: dict) -> int:
+    """Give the ranks of the new world that lack the state the lowest survivor's (collective on ``comm``);
+    the bytes this rank sent or received. Survivors of a notice hold it already: nothing moves. A joining
+    rank gets it from a survivor. After a loss the survivors may differ: the lowest one's goes to every rank.
+    (peer_state.py says how it travels.)"""
+    survivors = [r for r, s in enumerate(census.steps) if s is not None]
+    joiners = [r for r, s in enumerate(census.steps) if s is None]
+    rank = comm.rank
+    if any(census.diverged):
+        link = peer_state.Broadcast(comm.group, survivors[0])
+        return _send(link, objects, extra) if rank == survivors[0] else _receive(link, objects, extra)
+    moved = 0
+    for i, joiner in enumerate(joiners):  # spread over the survivors: each sends to its own joiners in turn
+        sender = survivors[i % len(survivors)]
+        if rank == sender:
+            moved += _send(peer_state.PointToPoint(comm.group, joiner), objects, extra)
+        elif rank == joiner:
+            moved += _receive(peer_state.PointToPoint(comm.group, sender), objects, extra)
+    return moved
+
+
+def _send(link, objects: dict, extra: dict) -> int:
+    return peer_state.send_state(link, {"objects": {name: obj.state_dict() for name, obj in objects.items()},
+                                        "extra": dict(extra)})
+
+
+def _receive(link, objects: dict, extra: dict) -> int:
+    own = {"objects": {name: obj.state_dict() for name, obj in objects.items()}, "extra": {}}
+    state = peer_state.receive_state(link, own)
+    for name, obj in objects.items():
+        obj.load_state_dict(state["objects"][name])
+    extra.update(state["extra"])
+    return sum(t.nbytes for t in peer_state.tensors_by_path(state).values())
+
+
+class Phases:
+    """Seconds spent in each phase of a change of world, for the log and the benchmark."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.moved_mb = 0.0  # the state this rank sent or received
+        self._last = time.monotonic()
+
+    @property
+    def total(self) -> float:
+        return round(sum(self.seconds.values()), 3)
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = round(now - self._last, 4)
+        self._last = now
 
 
 class Elastic:
@@ -207,6 +304,7 @@ class Elastic:
         self.ckpt = checkpointer
         self.inbox = WorldInbox()
         self.changed = False  # true for the one step() call at which the world changed
+        self.last_phases: Phases | None = None  # how the last change's seconds were spent
         self.wait_s = wait_seconds()
 
     def on_world(self, message: dict) -> None:
@@ -253,23 +351,25 @@ class Elastic:
 
     def _leave_group(self, step: int, broken: bool) -> None:
         ckpt = self.ckpt
-        started = time.monotonic()
+        phases = Phases()
         leaving_request = ckpt._agreement.last_request
         ckpt._agreement.forget()
         if not broken:  # saves in flight finish on the old group, which every rank of it still serves
             ckpt.wait(self.wait_s)
+        phases.done("saves")
         tolerant_group.abandon()  # first: peers stuck in a collective with this rank get an error now
         world = self.inbox.wait(self.wait_s, give_up=lambda: self._stop_asked(leaving_request) is not None)
+        phases.done("world_wait")
         if world is None:
             asked = self._stop_asked(leaving_request)
             reason = asked.reason if asked is not None else "lost"
             log.warning("this rank left its process group and no new world came for it; stopping (the job "
                         "recovers from its last checkpoint)" if broken else "this rank is leaving the gang",
-                        step=step, waited_s=round(time.monotonic() - started, 2), reason=reason)
+                        step=step, waited_s=phases.total, reason=reason)
             self._stop(step, reason)
             return
         try:
-            self._move(world, step)
+            self._move(world, step, broken, phases)
         except Exception as exc:  # noqa: BLE001 - the training cannot go on in no group: stop and recover
             log.error("moving to the new world failed; stopping (the job recovers from its last checkpoint)",
                       step=step, generation=world.generation, error=f"{type(exc).__name__}: {exc}")
@@ -278,7 +378,7 @@ class Elastic:
             return
         log.info("the world changed", step=step, generation=world.generation, rank=ckpt._ranks.rank,
                  world_size=ckpt._ranks.world_size, after="loss" if broken else "agreement",
-                 seconds=round(time.monotonic() - started, 3))
+                 seconds=phases.total, phases=phases.seconds, state_mb=phases.moved_mb)
 
     def _stop_asked(self, request):
         """A stop request this rank holds: the one it put into the last round, or one that came since."""
@@ -303,28 +403,42 @@ class Elastic:
         if world is None:
             raise RestoreError(f"this process was started to join an elastic gang ({JOIN_ENV}=1) but no world "
                                f"message came within {self.wait_s:.0f} s; is the agent's control channel there?")
-        started = time.monotonic()
-        step = self._move(world, None)
+        phases = Phases()
+        step = self._move(world, None, False, phases)
         log.info("joined the gang", step=step, generation=world.generation, rank=self.ckpt._ranks.rank,
-                 world_size=self.ckpt._ranks.world_size, seconds=round(time.monotonic() - started, 3))
+                 world_size=self.ckpt._ranks.world_size, seconds=phases.total,
+                 phases=phases.seconds, state_mb=phases.moved_mb)
         return step
 
-    def _move(self, world: World, step: int | None) -> int:
-        """Enter ``world``, rebuild the Checkpointer's side groups in place, share the state; the agreed step."""
+    def _move(self, world: World, step: int | None, diverged: bool, phases: Phases) -> int:
+        """Enter ``world``, rebuild the Checkpointer's side groups in place, give the state to the ranks that
+        lack it; the agreed step. ``step`` is None on a joining process; ``diverged``: this rank trained a
+        step on its own gradients (a collective failed), so its replica may differ from the others'."""
         from .agreement import StepAgreement
-        from .group import join
 
         ckpt = self.ckpt
         enter(world)
-        fresh = join(ckpt.local.root, timeout=tolerant_group.timeout())
+        phases.done("group")
+        fresh = side_groups(tolerant_group.timeout())
+        phases.done("side_groups")
+        census = Census.take(fresh[0], step, diverged, ckpt.local.root)
+        agreed = census.agreed_step()
+        phases.done("census")
         ranks = ckpt._ranks
-        for old, new in ((ranks.steps, fresh.steps), (ranks.writer, fresh.writer), (ranks.uploader, fresh.uploader)):
+        for old, new in zip((ranks.steps, ranks.writer, ranks.uploader), fresh):
             old.group, old.rank, old.world_size = new.group, new.rank, new.world_size  # the persister holds these
-        ranks.rank, ranks.world_size, ranks.folder_leader = fresh.rank, fresh.world_size, fresh.folder_leader
-        ckpt._persister.folder_leader = fresh.folder_leader
+        ranks.rank, ranks.world_size = fresh[0].rank, fresh[0].world_size
+        ranks.folder_leader = ckpt._persister.folder_leader = census.folder_leader(ranks.rank)
         ckpt._agreement = StepAgreement(ranks.steps)
-        ckpt.telemetry.rank = fresh.rank
-        agreed = share_state(ranks.steps, step, ckpt.objects, ckpt.extra)
+        ckpt.telemetry.rank = ranks.rank
+        phases.done("swap_groups")  # mostly the old side groups' destructors (gloo joins its threads)
+        moved = share_state(ranks.steps, census, ckpt.objects, ckpt.extra)
+        for obj in ckpt.objects.values():
+            if isinstance(obj, ResumableSampler):
+                obj.reshard(ranks.world_size, ranks.rank)
+        phases.done("state")
+        phases.moved_mb = round(moved / 2**20, 1)
+        self.last_phases = phases
         self.inbox.accept(world)
         self.changed = True
         if ranks.rank == 0:

@@ -5,8 +5,8 @@ fail is usually inside the user's DDP backward, where an exception would end the
 job's default group is a ``TolerantGroup``: a Python ``ProcessGroup`` around the real backend's group whose
 collectives record an error instead of raising it. The failed collective completes locally with the
 rank's own (unreduced) tensors, later ones complete at once without communicating, and the next
-``Checkpointer.step()`` sees ``broken`` and moves the survivors to a new group, where rank 0's state is
-broadcast over every replica (so the step trained on local gradients leaves no trace of divergence).
+``Checkpointer.step()`` sees ``broken`` and moves the survivors to a new group, where the lowest survivor's
+state is broadcast over every replica (so the step trained on local gradients leaves no trace of divergence).
 The idea is torchft's (its process groups record errors for its manager to act on), cut down to what DDP
 needs: the work's future completes with a value whatever happened.
 

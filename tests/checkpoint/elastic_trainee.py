@@ -55,6 +55,13 @@ def held(gate: Path, step: int) -> bool:
         return False
 
 
+def dump(path: str, step: int, model, optimizer, sampler, extra: dict) -> None:
+    """The state every rank of a new world must hold alike (the sampler's own rank and RNG state aside)."""
+    place = {k: v for k, v in sampler.state_dict().items() if k != "torch_rng"}
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sampler": place,
+                "extra": dict(extra)}, f"{path}.{os.getpid()}.{step}.pt")
+
+
 def main(argv) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, required=True)
@@ -62,14 +69,19 @@ def main(argv) -> int:
     p.add_argument("--report", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--gate")
+    p.add_argument("--dump", help="write the registered state at each change of world to DUMP.<pid>.<step>.pt")
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
     model, optimizer = build()
     dataset = Indexed()
     sampler = ResumableSampler(dataset, shuffle=True, seed=3)
     loader = DataLoader(dataset, batch_size=2, sampler=sampler)
-    ckpt = Checkpointer(model=model, optimizer=optimizer, sampler=sampler, local_dir=args.local_dir, interval="1h")
+    extra = {"samples_seen": 0}  # this rank's own count; a joining rank takes its sender's
+    ckpt = Checkpointer(model=model, optimizer=optimizer, sampler=sampler, local_dir=args.local_dir, interval="1h",
+                        extra=extra)
     step = ckpt.restore()
+    if args.dump and step > 0:  # a joining process: what it received from a peer
+        dump(args.dump, step, model, optimizer, sampler, extra)
     ddp = nn.parallel.DistributedDataParallel(model)
     batches = iter(loader)
     report = open(f"{args.report}.{os.getpid()}.jsonl", "a")
@@ -86,7 +98,10 @@ def main(argv) -> int:
         loss.backward()
         optimizer.step()
         step += 1
+        extra["samples_seen"] += len(index)
         ckpt.step(step)
+        if args.dump and ckpt.world_changed:
+            dump(args.dump, step, model, optimizer, sampler, extra)
         report.write(json.dumps({"step": step, "world": ckpt.world_size, "rank": ckpt.rank, "pid": os.getpid(),
                                  "epoch": epoch, "indices": index.tolist(), "changed": ckpt.world_changed,
                                  "stop": ckpt.should_stop, "reason": ckpt.stop_reason}) + "\n")

@@ -69,7 +69,8 @@ class Node:
             env["RUNNER_ELASTIC_JOIN"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, str(TRAINEE), "--steps", str(gang.steps), "--local-dir", str(gang.tmp / f"local{rank}"),
-             "--report", str(gang.tmp / "report"), "--out", str(gang.tmp / "model"), "--gate", str(gang.gate)],
+             "--report", str(gang.tmp / "report"), "--out", str(gang.tmp / "model"), "--gate", str(gang.gate),
+             "--dump", str(gang.tmp / "state")],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def received(self, op: str) -> list[dict]:
@@ -133,6 +134,11 @@ class Gang:
     def model(self, node: Node) -> dict:
         return torch.load(self.tmp / f"model.{node.proc.pid}.pt")
 
+    def state_at(self, node: Node, step: int) -> dict:
+        """The registered state the rank held right after the change of world at ``step`` (or, on a joining
+        process, right after restore())."""
+        return torch.load(self.tmp / f"state.{node.proc.pid}.{step}.pt")
+
 
 @pytest.fixture
 def gang(tmp_path):
@@ -148,6 +154,19 @@ def world_sizes(lines: list[dict]) -> list[tuple[int, int]]:
 
 def equal_models(a: dict, b: dict) -> bool:
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def bitwise_equal(a, b) -> bool:
+    """Trees equal to the bit: tensors of the same dtype and shape with the same bytes."""
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and sorted(a, key=str) == sorted(b, key=str) and all(bitwise_equal(a[k], b[k])
+                                                                                      for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(bitwise_equal(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def replay(lines: list[dict]) -> dict:
@@ -218,6 +237,13 @@ def test_shrink_by_notice_then_grow_back(gang, tmp_path, uninterrupted):
     assert lines[c][-1]["stop"] and lines[c][-1]["step"] == shrink["step"]
     assert equal_models(gang.model(a), gang.model(b)) and equal_models(gang.model(a), gang.model(joiner))
     assert joiner.received("restored")[0]["step"] == grow[0]["step"]  # from a peer: its own folder is empty
+    # At each change every rank holds the same state, to the bit: the survivors of the notice (nothing moved
+    # between them) and the joiner (model, optimizer moments, sampler place and extra from a survivor).
+    assert bitwise_equal(gang.state_at(a, shrink["step"]), gang.state_at(b, shrink["step"]))
+    at_join = gang.state_at(a, grow[0]["step"])
+    assert at_join["optimizer"]["state"] and at_join["extra"]["samples_seen"] > 0
+    assert bitwise_equal(at_join, gang.state_at(b, grow[0]["step"]))
+    assert bitwise_equal(at_join, gang.state_at(joiner, grow[0]["step"]))
     # Every step's work counted once: the weights are those of the steps the ranks report, replayed here.
     everyone = [line for node in lines for line in lines[node]]
     expected = replay(everyone)
@@ -255,6 +281,8 @@ def test_vanished_ranks_leave_through_the_failed_collective_twice(gang):
     changes = world_sizes(lines)
     assert [w for _, w in changes] == [2, 1]
     assert changes[0][0] == 4 and changes[1][0] == 8  # the step of the first collective after each loss
+    # The step trained on local gradients left the two replicas apart; the change made them one again.
+    assert bitwise_equal(gang.state_at(a, 4), gang.state_at(b, 4))
     assert [m["world_size"] for m in a.received("world_changed")] == [2, 1]
     assert lines[-1]["step"] == STEPS and not lines[-1]["stop"]
 

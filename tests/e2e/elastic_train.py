@@ -37,7 +37,17 @@ def main() -> int:
     ddp = nn.parallel.DistributedDataParallel(model)
     print(f"pid {os.getpid()} rank {ckpt.rank} of {ckpt.world_size} from step {step}", flush=True)
     batches = iter(loader)
+    checked = None
     while step < args.steps:
+        # Every rank ends at the same step: the flag is all-reduced over the current world every 20 steps, here at
+        # the top of the loop, where a replacement that joined at such a step takes part too (it enters the loop
+        # at the step the survivors changed world, after its DDP build as they after their rebuild).
+        if args.finish and step % 20 == 0 and step != checked:
+            checked = step
+            flag = torch.tensor([float(os.path.exists(args.finish))])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item():
+                break
         try:
             xb, yb = next(batches)
         except StopIteration:
@@ -58,11 +68,6 @@ def main() -> int:
             print(f"pid {os.getpid()} step {step} world changed: rank {ckpt.rank} of {ckpt.world_size}", flush=True)
         if step % 20 == 0:
             print(f"pid {os.getpid()} step {step} world {ckpt.world_size}", flush=True)
-            if args.finish:  # every rank ends at the same step: the flag is all-reduced over the current world
-                flag = torch.tensor([float(os.path.exists(args.finish))])
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                if flag.item():
-                    break
     ckpt.close()
     print(f"pid {os.getpid()} done at step {step}", flush=True)
     return 0
