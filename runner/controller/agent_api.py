@@ -116,7 +116,8 @@ def _prepared_registration(state, node: Node) -> dict:
         # Its process may start before the handover and wait in restore() (agents/prestart.py) where the job is
         # known to restore through runner.checkpoint: the running attempt reported a restore.
         running = next((a for a in state.store.attempts(job.id) if a.attempt == node.prepared_for), None)
-        assignment["prestart"] = running is not None and running.restore_seconds is not None
+        # Not a gang's: its launcher needs the next attempt's rendezvous, which exists only once the gang stops.
+        assignment["prestart"] = running is not None and running.restore_seconds is not None and job.num_nodes == 1
         return {"status": RegisterStatus.PREPARE, "assignment": assignment}
     return {"status": RegisterStatus.WAITING, "retry_seconds": 0.2,
             "message": "ready; waiting for the job's node on notice to hand over"}
