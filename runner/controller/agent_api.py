@@ -214,12 +214,12 @@ def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
     state = _state(request)
     if body.reason not in AGENT_EXIT_REASONS:
         raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(AGENT_EXIT_REASONS)}")
-    if state.store.job(who.node.job_id).num_nodes > 1:
-        return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
     if who.node.attempt == PREPARED and who.node.prepared_for is not None:  # its setup failed: it is not needed
         release_failed_standby(state.store, who.node, body.exit_code, body.message)
         state.scheduler.nudge.set()
         return {"state": None}
+    if state.store.job(who.node.job_id).num_nodes > 1:
+        return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
     if body.reason == EndReason.STOPPED_BY_PEER:
         raise HTTPException(422, f"reason: '{EndReason.STOPPED_BY_PEER}' is for a node of a multi-node job only")
     if body.reason == "drill":

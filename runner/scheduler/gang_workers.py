@@ -21,6 +21,7 @@ from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
 from ..state.gangs import GangStore
+from ..state.standbys import PREPARED
 from ..state.rows import Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..protocol.events import EndReason
@@ -197,8 +198,11 @@ def _watch_formation(ctx, gangs: GangStore, current, now: float) -> None:
 
 
 def gang_node_gone(ctx, node: Node, reason: str, why: str) -> None:
-    """A gang's node vanished: end the attempt it holds a rank in, or, between attempts, give it up."""
+    """A gang's node vanished: end the attempt it holds a rank in, or, between attempts, give it up (a replacement
+    prepared during a notice holds no rank yet: it is only released)."""
     store, gangs = ctx.store, GangStore(ctx.store)
+    if node.attempt == PREPARED and node.prepared_for is not None:
+        return
     latest = gangs.latest_for_node(node.id)
     attempt = latest.attempt if latest else node.attempt
     if elastic.node_leaves(store, ctx.providers, node.job_id, attempt, node.rank, reason, why):
