@@ -13,8 +13,8 @@ Two threads, so that the durable tier can never hold up the training or the loca
 An **emergency** checkpoint of one process does not wait for the local tier: its upload starts from the
 staged buffer as soon as the state is staged, beside the local write (``_upload_from_buffer``). The time to
 durable is what a short notice allows, and the local disk (its write and fsync) is then out of that path.
-It is as atomic as any upload (the manifest, with every file's checksum taken from the same bytes, written
-last, so a crash mid-way leaves the previous checkpoint the newest) and is fenced the same way; the buffer
+It is as atomic as any upload (the manifest, with every file's checksum taken from the bytes as they are
+sent, written last, so a crash mid-way leaves the previous checkpoint the newest) and is fenced the same way; the buffer
 is handed back to staging once both the local write and the upload have read it.
 
 Under torch.distributed both threads are collective (``Ranks.writer`` / ``Ranks.uploader``): the local
@@ -333,11 +333,12 @@ class Persister:
         error, manifest = self._fenced(job), None
         try:
             if error is None:
-                entries = [{"name": n, "bytes": memoryview(d).nbytes, "checksum": digest(d)} for n, d in files.items()]
+                self.durable.uncommit(job.step)
+                checksums = self.durable.put_buffers(job.step, files, DEFAULT_ALGORITHM)  # hashed as they go
+                entries = [{"name": n, "bytes": memoryview(d).nbytes, "checksum": checksums[n]}
+                           for n, d in files.items()]
                 manifest = Manifest(job.step, entries, DEFAULT_ALGORITHM, job.attempt, job.job_id, job.emergency,
                                     layout=FLAT, world_size=1)
-                self.durable.uncommit(job.step)
-                self.durable.put_buffers(job.step, files)
                 job.own_files = job.own_files or list(files)
         except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the training
             error = exc
