@@ -120,7 +120,9 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
     """The answer to the heartbeat of a node of an attempt on notice: for a gang, only its node on notice is told
     to checkpoint (its request reaches every rank through the process group); the others train on."""
     now = now or time.time()
-    if node.get("rank") is not None and _gang_peer_of_the_noticed_node(store, node):
+    spec = node.get("spec")  # (the heartbeat's view has it: a single node's beat needs no further read)
+    gang = spec is None or spec.resources.num_nodes > 1
+    if gang and node.get("rank") is not None and _gang_peer_of_the_noticed_node(store, node):
         return Action.CONTINUE
     standby = StandbyStore(store).live(node["job_id"])
     if standby is None:

@@ -223,3 +223,19 @@ def test_a_gang_replacement_whose_rank_is_still_held_is_released(world):
 def test_an_elastic_gang_prepares_no_replacement_this_way(world):
     job_id, (_, node1) = _running_gang(world, min_nodes=1)
     assert standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120) is None
+
+
+def test_a_false_notice_to_a_gang_node_releases_its_replacement_and_the_gang_trains_on(world):
+    job_id, (node0, node1) = _running_gang(world)
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    deadline = time.time() - standby.FALSE_NOTICE_GRACE_SECONDS - 1  # the deadline is long past
+    prepared_id = standby.prepare(world.ctx, node1, standby.NOTICE, deadline=deadline)
+    with world.store.db.transaction() as tx:  # the node on notice (not rank 0's) still heartbeats
+        world.store.update_node(tx, node1.id, last_heartbeat=time.time())
+        world.store.update_node(tx, node0.id, last_heartbeat=deadline)
+    world.tick()
+    assert world.store.node(prepared_id).state in ("terminating", "terminated")
+    attempt = world.store.current_attempt(job_id)
+    assert attempt.attempt == 1 and attempt.notice is None
+    assert attempt.standby["outcome"] == "released: false notice"
