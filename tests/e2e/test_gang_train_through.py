@@ -26,7 +26,7 @@ import yaml
 from conftest import REPO, Controller, Runner, kill_nodes, write_job
 
 BOOT_SECONDS = 1.0
-STEPS = 1200  # still training when the replacement is ready, on a busy machine too
+STEPS = 900  # still training when the replacement is ready, on a busy machine too
 ARGS = f"--steps {STEPS} --step-time 0.03 --log-every 1 --interval 1h --bit-exact"
 TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
             "--master-addr={addr} --master-port={port}")
