@@ -179,3 +179,12 @@ def test_a_notice_after_a_timed_checkpoint_asks_for_none_until_the_timer():
     core.on_notice(_notice(120))
     time.sleep(0.2)
     assert control.sent == [] and core.train_through is not None
+
+
+def test_a_gang_nodes_timer_stops_every_rank_with_the_emergency_checkpoint_instead_of_holding():
+    """A gang's ranks cannot hold together: at the deadline less the checkpoint's time, the emergency path."""
+    recorder = Recorder()
+    grace = 0.1 + 3.0 + 0.5  # the timer fires half a second in
+    TrainThrough(_notice(grace), 0.1, recorder.stop_now, recorder.send, hold=False).start()
+    assert recorder.stopped.wait(10)
+    assert recorder.sent == []  # no hold asked for: the emergency path sends its own stop request
