@@ -41,7 +41,7 @@ class AgentCore:
         # Supervise mode: a notice whose deadline leaves time is trained through while the controller prepares
         # the replacement (agents/train_through.py).
         self.may_train_through = False
-        self.gang_node = False  # a node of a gang that stops together: its timer checkpoints without holding
+        self.gang_node = False  # a node of a gang that stops together: its timer stops the gang, never holds
         self.train_through: TrainThrough | None = None
         # What the training library says, by op: each message goes to every handler of its op, in order.
         self._control_handlers: dict[str, list[Callable[[dict], None]]] = {}

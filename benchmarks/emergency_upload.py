@@ -92,8 +92,8 @@ def main() -> int:
 
     size_mb = sum(t.numel() * 4 for t in state["objects"]["model"].values()) / 1e6
     print(f"machine: {machine()}")
-    print(f"state {size_mb:.0f} MB, durable tier {args.mb_per_s:g} MB/s (upload alone {size_mb / args.mb_per_s:.2f} s), "
-          f"median of {args.repeat} trials per path\n")
+    print(f"state {size_mb:.0f} MB, durable tier {args.mb_per_s:g} MB/s (upload alone "
+          f"{size_mb / args.mb_per_s:.2f} s), median of {args.repeat} trials per path\n")
     print("| path | to local s | to durable s | durable / local first |")
     print("| --- | ---: | ---: | ---: |")
     base = statistics.median(d for _, d in results[False])

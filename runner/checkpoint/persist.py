@@ -312,7 +312,7 @@ class Persister:
 
     # ------------------------------------------------------------------ an emergency's upload from the buffer
 
-    def _start_upload_from_buffer(self, job: SaveJob) -> "_BufferReaders | None":
+    def _start_upload_from_buffer(self, job: SaveJob) -> _BufferReaders | None:
         """Start the upload of an emergency checkpoint of one process from its staged buffer now, beside the local
         write; the readers of the buffer, or None when the job takes the usual path (after the local commit)."""
         if not (job.emergency and self.durable is not None and self.uploader.world_size == 1
@@ -327,7 +327,7 @@ class Persister:
         self._from_buffer = [t for t in self._from_buffer if t.is_alive()] + [thread]
         return readers
 
-    def _upload_from_buffer(self, job: SaveJob, files: dict, readers: "_BufferReaders") -> None:
+    def _upload_from_buffer(self, job: SaveJob, files: dict, readers: _BufferReaders) -> None:
         _lower_priority()
         started = time.monotonic()
         error, manifest = self._fenced(job), None

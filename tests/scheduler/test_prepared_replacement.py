@@ -221,7 +221,7 @@ def test_a_gang_replacement_whose_rank_is_still_held_is_released(world):
 
 
 def test_an_elastic_gang_prepares_no_replacement_this_way(world):
-    job_id, (_, node1) = _running_gang(world, min_nodes=1)
+    _, (_, node1) = _running_gang(world, min_nodes=1)
     assert standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120) is None
 
 
