@@ -354,9 +354,8 @@ class Persister:
                 error = exc
         if job.manifest is None:
             job.manifest = manifest  # the local commit sets its own, of the same bytes
-        try:
-            if self._settle_upload(job, error, started):
-                self._safely(self._prune_durable, job)
+        try:  # no pruning from here: the uploader may be committing an older checkpoint meanwhile
+            self._settle_upload(job, error, started)
         finally:
             job.durable_done.set()
 
