@@ -38,9 +38,10 @@ class AgentCore:
         self.telemetry = TelemetryRelay()
         self.handover: Handover | None = None  # supervise mode, single-node jobs: see agents/handover.py
         self.checkpoint_clock = CheckpointClock()  # how long an emergency checkpoint is expected to take
-        # Supervise mode, single-node jobs: a notice whose deadline leaves time is trained through while the
-        # controller prepares the replacement (agents/train_through.py).
+        # Supervise mode: a notice whose deadline leaves time is trained through while the controller prepares
+        # the replacement (agents/train_through.py).
         self.may_train_through = False
+        self.gang_node = False  # a node of a gang that stops together: its timer stops the gang, never holds
         self.train_through: TrainThrough | None = None
         # What the training library says, by op: each message goes to every handler of its op, in order.
         self._control_handlers: dict[str, list[Callable[[dict], None]]] = {}
@@ -92,6 +93,9 @@ class AgentCore:
         """A new notice from the watch loop: record it; a terminal one starts the emergency path."""
         data = {**notice.to_json(), **notice.timing()}
         if notice.terminal:
+            # One training process uploads its emergency checkpoint from the staged buffer; ranks of a process group
+            # write theirs locally first
+            self.checkpoint_clock.from_buffer = (self._world_size({}) or 1) == 1
             expected = self.checkpoint_clock.expected()
             through = self.may_train_through and self.train_through is None and trains_through(notice, expected)
             self.reporter.event(EventKind.NOTICE, {**data, "prepare": through,
@@ -99,7 +103,8 @@ class AgentCore:
             if through:
                 measure = None if self.checkpoint_clock.measured else lambda: self._measure_a_checkpoint_now(notice)
                 self.train_through = TrainThrough(notice, self.checkpoint_clock.expected, self.emergency.start,
-                                                  self.send_control, measure=measure).start()
+                                                  self.send_control, measure=measure,
+                                                  hold=not self.gang_node).start()
             else:
                 self.emergency.start(notice)
         else:

@@ -107,10 +107,11 @@ class Agent(AgentCore):
         gang = self.assignment.get("gang") or {}
         if gang.get("num_nodes", 1) == 1 and not gang.get("elastic"):  # a gang's nodes stop and restart together
             self.handover = Handover(lambda data: self.reporter.event(EventKind.HANDOVER, data))
-            self.may_train_through = True
-        # An elastic gang's node on notice trains on: the others move to a world without it, and it stops with a
-        # checkpoint only when told (too few would remain) or at its deadline timer (agents/elastic.py)
-        self.may_train_through = self.may_train_through or bool(gang.get("elastic"))
+        # Every node trains on through a notice that leaves time: a single node and a gang's node while the
+        # controller prepares its replacement (the whole gang then stops at one step: agents/train_through.py);
+        # an elastic gang's node while the others move to a world without it (agents/elastic.py).
+        self.may_train_through = True
+        self.gang_node = gang.get("num_nodes", 1) > 1 and not gang.get("elastic")
         self.emergency = EmergencyStop(send=self.send_control, trainee=self._child(),
                                        on_durable=self.handover.on_durable if self.handover else None)
         self.watch_loop = self.start_watchers()
@@ -164,6 +165,9 @@ class Agent(AgentCore):
         self.assignment = assignment
         log.info("registered", job=assignment["job_id"], attempt=assignment["attempt"],
                  resume_step=(assignment["checkpoint"].get("resume") or {}).get("step"))
+        if ((assignment.get("gang") or {}).get("num_nodes") or 1) > 1:  # a gang's rank: no handover of its own
+            self.handover = self.emergency.on_durable = None
+            self.gang_node = not assignment["gang"].get("elastic")
         self._end_prefetch(wait_for=resume_step(assignment))
         return True
 

@@ -16,10 +16,18 @@ stop is then taken at the first of:
   after the deadline had a false notice, and the agent releases the hold: training goes on here and the
   controller releases the replacement.
 
-The expected duration is the library's own measure: the ``seconds`` of its recent durable commits (from the
-start of the save to the commit on the durable tier), or a default before the first. A notice before any
-timed commit asks for a checkpoint (training on) to time one, two seconds in unless the controller's word came,
-and the timer re-reads the expected duration while it waits.
+A node of a gang (every rank stops at one agreed step: docs/multinode.md) trains on the same way while the
+controller prepares the replacement of that node; the controller's word reaches only the node on notice, and
+its request reaches every rank through the process group. Its timer does not hold (``hold`` false): the
+library's hold blocks one process's training loop, and a gang's ranks would have to hold together. It takes
+the emergency checkpoint with stop instead: every rank stops at one step, and the gang's next attempt waits
+for the replacement (it takes over, ready or not) and resumes from that step, nothing redone. Should the
+notice then prove false, the node on notice was given up for nothing; the gang lost no step.
+
+The expected duration is the library's own measure (:class:`CheckpointClock`): from its recent commits, the
+staging and upload an emergency checkpoint takes, or a default before the first durable commit. A notice
+before any timed commit asks for a checkpoint (training on) to time one, two seconds in unless the
+controller's word came, and the timer re-reads the expected duration while it waits.
 """
 
 from __future__ import annotations
@@ -47,29 +55,59 @@ MEASURE_AFTER_SECONDS = 2.0        # no word from the controller by then: time a
 
 
 class CheckpointClock:
-    """How long an emergency checkpoint to the durable tier is expected to take: the slowest of the recent
-    durable commits the library reported. A commit on the local tier comes before the durable one, so the
-    slowest recent local commit is a floor (on a slow disk it is all there is to go by before the first
-    durable commit)."""
+    """How long an emergency checkpoint to the durable tier is expected to take, from the library's recent commits.
 
-    def __init__(self, keep: int = 5):
-        self._seconds: deque[float] = deque(maxlen=keep)
-        self._local: deque[float] = deque(maxlen=keep)
+    One process's emergency checkpoint is uploaded from the staged buffer, beside its local write
+    (runner/checkpoint/persist.py): it takes its staging and its upload, and the local disk is out of its path.
+    A periodic commit is written locally first, and reports both tiers' times from the start of the save (the
+    durable one also its staging): its upload is the durable time less the local one, so the expected time is
+    the slowest recent staging plus upload (an emergency commit's own time counts as measured). A gang's
+    checkpoint is written locally first, emergency or not (``from_buffer`` false): there it is the slowest
+    recent durable commit, and the slowest local commit, which comes first, a floor."""
+
+    def __init__(self, keep: int = 5, from_buffer: bool = True):
+        self.from_buffer = from_buffer
+        self._durable: deque[dict] = deque(maxlen=keep)
+        self._local: deque[tuple[object, float]] = deque(maxlen=keep)  # (step, seconds)
 
     def observe(self, message: dict) -> None:
-        seconds = message.get("seconds")
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+        seconds = _seconds(message.get("seconds"))
+        if seconds is None:
             return
-        (self._seconds if message.get("durable") else self._local).append(float(seconds))
+        if message.get("durable"):
+            self._durable.append({"step": message.get("step"), "seconds": seconds,
+                                  "staged": _seconds(message.get("staged_seconds")),
+                                  "emergency": bool(message.get("emergency"))})
+        else:
+            self._local.append((message.get("step"), seconds))
 
     def expected(self) -> float:
-        durable = max(self._seconds) if self._seconds else DEFAULT_CHECKPOINT_SECONDS
-        return max(durable, max(self._local, default=0.0))
+        if not self.from_buffer:
+            durable = max((c["seconds"] for c in self._durable), default=DEFAULT_CHECKPOINT_SECONDS)
+            return max(durable, max((s for _, s in self._local), default=0.0))
+        if not self._durable:
+            return DEFAULT_CHECKPOINT_SECONDS
+        local = dict(self._local)
+        return max(self._from_buffer(commit, local.get(commit["step"])) for commit in self._durable)
 
     @property
     def measured(self) -> bool:
         """Has a durable commit been timed? Before one, ``expected`` is a guess that a large state outgrows."""
-        return bool(self._seconds)
+        return bool(self._durable)
+
+    @staticmethod
+    def _from_buffer(commit: dict, local_seconds: float | None) -> float:
+        """What this commit says an emergency from the staged buffer takes: staging plus upload."""
+        if commit["emergency"] or commit["staged"] is None or local_seconds is None:
+            return commit["seconds"]  # measured as such, or nothing to take the local write off with
+        upload = max(0.0, commit["seconds"] - local_seconds)
+        return commit["staged"] + upload
+
+
+def _seconds(value) -> float | None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        return None
+    return float(value)
 
 
 def lead_seconds(seconds_left: float | None, expected: float) -> float:
@@ -93,8 +131,9 @@ class TrainThrough:
     """Waits for the controller's word or the timer, whichever comes first (see the module's doc)."""
 
     def __init__(self, notice: Notice, expected: float | Callable[[], float], stop_now: Callable[[Notice], None],
-                 send: Callable[[dict], int], measure: Callable[[], None] | None = None):
+                 send: Callable[[dict], int], measure: Callable[[], None] | None = None, hold: bool = True):
         self.notice = notice
+        self.hold = hold  # False for a gang's node: at the timer, the emergency checkpoint with stop
         # No durable commit timed yet: ``measure`` asks for a checkpoint (training on) to time one, unless the
         # controller's word comes first (a job that does not prepare on notices hears it at once; a save then
         # would only hold up its emergency checkpoint).
@@ -124,6 +163,12 @@ class TrainThrough:
             self.measure()
         if self._wait_for_word_until_the_checkpoint_must_start(deadline_unix):
             log.info("the replacement is ready (or none is coming): emergency checkpoint now")
+            self.stop_now(self.notice)
+            return
+        if not self.hold:  # a gang's node: every rank stops at one step, with the emergency checkpoint
+            log.warning("the deadline nears and the replacement is not ready: emergency checkpoint now",
+                        seconds_left=round(deadline_unix - time.time(), 1),
+                        expected_checkpoint_seconds=round(self.expected(), 2))
             self.stop_now(self.notice)
             return
         log.warning("the deadline nears and the replacement is not ready: durable checkpoint, then hold",

@@ -668,7 +668,7 @@ class Checkpointer:
         seconds = time.monotonic() - job.started
         self._policy.record(commit_s=seconds)
         self._send(msg.Committed(job.step, job.durable_manifest, True, job.emergency, round(seconds, 4),
-                             job.manifest.bytes).to_json())
+                             job.manifest.bytes, staged_seconds=job.staged_seconds).to_json())
 
     def _send(self, message: dict) -> None:
         if self._control is not None:

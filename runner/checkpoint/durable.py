@@ -20,10 +20,12 @@ from pathlib import Path
 import fsspec
 
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
+from .checksum import DEFAULT_ALGORITHM, new_hasher
 from .errors import CheckpointConfigError, CorruptCheckpointError
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
 
 UPLOAD_THREADS = 16
+BUFFER_CHUNK = 8 << 20  # bytes of a buffer handed to the store's file object at a time
 ATTEMPTS_FOLDER = "attempts"  # the attempt markers, beside the step folders (whose names it never matches)
 _ATTEMPT_MARKER = re.compile(r"^attempt-(\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -134,6 +136,26 @@ class DurableTier:
         with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(files), 1))) as pool:
             for future in [pool.submit(self.fs.pipe_file, self._path(step, n), d) for n, d in files.items()]:
                 future.result()
+
+    def put_buffers(self, step: int, files: dict[str, object], algorithm: str = DEFAULT_ALGORITHM) -> dict[str, str]:
+        """Upload files held in memory as buffers (views of the staged buffer: no copy is made), each written in
+        chunks through the store's own file object and checksummed in the same pass, in order and as many at
+        once as :meth:`put_files` (no manifest); return each file's checksum."""
+        self.fs.makedirs(self._path(step), exist_ok=True)
+        streams = getattr(self.fs, "upload_streams", None) or UPLOAD_THREADS
+        with ThreadPoolExecutor(min(streams, max(len(files), 1))) as pool:
+            futures = {n: pool.submit(self._put_buffer, self._path(step, n), d, algorithm) for n, d in files.items()}
+            return {name: future.result() for name, future in futures.items()}
+
+    def _put_buffer(self, path: str, data, algorithm: str) -> str:
+        hasher = new_hasher(algorithm)
+        view = memoryview(data).cast("B")
+        with self.fs.open(path, "wb") as sink:
+            for start in range(0, len(view), BUFFER_CHUNK):
+                chunk = view[start:start + BUFFER_CHUNK]
+                hasher.update(chunk)
+                sink.write(chunk)
+        return hasher.hexdigest()
 
     def write_manifest(self, manifest: Manifest) -> str:
         """Commit a checkpoint whose files are all uploaded: write its manifest last; return its URL."""

@@ -10,6 +10,13 @@ Two threads, so that the durable tier can never hold up the training or the loca
   flight is abandoned when an emergency checkpoint is waiting, so a notice is served from the local copy
   within its deadline whatever the store is doing.
 
+An **emergency** checkpoint of one process does not wait for the local tier: its upload starts from the
+staged buffer as soon as the state is staged, beside the local write (``_upload_from_buffer``). The time to
+durable is what a short notice allows, and the local disk (its write and fsync) is then out of that path.
+It is as atomic as any upload (the manifest, with every file's checksum taken from the bytes as they are
+sent, written last, so a crash mid-way leaves the previous checkpoint the newest) and is fenced the same way; the buffer
+is handed back to staging once both the local write and the upload have read it.
+
 Under torch.distributed both threads are collective (``Ranks.writer`` / ``Ranks.uploader``): the local
 folder is committed once every rank's share is on disk, and the durable manifest is written by rank 0
 only after every rank's files have landed. When the local disk fails (full, gone) on one process, the
@@ -64,6 +71,12 @@ class SaveJob:
     superseded: bool = False
     format: object = None  # overrides the Persister's format (a framework's folder: folder_format.py)
     payload: dict | None = None  # the manifest's payload (who wrote a folder checkpoint)
+    from_buffer: bool = False  # uploaded straight from the staged buffer, beside the local write (an emergency)
+    staged_at: float | None = None  # monotonic: the state was staged and handed to the persister
+
+    @property
+    def staged_seconds(self) -> float | None:
+        return None if self.staged_at is None else round(self.staged_at - self.started, 4)
 
     @property
     def finished(self) -> bool:
@@ -136,6 +149,7 @@ class Persister:
         self._pending: list[SaveJob] = []  # locally done, waiting for the uploader, oldest first
         self._pending_cond = threading.Condition()
         self._stopping = False
+        self._from_buffer: list[threading.Thread] = []  # emergency uploads from the staged buffer
         self._writer = threading.Thread(target=self._write_loop, name="runner-checkpoint-write", daemon=True)
         self._writer.start()
         self._uploader = None
@@ -144,6 +158,7 @@ class Persister:
             self._uploader.start()
 
     def submit(self, job: SaveJob) -> None:
+        job.staged_at = time.monotonic()
         self.buffer_free.clear()
         self._queue.put(job)
 
@@ -152,7 +167,7 @@ class Persister:
         that no thread of ours is inside a collective when the process goes on to leave its process group."""
         self._queue.put(None)
         deadline = time.monotonic() + timeout
-        for thread in (self._writer, self._uploader):
+        for thread in (self._writer, self._uploader, *self._from_buffer):
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
 
@@ -161,12 +176,18 @@ class Persister:
     def _write_loop(self) -> None:
         _lower_priority()
         while (job := self._queue.get()) is not None:
+            readers = self._start_upload_from_buffer(job)
             try:
                 self._write_local(job)
             finally:
-                job.staged = None  # views of the reused buffer: never touch them again
-                self.buffer_free.set()
+                if readers is not None:
+                    readers.done()
+                else:
+                    job.staged = None  # views of the reused buffer: never touch them again
+                    self.buffer_free.set()
                 job.local_done.set()
+            if job.from_buffer:
+                continue  # its upload is under way already
             if self.durable is None or (job.error is not None and job.in_memory is None):
                 job.durable_done.set()
             else:
@@ -222,7 +243,8 @@ class Persister:
         job.error = error
         if self.folder_leader:
             self.local.discard(folder)
-        fallback = self.durable is not None and (job.format or self.format).layout == FLAT and job.staged is not None
+        fallback = (self.durable is not None and (job.format or self.format).layout == FLAT and job.staged is not None
+                    and not job.from_buffer)
         log.warning("checkpoint not saved on the local tier" + ("; sending it to the durable tier directly"
                     if fallback else "; the previous checkpoint is kept and training goes on"),
                     step=job.step, path=str(getattr(error, "filename", None) or folder),
@@ -286,7 +308,56 @@ class Persister:
 
     def _emergency_waiting(self) -> bool:
         with self._pending_cond:
-            return any(j.emergency for j in self._pending)
+            return any(j.emergency for j in self._pending) or any(t.is_alive() for t in self._from_buffer)
+
+    # ------------------------------------------------------------------ an emergency's upload from the buffer
+
+    def _start_upload_from_buffer(self, job: SaveJob) -> _BufferReaders | None:
+        """Start the upload of an emergency checkpoint of one process from its staged buffer now, beside the local
+        write; the readers of the buffer, or None when the job takes the usual path (after the local commit)."""
+        if not (job.emergency and self.durable is not None and self.uploader.world_size == 1
+                and (job.format or self.format).layout == FLAT and job.staged is not None):
+            return None
+        job.from_buffer = True
+        readers = _BufferReaders(job, self.buffer_free)
+        files = dict(FlatFormat.files(job))
+        thread = threading.Thread(target=self._upload_from_buffer, args=(job, files, readers), daemon=True,
+                                  name="runner-checkpoint-upload-emergency")
+        thread.start()  # before it is listed: stop() may join the list's threads at any time
+        self._from_buffer = [t for t in self._from_buffer if t.is_alive()] + [thread]
+        return readers
+
+    def _upload_from_buffer(self, job: SaveJob, files: dict, readers: _BufferReaders) -> None:
+        _lower_priority()
+        started = time.monotonic()
+        error, manifest = self._fenced(job), None
+        try:
+            if error is None:
+                self.durable.uncommit(job.step)
+                checksums = self.durable.put_buffers(job.step, files, DEFAULT_ALGORITHM)  # hashed as they go
+                entries = [{"name": n, "bytes": memoryview(d).nbytes, "checksum": checksums[n]}
+                           for n, d in files.items()]
+                manifest = Manifest(job.step, entries, DEFAULT_ALGORITHM, job.attempt, job.job_id, job.emergency,
+                                    layout=FLAT, world_size=1)
+                job.own_files = job.own_files or list(files)
+        except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the training
+            error = exc
+        finally:
+            files = None
+            readers.done()
+        if error is None:
+            error = self._fenced(job)  # again, just before the manifest, which is the commit
+        if error is None:
+            try:
+                self.durable.write_manifest(manifest)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        if job.manifest is None:
+            job.manifest = manifest  # the local commit sets its own, of the same bytes
+        try:  # no pruning from here: the uploader may be committing an older checkpoint meanwhile
+            self._settle_upload(job, error, started)
+        finally:
+            job.durable_done.set()
 
     def _upload(self, job: SaveJob) -> bool:
         """Upload one checkpoint and commit it (manifest last); True when committed."""
@@ -309,7 +380,12 @@ class Persister:
                         error = exc
         else:
             error = error or SupersededError("a newer attempt of this job has started")
-        committed = self.uploader.all_true(error is None)
+        return self._settle_upload(job, error, started, committed=self.uploader.all_true(error is None))
+
+    def _settle_upload(self, job: SaveJob, error: BaseException | None, started: float,
+                       committed: bool | None = None) -> bool:
+        """Record how an upload ended and report it; True when committed."""
+        committed = error is None if committed is None else committed
         if not committed:
             error = error or OSError("another rank's files did not reach the durable tier")
             job.durable_error = error
@@ -384,6 +460,24 @@ class Persister:
         except Exception as exc:  # noqa: BLE001 - reporting and pruning are best effort
             log.warning("checkpoint housekeeping failed", action=getattr(fn, "__name__", str(fn)),
                         error=f"{type(exc).__name__}: {exc}")
+
+
+class _BufferReaders:
+    """The local write and an emergency's upload read one staged buffer at once: it goes back to staging
+    (``buffer_free``) once both are done with it."""
+
+    def __init__(self, job: SaveJob, buffer_free: threading.Event) -> None:
+        self._job, self._buffer_free = job, buffer_free
+        self._left = 2
+        self._lock = threading.Lock()
+
+    def done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._job.staged = None  # views of the reused buffer: never touch them again
+            self._buffer_free.set()
 
 
 def _lower_priority() -> None:

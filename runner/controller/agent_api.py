@@ -116,7 +116,8 @@ def _prepared_registration(state, node: Node) -> dict:
         # Its process may start before the handover and wait in restore() (agents/prestart.py) where the job is
         # known to restore through runner.checkpoint: the running attempt reported a restore.
         running = next((a for a in state.store.attempts(job.id) if a.attempt == node.prepared_for), None)
-        assignment["prestart"] = running is not None and running.restore_seconds is not None
+        # Not a gang's: its launcher needs the next attempt's rendezvous, which exists only once the gang stops.
+        assignment["prestart"] = running is not None and running.restore_seconds is not None and job.num_nodes == 1
         return {"status": RegisterStatus.PREPARE, "assignment": assignment}
     return {"status": RegisterStatus.WAITING, "retry_seconds": 0.2,
             "message": "ready; waiting for the job's node on notice to hand over"}
@@ -213,12 +214,12 @@ def _exit_report(body: ExitReport, request: Request, who: Principal) -> dict:
     state = _state(request)
     if body.reason not in AGENT_EXIT_REASONS:
         raise HTTPException(422, f"reason: {body.reason!r} is not one of {', '.join(AGENT_EXIT_REASONS)}")
-    if state.store.job(who.node.job_id).num_nodes > 1:
-        return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
     if who.node.attempt == PREPARED and who.node.prepared_for is not None:  # its setup failed: it is not needed
         release_failed_standby(state.store, who.node, body.exit_code, body.message)
         state.scheduler.nudge.set()
         return {"state": None}
+    if state.store.job(who.node.job_id).num_nodes > 1:
+        return gang_agent.exit_report(state, who.node, body.reason, body.exit_code, body.message, body.drill)
     if body.reason == EndReason.STOPPED_BY_PEER:
         raise HTTPException(422, f"reason: '{EndReason.STOPPED_BY_PEER}' is for a node of a multi-node job only")
     if body.reason == "drill":

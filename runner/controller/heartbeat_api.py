@@ -80,15 +80,17 @@ def _action_from_view(node: dict) -> str | None:
         return Action.SHUTDOWN
     if node["cancel_requested"]:
         return Action.CANCEL
-    if kept or (not node["attempt_spot"] and has_deadline) or (node["attempt_on_notice"] and not is_gang):
+    on_notice = node["attempt_on_notice"] and not _is_elastic(node["spec"])  # (an elastic gang's world decides)
+    if kept or (not node["attempt_spot"] and has_deadline) or on_notice:
         return None
     return Action.CONTINUE
 
 
 def _action_with_reads(state, node: dict) -> str:
-    """A kept gang node's answer, whether a node on notice trains on while its replacement gets ready
-    (runner/scheduler/standby.py), or whether an on-demand attempt with a deadline should move to spot."""
-    if node["attempt_current"] and node["attempt_on_notice"] and not _spec_flags(node["spec"])[0]:
+    """A kept gang node's answer, whether a node on notice (a single node, or a gang's that is not elastic) trains
+    on while its replacement gets ready (runner/scheduler/standby.py), or whether an on-demand attempt with a
+    deadline should move to spot."""
+    if node["attempt_current"] and node["attempt_on_notice"] and not _is_elastic(node["spec"]):
         return standby.old_node_action(state.store, node)
     if node["attempt_current"]:
         return Action.MOVE_TO_SPOT if move_request(state.store, node["job_id"], node["attempt"]) is not None else Action.CONTINUE

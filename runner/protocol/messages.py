@@ -131,6 +131,7 @@ class Committed(Message):
     emergency: bool = False
     seconds: float | None = None  # from the start of the save
     bytes: int | None = None
+    staged_seconds: float | None = None  # of ``seconds``, the staging (the time the save blocked the training)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
 from ..state.gangs import GangStore
+from ..state.standbys import PREPARED
 from ..state.rows import Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..protocol.events import EndReason
@@ -28,6 +29,7 @@ from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
 from . import placement
 from . import elastic
+from . import gang_standby
 from .attempts import end_attempt
 from .gang import KeptNode, plan_gang, unregistered_ranks
 from .states import PENDING, PROVISIONING, RECOVERING, RUNNING
@@ -42,6 +44,11 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
     live = store.nodes(job_id=job.id)
     if any(node.state != NODE_RUNNING for node in live):
         return []  # a launch in flight, or a release to finish first (its zone slot frees when it is gone)
+    # A replacement prepared during the last attempt's notice holds the rank it was prepared for (gang_standby.py)
+    live, released = gang_standby.kept_or_released(store, live)
+    if released:
+        return []
+    prepared = gang_standby.prepared_node(live)
     resources = job.spec.resources
     num_nodes = resources.num_nodes
     kept = [KeptNode(n.rank, n.id, n.offer, n.spot) for n in live]
@@ -94,10 +101,14 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
         for node_id in plan.release:
             store.update_node(tx, node_id, state=NODE_TERMINATING)
             gangs.mark_released(tx, node_id, EndReason.RELEASED)
+            if prepared is not None and node_id == prepared.id:
+                gang_standby.released_by_plan(store, tx, prepared, now)
         for rank, node in plan.keep.items():
             gangs.add(tx, job.id, attempt, rank, node.node_id, node.offer, node.spot)
             if store.node(node.node_id, tx).rank != rank:  # an elastic gang's replacement takes a free rank
                 store.update_node(tx, node.node_id, rank=rank)
+        if prepared is not None and prepared.id in {k.node_id for k in plan.keep.values()}:
+            gang_standby.took_over(store, tx, prepared, attempt, now)
         for rank, node_id in new_ids.items():
             offer = plan.candidate.offer
             store.insert_node(tx, node_id, job.id, attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
@@ -187,8 +198,11 @@ def _watch_formation(ctx, gangs: GangStore, current, now: float) -> None:
 
 
 def gang_node_gone(ctx, node: Node, reason: str, why: str) -> None:
-    """A gang's node vanished: end the attempt it holds a rank in, or, between attempts, give it up."""
+    """A gang's node vanished: end the attempt it holds a rank in, or, between attempts, give it up (a replacement
+    prepared during a notice holds no rank yet: it is only released)."""
     store, gangs = ctx.store, GangStore(ctx.store)
+    if node.attempt == PREPARED and node.prepared_for is not None:
+        return
     latest = gangs.latest_for_node(node.id)
     attempt = latest.attempt if latest else node.attempt
     if elastic.node_leaves(store, ctx.providers, node.job_id, attempt, node.rank, reason, why):

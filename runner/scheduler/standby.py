@@ -13,7 +13,8 @@ attempt starts on the waiting node from that checkpoint. Rows: runner/state/stan
   ``recovery.standby_timeout``, and the replacement of a notice that turned out false (the old node still
   beats well after the deadline), are released.
 
-Single-node jobs only: a gang's notice takes the older path (the whole gang stops and restarts).
+A gang (not elastic) prepares the replacement of its node on notice the same way, in the gang's zone, and
+every node of it trains on (runner/scheduler/gang_standby.py); rebalance standbys are for single nodes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..state.rows import Node
 from ..state.standbys import StandbyStore
 from ..state.store import NODE_RUNNING
 from ..protocol.actions import Action
-from . import placement
+from . import gang_standby, placement
 from .states import PROVISIONING, RECOVERING, TERMINAL
 from .transitions import transition
 
@@ -50,10 +51,15 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
     store, standbys, now = ctx.store, StandbyStore(ctx.store), now or time.time()
     job = store.job(node.job_id)
     current = store.current_attempt(node.job_id)
-    if (job is None or job.num_nodes > 1 or job.cancel_requested or current is None
-            or current.attempt != node.attempt or signal not in prepare_on(job.spec)):
+    if (job is None or job.cancel_requested or current is None or current.attempt != node.attempt
+            or signal not in prepare_on(job.spec)):
+        return None
+    gang = job.num_nodes > 1
+    if gang and not (gang_standby.applies(job) and signal == NOTICE):
         return None
     existing = standbys.live(job.id)
+    if gang and existing is not None and existing.rank != node.rank:
+        return None  # one replacement at a time: a second node on notice stops the gang at its own timer
     if existing is not None:
         if signal == NOTICE:
             with store.db.transaction() as tx:
@@ -61,17 +67,8 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
                 store.add_event(tx, job.id, "standby", f"notice: the standby {existing.id} is the replacement",
                                 attempt=current.attempt)
         return existing.id
-    resources = job.spec.resources
-    offers = [o for p in ctx.providers.values() for o in p.offers()]
-    attempts = store.attempts(job.id)
-    avoid = placement.recent_preempted_zones(attempts) | {current.zone}
-    speed_of = placement.speeds(job, attempts, offers)  # where a step is cheapest, as the next launch would be
-    choice, figures = None, None
-    for zones in (avoid, set()):  # away from the zone that got the signal, where an offer fits there
-        if choice is None:
-            choice, figures = placement.choose_with_figures(offers, resources, avoid_zones=zones, backoff=ctx.backoff,
-                                                            now=now, on_demand_backoff=ctx.on_demand_backoff,
-                                                            speed_of=speed_of)
+    choice, figures = (gang_standby.choose_offer(ctx, job, current, node, now), None) if gang else \
+        _single_node_offer(ctx, job, current, now)
     if choice is None:
         log.info("no offer for a prepared replacement now", job=job.id, signal=signal)
         return None
@@ -82,6 +79,8 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
               "launched_at": now, "ready_at": None, "deadline": deadline, "outcome": "preparing"}
     if figures:  # the cost per step that chose it, for the attempt it may start (as a launch's placement event)
         record["placement"] = figures
+    if gang:
+        record.update(rank=node.rank, replaces=node.id)
     if signal == NOTICE:
         record["notice_at"] = now
     with store.db.transaction() as tx:
@@ -89,8 +88,10 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
         if fresh is None or fresh.attempt != current.attempt or standbys.live(job.id, tx) is not None:
             return None
         standbys.insert(tx, node_id, job.id, current.attempt, offer.cloud, ctx.token_hasher(ctx.node_token(node_id)),
-                        offer, spot, now, record)
+                        offer, spot, now, record, rank=node.rank if gang else 0)
         what = "a preemption notice" if signal == NOTICE else "a rebalance recommendation"
+        if gang:
+            what += f" to node {node.id} (rank {node.rank})"
         store.add_event(tx, job.id, "standby", f"{what}: replacement {node_id} launched in {offer.zone} "
                         f"({offer.instance_type}) while the job trains on", attempt=current.attempt)
     log.info("replacement launched early", job=job.id, node=node_id, signal=signal, zone=offer.zone)
@@ -98,9 +99,31 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
     return node_id
 
 
+def _single_node_offer(ctx, job, current, now: float):
+    """The cheapest fitting offer away from the zone that got the signal (where one fits there), as the next
+    launch would choose it, and the figures that chose it."""
+    resources = job.spec.resources
+    offers = [o for p in ctx.providers.values() for o in p.offers()]
+    attempts = ctx.store.attempts(job.id)
+    avoid = placement.recent_preempted_zones(attempts) | {current.zone}
+    speed_of = placement.speeds(job, attempts, offers)  # where a step is cheapest, as the next launch would be
+    choice, figures = None, None
+    for zones in (avoid, set()):
+        if choice is None:
+            choice, figures = placement.choose_with_figures(offers, resources, avoid_zones=zones, backoff=ctx.backoff,
+                                                            now=now, on_demand_backoff=ctx.on_demand_backoff,
+                                                            speed_of=speed_of)
+    return choice, figures
+
+
 def old_node_action(store, node: dict, now: float | None = None) -> str:
-    """The answer to the heartbeat of a single-node attempt's node on notice."""
+    """The answer to the heartbeat of a node of an attempt on notice: for a gang, only its node on notice is told
+    to checkpoint (its request reaches every rank through the process group); the others train on."""
     now = now or time.time()
+    spec = node.get("spec")  # (the heartbeat's view has it: a single node's beat needs no further read)
+    gang = spec is None or spec.resources.num_nodes > 1
+    if gang and node.get("rank") is not None and _gang_peer_of_the_noticed_node(store, node):
+        return Action.CONTINUE
     standby = StandbyStore(store).live(node["job_id"])
     if standby is None:
         return Action.CHECKPOINT_NOW  # nothing prepared (declined, failed, or not wanted): today's path
@@ -111,6 +134,12 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
     if deadline is not None and now > deadline:
         return Action.CONTINUE  # past its deadline and still beating: reclaimed any moment, or the notice was false
     return Action.CHECKPOINT_NOW
+
+
+def _gang_peer_of_the_noticed_node(store, node: dict) -> bool:
+    current = store.current_attempt(node["job_id"])
+    return (current is not None and current.num_nodes > 1 and current.notice is not None
+            and current.notice.node_rank is not None and current.notice.node_rank != node["rank"])
 
 
 def mark_ready(store, node: Node, now: float | None = None) -> bool:
@@ -189,7 +218,7 @@ def release_unneeded(ctx, now: float | None = None) -> None:
             if now - node.created_at >= timeout:
                 why, outcome = f"no notice followed the rebalance recommendation within {timeout:g}s", "released"
         elif current.notice is not None and record.get("deadline") is not None:
-            old = store.node(current.node_id)
+            old = store.node(record.get("replaces") or current.node_id)  # a gang's: the node on notice
             deadline = record["deadline"]
             if (now > deadline + FALSE_NOTICE_GRACE_SECONDS and old is not None and old.state == NODE_RUNNING
                     and (old.last_heartbeat or 0) > deadline + FALSE_NOTICE_GRACE_SECONDS / 2):

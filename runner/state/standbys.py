@@ -26,9 +26,10 @@ class StandbyStore:
         self.db = store.db
 
     def insert(self, tx: Tx, node_id: str, job_id: str, for_attempt: int, provider: str, token_hash: str,
-               offer: Offer, spot: bool, now: float, record: dict) -> None:
-        """A prepared node row (launched by the reconciler like any ``launching`` node) and its record."""
-        self.store.insert_node(tx, node_id, job_id, PREPARED, provider, token_hash, offer, spot, now)
+               offer: Offer, spot: bool, now: float, record: dict, rank: int = 0) -> None:
+        """A prepared node row (launched by the reconciler like any ``launching`` node) and its record; ``rank``:
+        of a gang, the rank it replaces."""
+        self.store.insert_node(tx, node_id, job_id, PREPARED, provider, token_hash, offer, spot, now, rank=rank)
         tx.execute("UPDATE nodes SET prepared_for = ? WHERE id = ?", (for_attempt, node_id))
         self.set_record(tx, job_id, for_attempt, record)
 

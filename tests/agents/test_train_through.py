@@ -15,15 +15,33 @@ def _notice(grace: float, source: str = "aws") -> Notice:
     return Notice.create(source, "termination", "terminate", terminal=True, grace=grace)
 
 
-def test_the_expected_checkpoint_time_is_the_slowest_recent_durable_commit():
+def test_the_expected_checkpoint_time_is_the_slowest_recent_staging_and_upload():
+    """One process uploads its emergency checkpoint from the staged buffer: a periodic commit's local write (first,
+    then its upload) is not part of it; an emergency commit's own time is."""
     clock = CheckpointClock()
     assert clock.expected() == DEFAULT_CHECKPOINT_SECONDS  # nothing measured: conservative
-    clock.observe({"op": "committed", "durable": True, "seconds": 0.4})
-    clock.observe({"op": "committed", "durable": True, "seconds": 1.5})
-    assert clock.expected() == 1.5
-    # A local commit precedes the durable one: a slow disk's is a floor (68 s on a loaded machine, 1 GB)
-    clock.observe({"op": "committed", "durable": False, "seconds": 68.0})
-    assert clock.expected() == 68.0
+    # 1 GB on a slow disk: staged in 0.5 s, local commit at 68 s, durable at 73 s: 0.5 s + a 5 s upload
+    clock.observe({"op": "committed", "step": 10, "durable": False, "seconds": 68.0})
+    clock.observe({"op": "committed", "step": 10, "durable": True, "seconds": 73.0, "staged_seconds": 0.5})
+    assert clock.expected() == 5.5
+    clock.observe({"op": "committed", "step": 20, "durable": False, "seconds": 2.0})
+    clock.observe({"op": "committed", "step": 20, "durable": True, "seconds": 9.0, "staged_seconds": 1.0})
+    assert clock.expected() == 8.0  # the slowest recent one
+    clock.observe({"op": "committed", "step": 25, "durable": True, "emergency": True, "seconds": 12.0,
+                   "staged_seconds": 0.5})
+    assert clock.expected() == 12.0
+    # A library that does not say its staging time: the whole durable commit, as measured
+    old = CheckpointClock()
+    old.observe({"op": "committed", "step": 5, "durable": False, "seconds": 1.0})
+    old.observe({"op": "committed", "step": 5, "durable": True, "seconds": 4.0})
+    assert old.expected() == 4.0
+
+
+def test_ranks_of_a_process_group_write_locally_first_so_their_clock_counts_the_whole_commit():
+    clock = CheckpointClock(from_buffer=False)
+    clock.observe({"op": "committed", "step": 10, "durable": True, "seconds": 1.5, "staged_seconds": 0.1})
+    clock.observe({"op": "committed", "step": 10, "durable": False, "seconds": 68.0})
+    assert clock.expected() == 68.0  # the local commit comes first: a slow disk's is a floor
 
 
 def test_a_notice_is_trained_through_only_when_its_deadline_leaves_time_beyond_the_checkpoint():
@@ -161,3 +179,12 @@ def test_a_notice_after_a_timed_checkpoint_asks_for_none_until_the_timer():
     core.on_notice(_notice(120))
     time.sleep(0.2)
     assert control.sent == [] and core.train_through is not None
+
+
+def test_a_gang_nodes_timer_stops_every_rank_with_the_emergency_checkpoint_instead_of_holding():
+    """A gang's ranks cannot hold together: at the deadline less the checkpoint's time, the emergency path."""
+    recorder = Recorder()
+    grace = 0.1 + 3.0 + 0.5  # the timer fires half a second in
+    TrainThrough(_notice(grace), 0.1, recorder.stop_now, recorder.send, hold=False).start()
+    assert recorder.stopped.wait(10)
+    assert recorder.sent == []  # no hold asked for: the emergency path sends its own stop request

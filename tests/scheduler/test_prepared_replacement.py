@@ -150,3 +150,92 @@ def test_the_attempt_on_a_prepared_replacement_shows_its_boot_and_setup_in_the_l
     second = world.store.attempts(job_id)[1]
     assert second.node_id == prepared_id
     assert (second.boot_seconds, second.setup_seconds) == (61.5, 45.25)
+
+
+# --- a gang (not elastic): the node on notice is prepared for while the whole gang trains on -----------------
+
+def _running_gang(world, **resources) -> tuple[str, list]:
+    from runner.state.gangs import GangStore
+
+    job_id = world.submit(resources={"num_nodes": 2, **resources},
+                          recovery={"resume_drill": "off", "max_preemptions": 3})
+    world.tick()
+    gangs, now = GangStore(world.store), time.time()
+    with world.store.db.transaction() as tx:
+        for rank in (0, 1):
+            gangs.register(tx, job_id, 1, rank, f"10.0.0.{rank}", now)
+        world.store.mark_attempt_running(tx, job_id, 1, now)
+    nodes = sorted(world.store.nodes(("running",), job_id=job_id), key=lambda n: n.rank)
+    return job_id, nodes
+
+
+def _gang_beat(world, node) -> str:
+    return standby.old_node_action(world.store, {"job_id": node.job_id, "attempt": node.attempt, "rank": node.rank})
+
+
+def test_a_gang_node_on_notice_gets_a_replacement_in_the_gangs_zone_which_takes_its_rank_next(world):
+    """Rank 1 gets a notice: its replacement launches at once in the gang's zone with rank 1; rank 1 is told to
+    checkpoint once it is ready (its request stops every rank), rank 0 never is; the next attempt keeps node 0
+    and runs rank 1 on the prepared node, launching nothing."""
+    job_id, (node0, node1) = _running_gang(world)
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    prepared_id = standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120)
+    assert prepared_id is not None
+    world.tick()
+    prepared = world.store.node(prepared_id)
+    assert prepared.state == "running" and prepared.rank == 1 and prepared.attempt == PREPARED
+    assert prepared.offer.zone == node1.offer.zone  # a gang lives in one zone
+    assert (_gang_beat(world, node0), _gang_beat(world, node1)) == ("continue", "continue")
+
+    assert standby.mark_ready(world.store, prepared)
+    assert (_gang_beat(world, node0), _gang_beat(world, node1)) == ("continue", "checkpoint")
+
+    _commit(world, job_id, 80)
+    assert end_attempt(world.store, job_id, 1, "preempted", ranks=(1,)) == "RECOVERING"
+    launched = len(world.provider.nodes)
+    world.tick(3)  # node 1's release is applied, then the next attempt is planned
+    first, second = world.store.attempts(job_id)
+    assert [(n.rank, n.node_id) for n in second.nodes] == [(0, node0.id), (1, prepared_id)]
+    assert second.resumed_from_step == 80 and world.store.node(prepared_id).attempt == 2
+    assert first.standby["outcome"] == "took over" and first.standby["rank"] == 1
+    assert first.standby["replaces"] == node1.id and first.standby["next_attempt"] == 2
+    assert len(world.provider.nodes) == launched  # nothing else was launched
+    assert world.store.job(job_id).state == "PROVISIONING"
+
+
+def test_a_gang_replacement_whose_rank_is_still_held_is_released(world):
+    """The attempt ended otherwise (a resume drill: every node kept): the node on notice still holds its rank, so
+    the prepared node goes and the next attempt runs on the same nodes."""
+    job_id, (node0, node1) = _running_gang(world)
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    prepared_id = standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120)
+    world.tick()
+    end_attempt(world.store, job_id, 1, "drill", ranks=())
+    world.tick(3)
+    assert world.store.node(prepared_id).state in ("terminating", "terminated")
+    second = world.store.attempts(job_id)[1]
+    assert [(n.rank, n.node_id) for n in second.nodes] == [(0, node0.id), (1, node1.id)]
+    assert world.store.attempts(job_id)[0].standby["outcome"] == "released"
+
+
+def test_an_elastic_gang_prepares_no_replacement_this_way(world):
+    _, (_, node1) = _running_gang(world, min_nodes=1)
+    assert standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120) is None
+
+
+def test_a_false_notice_to_a_gang_node_releases_its_replacement_and_the_gang_trains_on(world):
+    job_id, (node0, node1) = _running_gang(world)
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    deadline = time.time() - standby.FALSE_NOTICE_GRACE_SECONDS - 1  # the deadline is long past
+    prepared_id = standby.prepare(world.ctx, node1, standby.NOTICE, deadline=deadline)
+    with world.store.db.transaction() as tx:  # the node on notice (not rank 0's) still heartbeats
+        world.store.update_node(tx, node1.id, last_heartbeat=time.time())
+        world.store.update_node(tx, node0.id, last_heartbeat=deadline)
+    world.tick()
+    assert world.store.node(prepared_id).state in ("terminating", "terminated")
+    attempt = world.store.current_attempt(job_id)
+    assert attempt.attempt == 1 and attempt.notice is None
+    assert attempt.standby["outcome"] == "released: false notice"

@@ -1,0 +1,139 @@
+"""An emergency checkpoint's upload starts from the staged buffer, beside the local write (persist.py).
+
+A short notice leaves time for the durable tier only: the local disk's write and fsync must not come first.
+The tests hold the local write back and see the checkpoint committed on the durable tier meanwhile, both
+tiers verified afterwards; an upload that fails mid-way leaves the previous checkpoint the newest.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import fsspec
+import pytest
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+from runner.checkpoint import persist
+from runner.checkpoint.checksum import file_digest
+from runner.checkpoint.durable import DurableTier
+from runner.checkpoint.local import LocalTier
+from runner.checkpoint.persist import Persister, SaveJob
+from runner.checkpoint.staging import Stager
+
+
+class BlockedLocalWrite(persist.FlatFormat):
+    """The local tier's write waits until the test lets it go (a slow disk)."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.writing = threading.Event()
+
+    def write(self, job, folder):
+        self.writing.set()
+        assert self.go.wait(60), "the test never let the local write go"
+        return super().write(job, folder)
+
+
+class FailingStore(LocalFileSystem):
+    """A local filesystem whose writes of one file name fail (a connection lost mid-upload)."""
+
+    protocol = "failtest"
+    fail_name = "state.pkl"
+
+    def _check(self, path) -> None:
+        if str(path).endswith(self.fail_name):
+            raise ConnectionError("connection reset mid-upload")
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "w" in mode:
+            self._check(path)
+        return super()._open(path, mode, **kwargs)
+
+    def put_file(self, path1, path2, *args, **kwargs):
+        self._check(path2)
+        return super().put_file(path1, path2, *args, **kwargs)
+
+    def pipe_file(self, path, value, *args, **kwargs):
+        self._check(path)
+        return super().pipe_file(path, value, *args, **kwargs)
+
+
+fsspec.register_implementation("failtest", FailingStore, clobber=True)
+
+
+def _staged(step: int):
+    torch.manual_seed(step)
+    state = {"step": step, "objects": {"w": torch.randn(256, 256)}, "extra": {}, "rng": None}
+    return Stager(part_bytes=64 * 1024).stage(state)  # several parts, as a large state has
+
+
+def _verify(manifest, folder_files) -> None:
+    """Every file the manifest lists is there with its size and checksum."""
+    for entry in manifest.files:
+        path = folder_files(entry["name"])
+        assert path.stat().st_size == entry["bytes"]
+        assert file_digest(path, manifest.checksum) == entry["checksum"]
+
+
+@pytest.fixture
+def tiers(tmp_path: Path):
+    return LocalTier(tmp_path / "local"), tmp_path / "bucket"
+
+
+def test_an_emergency_checkpoint_is_durable_before_the_local_write_ends(tiers):
+    local, bucket = tiers
+    durable = DurableTier(f"file://{bucket}")
+    fmt = BlockedLocalWrite()
+    reports: list[tuple[str, int]] = []
+    persister = Persister(local, durable, 3, lambda j: reports.append(("local", j.step)),
+                          lambda j: reports.append(("durable", j.step)), fmt=fmt)
+    job = SaveJob(42, _staged(42), emergency=True, attempt=1, job_id="job")
+    persister.submit(job)
+    assert fmt.writing.wait(30)
+    assert job.durable_done.wait(30), "the emergency upload waited for the local write"
+    assert job.durable_manifest is not None and durable.committed() == [42]
+    assert not job.local_done.is_set() and not persister.buffer_free.is_set()  # the local write still reads it
+    fmt.go.set()
+    assert job.local_done.wait(30) and persister.buffer_free.wait(30)
+    assert reports == [("durable", 42), ("local", 42)]
+    _verify(durable.read_manifest(42), lambda name: bucket / "step-00000042" / name)
+    (step, folder), = local.committed()
+    assert step == 42
+    _verify(local.read_manifest(folder), lambda name: folder / name)
+    persister.stop()
+
+
+def test_a_periodic_checkpoint_still_uploads_after_its_local_commit(tiers):
+    local, bucket = tiers
+    durable = DurableTier(f"file://{bucket}")
+    fmt = BlockedLocalWrite()
+    persister = Persister(local, durable, 3, lambda j: None, lambda j: None, fmt=fmt)
+    job = SaveJob(7, _staged(7), emergency=False, attempt=1, job_id="job")
+    persister.submit(job)
+    assert fmt.writing.wait(30)
+    assert not job.durable_done.wait(0.5) and durable.committed() == []
+    fmt.go.set()
+    assert job.durable_done.wait(30) and durable.committed() == [7]
+    persister.stop()
+
+
+def test_an_emergency_upload_that_fails_mid_way_leaves_the_previous_checkpoint_the_newest(tiers):
+    local, bucket = tiers
+    durable = DurableTier(f"failtest://{bucket}")
+    FailingStore.fail_name = "never"
+    failures: list[str] = []
+    persister = Persister(local, durable, 3, lambda j: None, lambda j: None,
+                          on_failed=lambda j, tier, error: failures.append(tier))
+    first = SaveJob(10, _staged(10), emergency=False, attempt=1, job_id="job", seq=1)
+    persister.submit(first)
+    assert first.durable_done.wait(30) and durable.committed() == [10]
+    FailingStore.fail_name = "state.pkl"  # the skeleton, uploaded after the data parts
+    emergency = SaveJob(11, _staged(11), emergency=True, attempt=1, job_id="job", seq=2)
+    persister.submit(emergency)
+    assert emergency.durable_done.wait(30)
+    assert emergency.durable_manifest is None and isinstance(emergency.durable_error, ConnectionError)
+    assert durable.committed() == [10] and failures == ["durable"]
+    assert emergency.local_done.wait(30) and [s for s, _ in local.committed()][0] == 11  # kept locally
+    persister.stop()

@@ -1,0 +1,135 @@
+"""A 2-node x 2-rank DDP gang (torchrun, gloo, CPU) trains through an AWS notice to node 1.
+
+At the notice the controller launches node 1's replacement at once, in the gang's zone, while every rank of
+the gang trains on; once the replacement has booted and run `setup`, node 1 is told to checkpoint, its
+request reaches every rank through the process group, and all four stop at one step with the emergency
+checkpoint. The next attempt keeps node 0, runs rank 1 on the prepared replacement, and every rank resumes
+from that step; the final weights are those of the same run never interrupted.
+
+The local market's clock runs at 1.0 (AWS's full 120 s): the replacement gets ready long before the
+deadline even on a busy machine. Its boot is 1 s and its setup a shell builtin, so the test lasts as long as
+the processes take to start.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, Controller, Runner, kill_nodes, write_job
+
+BOOT_SECONDS = 1.0
+STEPS = 900  # still training when the replacement is ready, on a busy machine too
+ARGS = f"--steps {STEPS} --step-time 0.03 --log-every 1 --interval 1h --bit-exact"
+TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
+            "--master-addr={addr} --master-port={port}")
+JOB = f"""
+name: gang-train-through
+setup: 'true'
+run: >-
+  {TORCHRUN.format(nodes="$RUNNER_NUM_NODES", rank="$RUNNER_NODE_RANK", addr="$RUNNER_MASTER_ADDR",
+                   port="$RUNNER_MASTER_PORT")} train.py {ARGS}
+resources: {{cloud: [local], num_nodes: 2}}
+checkpoint: {{interval: 1h}}
+recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 'off'}}
+"""
+FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
+STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
+
+
+def _trainee() -> str:
+    """examples/multinode/train.py, its progress lines stamped with the time (rank 0 prints them)."""
+    source = (REPO / "examples" / "multinode" / "train.py").read_text()
+    line = 'print(f"step {step} loss {loss.item():.4f}", flush=True)'
+    assert line in source
+    return source.replace(line, 'print(f"step {step} at {time.time():.3f}", flush=True)')
+
+
+def _unix(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _uninterrupted(folder: Path) -> str:
+    """The final weights of the same 2-node x 2-rank run, from start to end, outside the runner."""
+    (folder / "train.py").write_text(_trainee())
+    port = _free_port()
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    nodes = []
+    for rank in (0, 1):
+        command = TORCHRUN.format(nodes=2, rank=rank, addr="127.0.0.1", port=port).split()
+        nodes.append(subprocess.Popen([*command, str(folder / "train.py"), *ARGS.replace("0.03", "0").split()],
+                                      cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), outputs
+    return FINAL.search(outputs[0]).group(1)
+
+
+@pytest.mark.timeout(900)
+def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_noticed_rank(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump(
+        {"clouds": {"local": {"time_scale": 1.0, "boot_seconds": BOOT_SECONDS}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    try:
+        folder = tmp_path / "job"
+        folder.mkdir()
+        job_id = runner.json("submit", str(write_job(folder, JOB, {"train.py": _trainee()})))["id"]
+        runner.wait_for_output(job_id, r"^step 30 at ", timeout=400)
+        preempted = runner("preempt", job_id, "--node", "1", "--notice", "aws")
+        assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
+        job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
+        first, second = runner.json("restarts", job_id)
+        old_output = runner("logs", job_id, "--attempt", "1").stdout
+        new_output = runner("logs", job_id, "--attempt", "2").stdout
+        logs = runner("logs", job_id).stdout
+    finally:
+        controller.stop()
+        kill_nodes(home)
+
+    assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 2
+    standby = first["standby"]
+    assert first["end_reason"] == "preempted" and first["notice"]["node_rank"] == 1
+    assert standby["reason"] == "notice" and standby["outcome"] == "took over" and standby["rank"] == 1
+    assert [(n["rank"], n["end_reason"]) for n in first["nodes"]] == [(0, "kept"), (1, "preempted")]
+    # The replacement was launched at the notice, before the checkpoint ended the attempt, and got ready then.
+    launched = _unix(standby["launched_at"])
+    assert launched < _unix(first["ended_at"]) + 1  # ended_at has whole seconds
+    assert standby["ready_at"] is not None and launched <= _unix(standby["ready_at"])
+    # The next attempt: node 0 kept, rank 1 on the prepared replacement, in the gang's zone.
+    assert [n["node"] for n in second["nodes"]] == [first["nodes"][0]["node"], standby["node"]]
+    assert second["nodes"][1]["zone"] == first["zone"] == second["zone"]
+    # The whole gang trained on after the notice (rank 0 is on node 0, which no notice reached).
+    after_notice = [int(s) for s, t in STEP.findall(old_output) if float(t) > launched]
+    assert after_notice, "no step was trained after the replacement's launch"
+    # Every rank stopped at one step, the emergency checkpoint's, and every rank resumed from it.
+    stops = re.findall(r"^rank \d: stopping at step (\d+)", old_output, re.M)
+    assert len(stops) == 4 and len(set(stops)) == 1
+    stopped_at = int(stops[0])
+    assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] == max(after_notice)
+    assert len(re.findall(rf"^rank \d/4: resumed from step {stopped_at}$", new_output, re.M)) == 4
+    assert FINAL.search(logs).group(1) == _uninterrupted(tmp_path)
+    # The ledger: the gap, the replacement's boot and setup (before its attempt existed), every rank's restore.
+    assert second["gap_seconds"] is not None and second["gap_seconds"] > 0
+    boots = [n["boot_seconds"] for n in second["nodes"]]
+    assert boots[0] == 0.0 and boots[1] >= BOOT_SECONDS and second["boot_seconds"] == boots[1]
+    setups = [n["setup_seconds"] for n in second["nodes"]]
+    assert setups[0] == 0.0 and setups[1] is not None and second["setup_seconds"] == setups[1]
+    restores = [n["restore_seconds"] for n in second["nodes"]]
+    assert all(r is not None and r >= 0 for r in restores) and second["restore_seconds"] == max(restores)
+    assert first["lost_seconds"] == 0.0 and job["goodput"]["redone_seconds"] == 0
