@@ -62,15 +62,20 @@ class Runner:
             time.sleep(0.2)
         raise AssertionError(f"the job never printed {pattern!r}; its output ends: {output[-2000:]}")
 
-    # For polling: what the CLI would print, by the CLI's own code run in this process against the controller
-    # it would reach (RUNNER_SERVER, RUNNER_TOKEN). A CLI start costs most of a second of CPU, and a wait polls
-    # several times a second on a 2-core machine that the job under test needs. Where the CLI finds its
-    # controller by itself, the CLI.
+    # For polling, and for reading what a job left where the CLI is not what a test is about: what the CLI would
+    # print, by the CLI's own code run in this process against the controller it would reach (RUNNER_SERVER,
+    # RUNNER_TOKEN). A CLI start costs most of a second of CPU, and a wait polls several times a second on a
+    # 2-core machine that the job under test needs. Where the CLI finds its controller by itself, the CLI.
 
     def job(self, job_id: str) -> dict:
         """What `runner status JOB --json` prints."""
         with self._client() as client:
             return self.json("status", job_id) if client is None else client.get(f"/v1/jobs/{job_id}")
+
+    def restarts(self, job_id: str) -> list[dict]:
+        """What `runner restarts JOB --json` prints."""
+        with self._client() as client:
+            return self.json("restarts", job_id) if client is None else client.get(f"/v1/jobs/{job_id}/restarts")
 
     def output(self, job_id: str, attempt: int | None = None, node: int | None = None) -> str:
         """What `runner logs JOB [--attempt N] [--node R]` prints."""

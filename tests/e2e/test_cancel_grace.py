@@ -64,9 +64,9 @@ def test_a_job_that_traps_sigterm_winds_down_before_its_node_goes(tmp_path, runn
     job_id = _submit(runner, tmp_path, "wind_down.py", WIND_DOWN)
     runner.wait_for_output(job_id, "ready", timeout=120)
     _cancel_and_wait(runner, job_id)
-    output = runner("logs", job_id).stdout
+    output = runner.output(job_id)
     assert "SIGTERM: saving and winding down" in output and "last line" in output, output
-    (row,) = runner.json("restarts", job_id)
+    (row,) = runner.restarts(job_id)
     assert row["end_reason"] == "cancelled" and row["exit_code"] == 0
 
 
@@ -75,7 +75,7 @@ def test_a_checkpointer_job_cancelled_mid_run_has_its_step_committed(tmp_path, r
     job_id = _submit(runner, tmp_path, "train.py", TRAINEE)
     runner.wait_for_output(job_id, "training", timeout=120)
     job = _cancel_and_wait(runner, job_id)
-    output = runner("logs", job_id).stdout
+    output = runner.output(job_id)
     match = re.search(r"stopped at step (\d+)", output)
     assert match, f"the job was killed before it could stop by itself: {output}"
     stopped = int(match.group(1))

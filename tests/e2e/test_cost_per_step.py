@@ -64,7 +64,7 @@ def test_the_relaunch_after_a_measured_attempt_lands_on_the_cheaper_step(tmp_pat
     trained(runner, job_id, 2, 600)
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
     trained(runner, job_id, 3, 50)
-    rows = runner.json("restarts", job_id)
+    rows = runner.restarts(job_id)
     assert runner("cancel", job_id).returncode == 0
 
     first, second, third = rows[:3]
@@ -81,6 +81,6 @@ def test_the_relaunch_after_a_measured_attempt_lands_on_the_cheaper_step(tmp_pat
     assert re.search(r"^L4 spot in local-\w \(sim-l4\): .* steps/s measured = .*; T4 spot in .* steps/s measured",
                      third["message"]), third["message"]
 
-    output = runner("logs", job_id).stdout
+    output = runner.output(job_id)
     for attempt, where in ((1, first), (2, second), (3, third)):
         assert f"attempt {attempt} on {where['instance_type']} in {where['zone']} (local, spot 1)" in output

@@ -80,14 +80,14 @@ def test_the_next_attempt_launches_while_the_old_process_is_still_exiting(tmp_pa
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=240, what="the end")
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 2
-    old_logs = runner("logs", job_id, "--attempt", "1").stdout
+    old_logs = runner.output(job_id, 1)
     step = int(re.search(r"stopped at step (\d+)", old_logs).group(1))
     # The old process saw the replacement node before it exited, and its last line still reached the logs.
     assert "last words of the old attempt" in old_logs
-    first = _wait(lambda: (row := runner.json("restarts", job_id)[0])["exit_code"] is not None and row,
+    first = _wait(lambda: (row := runner.restarts(job_id)[0])["exit_code"] is not None and row,
                   "the old node's exit report")
-    second = runner.json("restarts", job_id)[1]
+    second = runner.restarts(job_id)[1]
     assert first["end_reason"] == "preempted" and first["checkpoint_step"] == step and first["lost_seconds"] == 0.0
     assert first["exit_code"] == 0  # it exited by itself: the agent did not have to stop it
     assert second["resumed_from_step"] == step and second["end_reason"] == "succeeded"
-    assert f"resumed from step {step}" in runner("logs", job_id, "--attempt", "2").stdout
+    assert f"resumed from step {step}" in runner.output(job_id, 2)

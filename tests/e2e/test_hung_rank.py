@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
-from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
-from conftest import write_job
+from conftest import kill_nodes, write_job
 from job_processes import attempt_processes, wait_until_gone
 
 SCRIPT = Path(__file__).with_name("hung_rank_train.py")
@@ -31,6 +31,17 @@ recovery: {max_preemptions: 3, max_failures: 0, resume_drill: "off"}
 pytestmark = pytest.mark.timeout(900)  # torch on four ranks and two attempts, on a busy machine
 
 
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """The local market's clock at 0.1, not the other e2e tests' 0.2: the hung attempt lasts until the AWS notice's
+    deadline, and a 12 s notice bounds the stop as a 24 s one does (still long enough to train through)."""
+    path = tmp_path / "home"
+    path.mkdir()
+    (path / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.1}}}))
+    yield path
+    kill_nodes(path)
+
+
 def test_a_hung_rank_ends_the_attempt_by_the_deadline_naming_it_and_leaving_no_process(runner, controller,
                                                                                         tmp_path):
     folder = tmp_path / "job"
@@ -43,12 +54,12 @@ def test_a_hung_rank_ends_the_attempt_by_the_deadline_naming_it_and_leaving_no_p
         runner.wait_for_output(job_id, "rank 0: resumed from step", timeout=600, attempt=2)
         assert attempt_processes(job_id, 1) == []  # gone, on both nodes, before the next attempt trains
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
-        first = runner.json("restarts", job_id)[0]
+        first = runner.restarts(job_id)[0]
         assert first["end_reason"] == "preempted", first
         assert first["checkpoint_step"] == 30, first
         assert "rank 3 never reached the stop step (its last step was 34" in (first.get("message") or ""), first
         assert job["state"] == "SUCCEEDED", job
-        second = runner.json("restarts", job_id)[1]
+        second = runner.restarts(job_id)[1]
         assert second["resumed_from_step"] == 30, second
     finally:  # a failing test leaves nothing behind
         for attempt in (1, 2):

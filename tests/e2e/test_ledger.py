@@ -58,7 +58,7 @@ STEP = re.compile(r"^step (\d+) at (\d+\.\d+)$", re.M)
 
 def _step_times(runner, job_id: str, attempt: int) -> dict[int, float]:
     """The times the script printed for each step of one attempt."""
-    output = runner("logs", job_id, "--attempt", str(attempt)).stdout
+    output = runner.output(job_id, attempt)
     return {int(step): float(at) for step, at in STEP.findall(output)}
 
 
@@ -69,7 +69,7 @@ def test_gaps_and_goodput_match_the_training_scripts_own_clock(tmp_path, runner,
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=300, what="the end")
     assert job["state"] == "SUCCEEDED" and job["step"] == 100
 
-    rows = runner.json("restarts", job_id)
+    rows = runner.restarts(job_id)
     assert [(r["end_reason"], r["resumed_from_step"]) for r in rows] == [
         ("preempted", 0), ("failed", 40), ("succeeded", 60)]
     one, two, three = (_step_times(runner, job_id, attempt) for attempt in (1, 2, 3))

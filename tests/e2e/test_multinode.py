@@ -78,7 +78,7 @@ def preempted_gang(tmp_path_factory):
         shutil.copy(TRAIN, folder / "train.py")
         job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
         runner.wait_for(job_id, lambda j: j["attempts"] == 2, timeout=240, what="the drill's restart")
-        drill_step = runner.json("restarts", job_id)[0]["checkpoint_step"]
+        drill_step = runner.restarts(job_id)[0]["checkpoint_step"]
         runner.wait_for(job_id, lambda j: any(int(n) >= drill_step + 20 for n in re.findall(
             r"^step (\d+) ", runner.output(job_id, attempt=2), re.M)),
             timeout=240, what="20 steps of attempt 2")
@@ -93,7 +93,7 @@ def preempted_gang(tmp_path_factory):
 def test_the_drill_runs_once_for_the_gang_and_every_rank_restores_its_step(preempted_gang):
     """Attempt 1 ends as the drill, both nodes kept; the drill passed with all four ranks at its step."""
     runner, job_id, _, _ = preempted_gang
-    drilled, resumed, _ = runner.json("restarts", job_id)
+    drilled, resumed, _ = runner.restarts(job_id)
     assert drilled["end_reason"] == "drill" and [n["end_reason"] for n in drilled["nodes"]] == ["kept", "kept"]
     assert [n["node"] for n in resumed["nodes"]] == [n["node"] for n in drilled["nodes"]]  # the same nodes
     drill = drilled["drill"]
@@ -107,7 +107,7 @@ def test_a_notice_to_node_1_keeps_node_0_and_replaces_node_1_in_its_zone(preempt
     runner, job_id, preempted, job = preempted_gang
     assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 3
-    _, first, second = runner.json("restarts", job_id)
+    _, first, second = runner.restarts(job_id)
     assert first["end_reason"] == "preempted" and first["notice"]["node_rank"] == 1
     assert [(n["rank"], n["end_reason"]) for n in first["nodes"]] == [(0, "kept"), (1, "preempted")]
     assert second["nodes"][0]["node"] == first["nodes"][0]["node"]  # node 0 carried on
@@ -124,7 +124,7 @@ def test_the_ledger_shows_each_nodes_start_and_the_gap_at_each_restart(preempted
     """Per node: a fresh node's boot, 0 for a node already up (after the drill, node 0 after the preemption);
     every node's ranks restored; the row shows the slowest node's; each restart has a gap in training."""
     runner, job_id, _, job = preempted_gang
-    drilled, resumed, replaced = runner.json("restarts", job_id)
+    drilled, resumed, replaced = runner.restarts(job_id)
     boots = [[n["boot_seconds"] for n in row["nodes"]] for row in (drilled, resumed, replaced)]
     assert all(boot > 0 for boot in boots[0]) and boots[1] == [0.0, 0.0]
     assert boots[2][0] == 0.0 and boots[2][1] > 0 and replaced["boot_seconds"] == boots[2][1]
@@ -142,8 +142,8 @@ def test_the_ledger_shows_each_nodes_start_and_the_gap_at_each_restart(preempted
 def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
     """All four ranks stop at the step of the emergency checkpoint, and all four resume from it."""
     runner, job_id, _, _ = preempted_gang
-    _, first, second = runner.json("restarts", job_id)
-    logs = runner("logs", job_id, "--attempt", "2").stdout + runner("logs", job_id, "--attempt", "3").stdout
+    _, first, second = runner.restarts(job_id)
+    logs = runner.output(job_id, 2) + runner.output(job_id, 3)
     stops = re.findall(r"^rank \d: stopping at step (\d+)", logs, re.M)
     assert len(stops) == 4 and len(set(stops)) == 1
     stopped_at = int(stops[0])
@@ -154,7 +154,7 @@ def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
 def test_the_final_weights_equal_an_uninterrupted_run_of_the_same_topology(preempted_gang, uninterrupted_sha):
     """The preempted and resumed gang ends with the weights of the same 2 x 2 run never interrupted."""
     runner, job_id, _, _ = preempted_gang
-    assert FINAL.search(runner("logs", job_id).stdout).group(1) == uninterrupted_sha
+    assert FINAL.search(runner.output(job_id)).group(1) == uninterrupted_sha
 
 
 def _standby_cost(row: dict) -> float:

@@ -56,10 +56,10 @@ def test_a_notice_checkpoints_at_the_current_step_and_resumes_bit_exact_in_anoth
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=120, what="the end")
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
 
-    first, second = runner.json("restarts", job_id)
+    first, second = runner.restarts(job_id)
     assert first["end_reason"] == "preempted"
     assert first["notice"]["source"] == cloud and first["notice"]["received_at"]
-    logs = runner("logs", job_id).stdout
+    logs = runner.output(job_id)
     stopped_at = int(re.search(r"stopping at step (\d+) for a preemption", logs).group(1))
     # No work lost: the emergency checkpoint is the step training had reached when the notice came.
     assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] > 20
@@ -80,8 +80,8 @@ def test_every_attempts_output_is_kept_under_its_own_separator(tmp_path, runner,
     assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
     runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=120, what="success")
 
-    logs = runner("logs", job_id).stdout
+    logs = runner.output(job_id)
     one, two = logs.index("attempt 1"), logs.index("attempt 2")
     assert one < logs.index("step 10 ") < logs.index("stopping at step") < two < logs.index("final weights")
-    only_second = runner("logs", job_id, "--attempt", "2").stdout
+    only_second = runner.output(job_id, 2)
     assert "starting fresh" not in only_second and "resumed from step" in only_second

@@ -78,7 +78,7 @@ def test_a_drill_that_resumes_passes_and_is_its_own_attempt(tmp_path, runner, co
     """The drill checkpoints, restarts on the same node, restores that step: passed, and the job goes on."""
     job_id = _submit(runner, tmp_path)
     assert _end(runner, job_id)["state"] == "SUCCEEDED"
-    drill, resumed = runner.json("restarts", job_id)
+    drill, resumed = runner.restarts(job_id)
     assert drill["end_reason"] == "drill" and resumed["end_reason"] == "succeeded"
     assert drill["node"] == resumed["node"]
     assert drill["drill"]["passed"] is True
@@ -91,7 +91,7 @@ def test_a_job_that_loads_for_longer_than_the_drill_time_still_gets_a_passing_dr
     """The drill's clock starts when the training process connects, so 12 s of loading before it does not skip it."""
     job_id = _submit(runner, tmp_path, load=12, drill="3s")
     assert _end(runner, job_id)["state"] == "SUCCEEDED"
-    drill, resumed = runner.json("restarts", job_id)
+    drill, resumed = runner.restarts(job_id)
     assert drill["end_reason"] == "drill" and drill["drill"]["passed"] is True, drill
     assert resumed["resumed_from_step"] == drill["drill"]["checkpoint_step"] > 1
 
@@ -106,7 +106,7 @@ def test_a_broken_resume_fails_the_job_naming_what_failed(tmp_path, runner, cont
     job_id = _submit(runner, tmp_path, sabotage)
     job = _end(runner, job_id)
     assert job["state"] == "FAILED"
-    rows = runner.json("restarts", job_id)
+    rows = runner.restarts(job_id)
     drilled = next(row for row in rows if row["drill"])
     assert drilled["drill"]["passed"] is False
     assert drilled["drill"]["message"].startswith(reason), drilled["drill"]["message"]
@@ -117,6 +117,6 @@ def test_a_job_without_the_library_gets_a_drill_result_saying_so(tmp_path, runne
     """A job that never connects to the agent is not failed by the drill; its restart log says why."""
     job_id = _submit(runner, tmp_path, run="python -c \"import time; time.sleep(4); print('plain job done')\"")
     assert _end(runner, job_id)["state"] == "SUCCEEDED"
-    (row,) = runner.json("restarts", job_id)
+    (row,) = runner.restarts(job_id)
     assert row["drill"]["passed"] is None
     assert "does not use runner.checkpoint" in row["drill"]["message"]

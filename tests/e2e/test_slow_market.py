@@ -168,7 +168,7 @@ recovery: {{resume_drill: "off"}}
 """)
         job_id = runner.json("submit", str(job))["id"]
         runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="the job's end")
-        output = runner("logs", job_id).stdout
+        output = runner.output(job_id)
         url = f"local-durable://{(home / 'checkpoints' / job_id).resolve()}"
         node_dir, = home.glob("nodes/*")
         assert f"url={url} rate=50.0 bucket={node_dir.resolve() / 'durable-bandwidth'}" in output \

@@ -79,9 +79,9 @@ def test_steps_nan_steps_peak_memory_cost_per_1000_steps_and_the_manifest(tmp_pa
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=180, what="the end")
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["step"] == STEPS
     stopped = PAUSE_AT
-    assert re.search(rf"^stopped at step {stopped}$", runner("logs", job_id).stdout, re.M)
+    assert re.search(rf"^stopped at step {stopped}$", runner.output(job_id), re.M)
 
-    first, second = runner.json("restarts", job_id)
+    first, second = runner.restarts(job_id)
     assert (first["end_reason"], second["resumed_from_step"]) == ("preempted", stopped)
     assert (first["steps"], second["steps"]) == (stopped, STEPS - stopped)
     assert first["nan_steps"] == sum(s <= stopped for s in NAN_AT)
@@ -101,6 +101,6 @@ def test_steps_nan_steps_peak_memory_cost_per_1000_steps_and_the_manifest(tmp_pa
 
     quiet = runner.wait_for(quiet_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=180, what="the end")
     assert quiet["state"] == "SUCCEEDED"
-    (row,) = runner.json("restarts", quiet_id)
+    (row,) = runner.restarts(quiet_id)
     assert (row["steps"], row["nan_steps"]) == (STEPS, None) and row["peak_memory_gb"] > 0
     assert quiet["manifest"]["argv"] == ["train.py", "--no-loss"]

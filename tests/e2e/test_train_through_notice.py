@@ -9,7 +9,9 @@ launches a warm standby where the job asks for one, released when no notice foll
 
 The local market's clock runs at 0.2 unless a test says otherwise: AWS's notice leaves 24 s, GCP's 6 s. Each
 test starts two or three nodes that import torch; on a busy machine that alone takes minutes, hence the
-timeouts.
+timeouts. The trainee pauses between steps in the first attempt only, so that it is still training at the
+notice's deadline; a later attempt just finishes. A replacement that must not be ready by the deadline waits
+in its setup until the test lets it go, once the old attempt has ended (an event, not a time).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import yaml
 from conftest import REPO, kill_nodes, write_job
 
 TRAINEE = """
-import hashlib, sys, time
+import hashlib, os, sys, time
 print(f"process started at {time.time():.3f}", flush=True)
 import torch
 from runner.checkpoint import Checkpointer
 
 steps, pause = int(sys.argv[1]), float(sys.argv[2])
+if os.environ.get("RUNNER_ATTEMPT", "1") != "1":
+    pause = 0  # the pause keeps the first attempt training through the notice; a later one just finishes
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -90,14 +94,54 @@ def _submit(tmp_path: Path, runner, text: str) -> str:
     return runner.json("submit", str(path))["id"]
 
 
-def _uninterrupted(tmp_path: Path, steps: int) -> str:
-    folder = tmp_path / "uninterrupted"
-    folder.mkdir()
-    (folder / "train.py").write_text(TRAINEE)
-    out = subprocess.run([sys.executable, "train.py", str(steps), "0"], cwd=folder, capture_output=True, text=True,
-                         timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
-    assert out.returncode == 0, out.stderr
-    return FINAL.search(out.stdout).group(1)
+class Uninterrupted:
+    """The trainee run start to end outside the runner, started at once so that it runs while the job waits on its
+    notice; ``sha()``: its final weights."""
+
+    def __init__(self, tmp_path: Path, steps: int):
+        folder = tmp_path / "uninterrupted"
+        folder.mkdir()
+        (folder / "train.py").write_text(TRAINEE)
+        self.process = subprocess.Popen([sys.executable, "train.py", str(steps), "0"], cwd=folder, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+
+    def sha(self) -> str:
+        out, err = self.process.communicate(timeout=300)
+        assert self.process.returncode == 0, err
+        return FINAL.search(out).group(1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def uninterrupted(tmp_path: Path):
+    """``uninterrupted(steps)`` starts the reference run of ``steps`` (killed when the test ends)."""
+    started = []
+
+    def start(steps: int) -> Uninterrupted:
+        started.append(Uninterrupted(tmp_path, steps))
+        return started[-1]
+
+    yield start
+    for run in started:
+        run.stop()
+
+
+def _replacement_setup_held(tmp_path: Path) -> tuple[str, Path]:
+    """A setup that the first node runs at once and a replacement runs until the test creates the returned file
+    (once the first attempt has ended: the replacement cannot be ready by the deadline, however fast the
+    machine)."""
+    marker, go = tmp_path / "first-setup-done", tmp_path / "replacement-may-finish-setup"
+    return f"if [ -e {marker} ]; then while [ ! -e {go} ]; do sleep 0.1; done; else touch {marker}; fi", go
+
+
+def _release_when_the_first_attempt_ends(runner, job_id: str, go: Path) -> None:
+    runner.wait_for(job_id, lambda j: j["preemptions"] == 1, timeout=480, what="the first attempt's end")
+    go.touch()
 
 
 @pytest.mark.timeout(900)
@@ -105,15 +149,18 @@ def _uninterrupted(tmp_path: Path, steps: int) -> str:
 # not, and the old node then trains on until it is reclaimed: the next test).
 @pytest.mark.parametrize("time_scale", [1.0])
 def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_bit_exact(tmp_path, runner,
-                                                                                          controller):
-    steps = 1000  # the old node must still be training when the replacement is ready, on a busy machine too
-    job_id = _submit(tmp_path, runner, _job("train-through", steps))
+                                                                                          controller, uninterrupted):
+    # The old node must still be training when the replacement is ready, on a busy machine too: 100 s of pauses
+    # in the first attempt at least (the second does not pause).
+    steps = 1000
+    reference = uninterrupted(steps)
+    job_id = _submit(tmp_path, runner, _job("train-through", steps, pause=0.1))
     runner.wait_for_output(job_id, r"^step 30 at ")  # a few commits: the agent knows a checkpoint's time
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=480, what="the end")
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
-    first, second = runner.json("restarts", job_id)
+    first, second = runner.restarts(job_id)
     standby = first["standby"]
     assert first["end_reason"] == "preempted" and first["notice"]["source"] == "aws"
     assert standby["reason"] == "notice" and standby["outcome"] == "took over"
@@ -122,73 +169,76 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
     assert standby["ready_at"] is not None and _unix(standby["launched_at"]) <= _unix(standby["ready_at"])
     assert second["node"] == standby["node"] and second["zone"] != first["zone"]
     # Training went on after the notice, on the old node.
-    old_output = runner("logs", job_id, "--attempt", "1").stdout
+    old_output = runner.output(job_id, 1)
     after_notice = [int(s) for s, t in STEP.findall(old_output) if float(t) > _unix(standby["launched_at"])]
     assert after_notice, "no step was trained on the old node after the replacement's launch"
     stopped_at = int(re.search(r"^stopping at step (\d+)$", old_output, re.M).group(1))
     assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] == max(after_notice)
     assert first["lost_seconds"] == 0.0
-    logs = runner("logs", job_id).stdout
+    logs = runner.output(job_id)
     assert f"resumed from step {stopped_at}" in logs
-    assert FINAL.search(logs).group(1) == _uninterrupted(tmp_path, steps)
+    assert FINAL.search(logs).group(1) == reference.sha()
     # The replacement started the job's process once its setup was done, before the handover created its
     # attempt; the process waited in restore() and resumed from the step handed over.
-    started = float(re.search(r"^process started at ([0-9.]+)$", runner("logs", job_id, "--attempt", "2").stdout,
+    started = float(re.search(r"^process started at ([0-9.]+)$", runner.output(job_id, 2),
                               re.M).group(1))
     assert started < _unix(second["started_at"])
 
 
 @pytest.mark.timeout(900)
 def test_a_replacement_not_ready_by_the_deadline_takes_over_once_the_node_is_reclaimed(tmp_path, runner,
-                                                                                      controller):
+                                                                                      controller, uninterrupted):
     """The replacement's setup outlasts the notice: at the deadline less its checkpoint's time and margin, the old
     node's own timer takes a durable checkpoint and holds the job there until it is reclaimed; the replacement
     then runs the next attempt from that step (nothing redone), with the same final weights."""
     steps = 1000  # at most 10 steps a second: still training when reclaimed 24 s after a notice a busy machine delays
-    marker = tmp_path / "first-setup-done"
-    setup = f"if [ -e {marker} ]; then sleep 30; else touch {marker}; fi"
+    reference = uninterrupted(steps)
+    setup, go = _replacement_setup_held(tmp_path)
     job_id = _submit(tmp_path, runner, _job("slow-replacement", steps, setup=setup, pause=0.1))
     runner.wait_for_output(job_id, r"^step 30 at ")
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
+    _release_when_the_first_attempt_ends(runner, job_id, go)
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=480, what="the end")
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
-    first, second = runner.json("restarts", job_id)
+    first, second = runner.restarts(job_id)
     assert first["end_reason"] == "preempted" and first["standby"]["outcome"] == "took over"
     assert second["node"] == first["standby"]["node"]
     assert second["resumed_from_step"] == first["checkpoint_step"] > 30
-    old_output = runner("logs", job_id, "--attempt", "1").stdout
+    old_output = runner.output(job_id, 1)
     assert "stopping at step" not in old_output  # never stopped: held until the node went
     assert int(STEP.findall(old_output)[-1][0]) == first["checkpoint_step"]  # no step after the held one
-    assert FINAL.search(runner("logs", job_id).stdout).group(1) == _uninterrupted(tmp_path, steps)
+    assert FINAL.search(runner.output(job_id)).group(1) == reference.sha()
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("time_scale", [1.0])
+@pytest.mark.parametrize("time_scale", [0.5])
 def test_a_gcp_notice_trains_on_then_holds_at_a_durable_checkpoint_the_replacement_resumes(tmp_path, runner,
-                                                                                          controller):
-    """GCP's full 30 s, and a replacement whose setup outlasts it: the old node trains on after the notice until
+                                                                                          controller, uninterrupted):
+    """GCP's 30 s at half speed (15 s: more than the checkpoint's time, its 3 s margin and the 5 s lead to train
+    on), and a replacement whose setup outlasts it: the old node trains on after the notice until
     the deadline leaves just its checkpoint's time and a margin, commits that step durably and trains no
     further (held, then reclaimed); the replacement resumes from exactly that step, so no step is redone, and
     the final weights are an uninterrupted run's."""
-    steps = 1500
-    marker = tmp_path / "first-setup-done"
-    setup = f"if [ -e {marker} ]; then sleep 45; else touch {marker}; fi"
-    job_id = _submit(tmp_path, runner, _job("gcp-hold", steps, setup=setup))
+    steps = 1000  # 100 s of pauses in the first attempt at least: still training when reclaimed
+    reference = uninterrupted(steps)
+    setup, go = _replacement_setup_held(tmp_path)
+    job_id = _submit(tmp_path, runner, _job("gcp-hold", steps, setup=setup, pause=0.1))
     runner.wait_for_output(job_id, r"^step 30 at ")
     sent = time.time()
     assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
+    _release_when_the_first_attempt_ends(runner, job_id, go)
 
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
-    first, second = runner.json("restarts", job_id)
+    first, second = runner.restarts(job_id)
     assert first["end_reason"] == "preempted" and first["standby"]["outcome"] == "took over"
-    old_output = runner("logs", job_id, "--attempt", "1").stdout
+    old_output = runner.output(job_id, 1)
     old_steps = [(int(s), float(t)) for s, t in STEP.findall(old_output)]
     assert [s for s, t in old_steps if t > sent + 1], "no step was trained on the old node after the notice"
     assert "stopping at step" not in old_output  # held, never stopped: the reclaim ended it
     assert old_steps[-1][0] == first["checkpoint_step"] == second["resumed_from_step"]  # nothing redone
-    assert FINAL.search(runner("logs", job_id).stdout).group(1) == _uninterrupted(tmp_path, steps)
+    assert FINAL.search(runner.output(job_id)).group(1) == reference.sha()
 
 
 @pytest.mark.timeout(900)
@@ -200,7 +250,7 @@ def test_a_short_gcp_notice_checkpoints_at_once_as_before(tmp_path, runner, cont
     assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=240, what="the end")
     assert job["state"] == "SUCCEEDED"
-    first, second = runner.json("restarts", job_id)
+    first, second = runner.restarts(job_id)
     assert first["end_reason"] == "preempted" and "standby" not in first
     assert first["checkpoint_step"] == second["resumed_from_step"] > 30
     events = runner.json("status", job_id)

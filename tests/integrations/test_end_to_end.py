@@ -80,20 +80,20 @@ def test_the_drill_passes_and_a_preempted_job_resumes_where_it_stopped_bit_exact
     job_id = runner.json("submit", str(write_job(folder, text)))["id"]
 
     runner.wait_for(job_id, lambda j: j["attempts"] == 2, timeout=240, what="the drill's restart")
-    drill_step = runner.json("restarts", job_id)[0]["checkpoint_step"]
+    drill_step = runner.restarts(job_id)[0]["checkpoint_step"]
     runner.wait_for(job_id, lambda j: any(s >= drill_step + case["after_drill"] for s in _steps(runner, job_id, 2)),
                     timeout=240, what="attempt 2 training on")
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
     job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=300, what="the end")
-    logs = runner("logs", job_id).stdout
+    logs = runner.output(job_id)
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1, logs[-3000:]
 
-    drilled, preempted, finished = runner.json("restarts", job_id)
+    drilled, preempted, finished = runner.restarts(job_id)
     assert drilled["end_reason"] == "drill" and drilled["drill"]["passed"] is True, drilled
     assert drilled["drill"]["checkpoint_step"] == drilled["drill"]["resumed_step"] == drill_step > 0
     assert preempted["end_reason"] == "preempted" and preempted["resumed_from_step"] == drill_step
-    second_attempt = runner("logs", job_id, "--attempt", "2").stdout
-    assert f"stopping at step {drill_step} for the resume drill" in runner("logs", job_id, "--attempt", "1").stdout
+    second_attempt = runner.output(job_id, 2)
+    assert f"stopping at step {drill_step} for the resume drill" in runner.output(job_id, 1)
     stopped_at = int(re.search(r"stopping at step (\d+) for a preemption", second_attempt).group(1))
     assert preempted["checkpoint_step"] == stopped_at == finished["resumed_from_step"] > drill_step
     assert finished["end_reason"] == "succeeded" and finished["zone"] != preempted["zone"]
