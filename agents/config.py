@@ -37,6 +37,8 @@ class AgentConfig:
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
     drill_timeout_seconds: float = 120.0  # how long the job gets to checkpoint, and to restore, in the drill
+    # ... to restore, when it differs: the restart starts Python and the job's imports again (None: as above)
+    drill_restore_timeout_seconds: float | None = None
     gcp_spot_grace_seconds: float | None = None  # what a GCP preemption leaves (default 30 s; simulations less)
     watch: str = "auto"  # auto (the endpoint variables, else probe link-local), off, or aws|gcp|azure
     address: str | None = None  # where a gang's other nodes reach this one (default: the route to the controller)
@@ -80,6 +82,7 @@ class AgentConfigFile(Section):
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
     drill_timeout_seconds: float = 120.0
+    drill_restore_timeout_seconds: Optional[float] = None
     gcp_spot_grace_seconds: Optional[float] = None
     watch: str = "auto"
     address: Optional[str] = None

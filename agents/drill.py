@@ -32,9 +32,11 @@ NOT_CONNECTED = ("the job does not use runner.checkpoint (nothing connected to t
 
 
 class ResumeDrill:
-    def __init__(self, send: Callable[[dict], int], trainee: ChildProcess, timeout: float = 120.0):
+    def __init__(self, send: Callable[[dict], int], trainee: ChildProcess, timeout: float = 120.0,
+                 restore_timeout: float | None = None):
         self.supervisor = trainee.supervisor  # the current Supervisor
         self.timeout = timeout
+        self.restore_timeout = restore_timeout if restore_timeout is not None else timeout
         self.triggered = False
         self.armed = False
         self._hello = threading.Event()  # the training process has connected to the control channel
@@ -100,7 +102,7 @@ class ResumeDrill:
     def verify_resume(self, expected_step: int, started: float) -> dict:
         """Wait for the restarted process to restore; compare with the drill's step."""
         supervisor = self.supervisor()
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.restore_timeout
         while time.monotonic() < deadline and not self._restored.is_set():
             if supervisor.process.poll() is not None:
                 break
@@ -109,7 +111,7 @@ class ResumeDrill:
         message = self._restored_message
         if message is None:
             code = supervisor.process.poll()
-            why = f"it exited with code {code}" if code is not None else f"nothing within {self.timeout:.0f}s"
+            why = f"it exited with code {code}" if code is not None else f"nothing within {self.restore_timeout:.0f}s"
             return {**base, "passed": False, "resumed_step": None,
                     "message": f"checkpoint not restorable: the restarted job never reported a restore ({why})"}
         step = int(message.get("step") or 0)

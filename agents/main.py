@@ -283,7 +283,8 @@ class Agent(AgentCore):
             self.reporter.event(EventKind.SETUP, wire.SetupReport(now, now).to_json())
         self.phase = "running"
         self.training_pid = None
-        self.drill = ResumeDrill(self.send_control, self._child(), timeout=self.config.drill_timeout_seconds)
+        self.drill = ResumeDrill(self.send_control, self._child(), timeout=self.config.drill_timeout_seconds,
+                                 restore_timeout=self.config.drill_restore_timeout_seconds)
         expected = self.assignment.get("drill_expected_step")
         started = time.monotonic()
         if not self._adopt_prestarted():
@@ -332,7 +333,7 @@ class Agent(AgentCore):
     def _verify_drill(self, expected: int, started: float) -> None:
         result = self.drill.verify_resume(expected, started)
         if self.control is not None and result.get("passed"):  # every local rank's restore, not just the first
-            self.gang.wait_restored(len(self.control.trainees()), self.config.drill_timeout_seconds)
+            self.gang.wait_restored(len(self.control.trainees()), self.drill.restore_timeout)
         result = self.gang.drill_verdict(result, expected)
         log.info("resume drill verdict", **result)
         reply = self.reporter.drill(result)

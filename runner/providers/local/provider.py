@@ -142,6 +142,9 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
             # gang's simulated nodes share this machine's CPUs: every rank of every node restarts at once.
             "drill_timeout_seconds": max(20.0, 120.0 * self.time_scale,
                                          30.0 * request.gang_size if request.gang_size > 1 else 0.0),
+            # The restart's restore comes after a new Python's imports (transformers, lightning: tens of CPU
+            # seconds on a busy machine), which no simulated clock speeds up: a real node's 120 s at least.
+            "drill_restore_timeout_seconds": max(120.0, 30.0 * request.gang_size),
             # GCP's protocol states no deadline: tell the agent how soon this simulated node powers off.
             "gcp_spot_grace_seconds": self.grace_seconds("gcp"),
         }))
