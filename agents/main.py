@@ -44,6 +44,7 @@ from .watchers import Notice
 
 log = structlog.get_logger(__name__)
 SHUTDOWN_GRACE_SECONDS = 25.0  # SIGTERM at shutdown: GCP powers off ~30 s later
+NOTICE_HEARTBEAT_SECONDS = 0.5  # while the controller's word on a notice trained through is awaited
 PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
 
 
@@ -116,7 +117,7 @@ class Agent(AgentCore):
                                        on_durable=self.handover.on_durable if self.handover else None)
         self.watch_loop = self.start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
-        self.reporter.heartbeats(self.config.heartbeat_seconds, self._status, self._on_action, self.shutdown,
+        self.reporter.heartbeats(self._heartbeat_interval, self._status, self._on_action, self.shutdown,
                                  on_world=self.elastic.on_world)
         sdnotify.ready()
         try:
@@ -424,6 +425,15 @@ class Agent(AgentCore):
     def _child(self) -> ChildProcess:
         """The job's current process, as a stop with a checkpoint reaches it."""
         return ChildProcess(lambda: self.current, lambda: self.training_pid)
+
+    def _heartbeat_interval(self) -> float:
+        """The configured interval; shorter while a notice is trained through and the controller's word (the
+        replacement is ready) is awaited: it comes on a heartbeat's reply, and every second of waiting for it is
+        a second of the deadline's reserve gone."""
+        through = self.train_through
+        if through is not None and through.awaiting_word:
+            return min(self.config.heartbeat_seconds, NOTICE_HEARTBEAT_SECONDS)
+        return self.config.heartbeat_seconds
 
     def _on_action(self, action: str) -> None:
         if action == Action.CHECKPOINT_NOW and self.train_through is not None:

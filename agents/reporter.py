@@ -138,24 +138,27 @@ class Reporter:
                 log.warning("event not delivered yet; retrying", kind=kind, error=str(exc))
                 time.sleep(self.retry_every)
 
-    def heartbeats(self, every: float, status: Callable[[], dict], on_action: Callable[[str], None],
-                   stop: threading.Event, on_world: Callable[[dict], None] | None = None) -> None:
-        """Post ``status()`` every ``every`` seconds until ``stop``, in a thread; hand each reply's action on."""
+    def heartbeats(self, every: float | Callable[[], float], status: Callable[[], dict],
+                   on_action: Callable[[str], None], stop: threading.Event,
+                   on_world: Callable[[dict], None] | None = None) -> None:
+        """Post ``status()`` every ``every`` seconds (a number, or asked before each wait) until ``stop``, in a
+        thread; hand each reply's action on."""
         if self.client is None:
             return
+        interval = every if callable(every) else (lambda: every)
 
         def beat() -> None:
             while not stop.is_set():
                 try:
                     reply = self.client.post("/v1/agent/heartbeat", status())
-                    action = reply["action"]
+                    action = reply.get("action", Action.CONTINUE)  # a reply without one must not end the beats
                 except ClientError as exc:
                     log.warning("heartbeat failed", error=str(exc))
                     action, reply = Action.CONTINUE, {}
                 if on_world is not None and isinstance(reply.get("world"), dict):  # an elastic gang's new world
                     on_world(reply["world"])
                 on_action(action)
-                stop.wait(every)
+                stop.wait(interval())
 
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 

@@ -138,3 +138,22 @@ def test_the_exit_report_waits_out_a_long_outage_behind_the_final_telemetry():
     finally:
         outage.server.shutdown()
         outage.server.server_close()
+
+
+def test_the_heartbeat_interval_is_asked_before_each_wait(flaky):
+    """A node on notice awaiting the controller's word beats faster: the interval is read before every wait."""
+    reporter = Reporter(Client(flaky.url, "node-token", timeout=5), patience=30)
+    stop = threading.Event()
+    asked: list[float] = []
+
+    def interval() -> float:
+        asked.append(0.05 if len(asked) >= 2 else 0.3)  # the third wait on is short: the word is awaited
+        return asked[-1]
+
+    reporter.heartbeats(interval, lambda: {"phase": "running"}, lambda action: None, stop)
+    beats = lambda: sum(1 for path, _ in flaky.received if path == "/v1/agent/heartbeat")  # noqa: E731
+    deadline = time.monotonic() + 120
+    while beats() < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    assert beats() >= 6 and asked[:3] == [0.3, 0.3, 0.05]

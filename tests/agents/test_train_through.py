@@ -46,11 +46,20 @@ def test_ranks_of_a_process_group_write_locally_first_so_their_clock_counts_the_
 
 def test_a_notice_is_trained_through_only_when_its_deadline_leaves_time_beyond_the_checkpoint():
     assert trains_through(_notice(120), expected=2.0)       # AWS's 2 minutes
-    assert trains_through(_notice(30, "gcp"), expected=2.0)  # 30 s less 2 s + 3 s leaves 25 s
-    # GCP's 30 s with a 10 s checkpoint: the deadline must leave it once (not twice) and a margin, 17 s to train
+    assert trains_through(_notice(30, "gcp"), expected=2.0)  # 30 s less (2 s + 3 s) / 0.8 leaves 23.75 s
+    # GCP's 30 s with a 10 s checkpoint: the deadline must leave it once (not twice), a margin of max(3 s, 25 %),
+    # and the emergency stop's own margin (a fifth of the time left, 0.5 to 10 s): 13.75 s to train
     assert trains_through(_notice(30, "gcp"), expected=10.0)
-    assert lead_seconds(30, 10.0) == 17.0 and lead_seconds(120, 40.0) == 70.0  # margin: max(3 s, 25 %)
+    assert lead_seconds(30, 10.0) == 13.75 and lead_seconds(120, 40.0) == 60.0  # the stop's margin at most 10 s
     assert not trains_through(_notice(30, "gcp"), expected=20.0)  # a slow checkpoint eats GCP's 30 s
+
+    # What the emergency stop is then given: the answer by the deadline less its margin leaves the checkpoint
+    # its expected time and the margin (a 7.6 s checkpoint started 10.9 s before the deadline was given up on)
+    from agents.emergency import safety_margin
+    from agents.train_through import reserve_seconds
+    for expected in (0.1, 2.0, 7.6, 10.0, 40.0, 100.0):
+        left = reserve_seconds(expected)
+        assert left - safety_margin(left) >= expected + max(3.0, 0.25 * expected) - 1e-9
     assert not trains_through(_notice(6, "gcp"), expected=0.2)
     assert not trains_through(_notice(120, "signal"), expected=0.2)  # SIGTERM: the node is going down now
     assert lead_seconds(None, 1.0) == 0.0
@@ -188,3 +197,20 @@ def test_a_gang_nodes_timer_stops_every_rank_with_the_emergency_checkpoint_inste
     TrainThrough(_notice(grace), 0.1, recorder.stop_now, recorder.send, hold=False).start()
     assert recorder.stopped.wait(10)
     assert recorder.sent == []  # no hold asked for: the emergency path sends its own stop request
+
+
+def test_the_controllers_word_is_awaited_until_it_comes_or_the_deadline_passes():
+    """While awaited, the agent beats more often (the word comes on a heartbeat's reply); not after."""
+    recorder = Recorder()
+    through = TrainThrough(_notice(600), 0.1, recorder.stop_now, recorder.send).start()
+    assert through.awaiting_word
+    through.checkpoint_now()
+    assert recorder.stopped.wait(60)
+    assert not through.awaiting_word
+
+    false = Recorder()  # the deadline passes without a word: a false notice, nothing awaited any more
+    late = TrainThrough(_notice(0.1 + 3.0 + 0.5), 0.1, false.stop_now, false.send).start()
+    deadline = time.monotonic() + 60
+    while late.awaiting_word and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not late.awaiting_word and [m["op"] for m in false.sent] == ["checkpoint", "release"]
