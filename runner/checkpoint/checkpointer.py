@@ -13,27 +13,27 @@ from __future__ import annotations
 import os
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from runner.protocol import environment as env
 from runner.protocol import messages as msg
 
-from . import elastic, job_settings, rng
+from . import elastic, job_settings
 from .agent_loss import AgentLoss
 from .agent_loss import grace_from_env as agent_loss_grace
 from .agreement import Decision
 from .control import CheckpointRequest, ControlClient, describe_deadline
 from .durable import DurableTier
-from .errors import CheckpointConfigError, RestoreError
 from .folder_format import FolderFormat
 from .hold import Hold
-from .interval import IntervalPolicy, mtbf_from_env, parse_duration
+from .interval import IntervalPolicy, mtbf_from_env
 from .local import LocalTier
 from .log import get_logger
 from .modes import choose
 from .modes.folder import FrameworkFolders
 from .persist import SaveJob
-from .restore import Restored, restore_into
+from .restore import Restored, load_flat, restore_into
 from .resume_wait import ResumeWait
 from .retention import Retention
 from .schedule import SaveSchedule, check_step
@@ -74,24 +74,7 @@ class Checkpointer:
                  every_steps: int | None = None, keep: int | None = None, extra: dict | None = None,
                  **objects) -> None:
         interval, keep = job_settings.interval(interval), job_settings.keep(keep)
-        for name, obj in objects.items():
-            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-                raise TypeError(f"Checkpointer({name}=...): {type(obj).__name__} has no state_dict()/"
-                                f"load_state_dict(); put plain values in extra={{{name!r}: ...}}")
-        if extra is not None and not isinstance(extra, dict):
-            raise TypeError("Checkpointer(extra=...) takes a dict of plain values, such as extra={'tokens': 0}")
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise CheckpointConfigError(f"Checkpointer(keep={keep!r}): keep must be an integer of at least 1")
-        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
-                                        or every_steps < 1):
-            raise CheckpointConfigError(f"Checkpointer(every_steps={every_steps!r}): use a positive integer or None")
-        if isinstance(interval, str) and interval.strip().lower() == "auto":
-            fixed_s = None
-        else:
-            try:
-                fixed_s = parse_duration(interval)
-            except ValueError as exc:
-                raise CheckpointConfigError(f"Checkpointer(interval=...): {exc}; or use 'auto'") from exc
+        fixed_s = job_settings.check_options(objects, extra, keep, every_steps, interval)
 
         self.objects = dict(objects)
         self.extra = extra if extra is not None else {}
@@ -204,7 +187,7 @@ class Checkpointer:
         self._mode.drain()
         handed_over = self._handed_over
         restored = restore_into(self.local, self.durable, self._mode.comm, self._mode.folder_leader, self.objects,
-                                self.extra, self._apply, max_step=handed_over)
+                                self.extra, partial(load_flat, self.objects, self.extra), max_step=handed_over)
         self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
         self.telemetry.send_manifest()  # once per process: what this attempt runs with
         self._retention.restored(restored.step if restored is not None else None)
@@ -445,25 +428,10 @@ class Checkpointer:
         self._last_job = job
         return job
 
-    def _apply(self, state: dict, where: str) -> None:
-        saved = state["objects"]
-        missing = [name for name in self.objects if name not in saved]
-        if missing:
-            raise RestoreError(f"{where} has no state for {', '.join(missing)}; register the same objects as the "
-                               f"run that saved it, or point local_dir/durable_url elsewhere to start fresh")
-        for name, obj in self.objects.items():
-            try:
-                obj.load_state_dict(saved[name])
-            except Exception as exc:
-                raise RestoreError(f"{where}: {name}.load_state_dict failed ({exc}); the checkpoint was saved "
-                                   f"by a different {name}. Use the same setup, or another checkpoint folder") from exc
-        self.extra.update(state["extra"])
-        rng.restore(state["rng"])
-
     def _checkpoint_and_hold(self, step: int, request: CheckpointRequest) -> None:
         """An emergency checkpoint of this step, durable, then the training loop waits here (hold.py)."""
         job = self._last_job
-        if job is None or job.step != step or job.error is not None:
+        if self._mode.needs_emergency_save(job, step):
             job = self._save(step, emergency=True)
         self._retention.emergency(step)
         left = None if request.deadline is None else max(0.0, request.deadline - time.time())
