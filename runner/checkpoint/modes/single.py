@@ -22,9 +22,9 @@ class SingleProcess:
     quiet_steps = True  # a step with nothing pending and no save due needs no decide() (no round to start)
     world_changed = False
     on_world = None
-    hello: dict = {}
 
     def __init__(self) -> None:
+        self.hello: dict = {}  # the control channel's hello names no rank
         self.comm = Solo()
         self.stager = Stager()
 
