@@ -48,6 +48,10 @@ STOP_MARGIN_S = 3.0
 STOP_MARGIN_FRACTION = 0.1
 
 
+def _always(step: int) -> bool:
+    return True
+
+
 def _env_int(name: str) -> int | None:
     raw = os.environ.get(name)
     try:
@@ -100,8 +104,8 @@ class Checkpointer:
             self._mode.elastic = elastic.Elastic(self, self._mode)
         self._mode.bind(self._take_request, self._schedule, lambda: self._should_stop)
         self._decide = self._mode.decide  # once: step() runs every training step
-        self._quiet_steps = self._mode.quiet_steps
-        self._due = self._schedule.due
+        # A step with nothing pending asks the schedule alone, where no round is to be started (quiet_steps).
+        self._due = self._schedule.due if self._mode.quiet_steps else _always
         self._seq = 0
         self._mode.check_same_setup({
             "objects": sorted((name, type(obj).__name__) for name, obj in self.objects.items()),
@@ -223,11 +227,10 @@ class Checkpointer:
             self._await_attempt()
         self.telemetry.on_step(step, loss)
         self._last_step = step
+        if self._signal_request is None and self._control_request is None and not self._due(step):
+            return  # nothing pending, no save due, one process (a rank goes on: every step starts a round)
         if self._should_stop or self._closed:
             return
-        if self._quiet_steps and self._signal_request is None and self._control_request is None \
-                and self._due(step) is None:
-            return  # one process, nothing pending, no save due: the common step, kept cheap
         self._in_step = True
         try:
             decision = self._decide(step)

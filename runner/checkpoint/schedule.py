@@ -8,7 +8,7 @@ step-count save needs no agreement, while each rank's clock runs on its own (agr
 
 from __future__ import annotations
 
-import time
+from time import monotonic
 
 from .interval import IntervalPolicy
 
@@ -29,13 +29,13 @@ class SaveSchedule:
         self.every_steps = every_steps
         self.policy = policy
         self._saved_at = saved_at  # step -> bool: that step already has a good save
-        self._next_due = time.monotonic() + policy.period()
+        self._next_due = monotonic() + policy.period()
         # Chosen once: due() runs at every training step.
         self.due = self._due_by_clock if every_steps is None else self._due_by_step
 
     def _due_by_clock(self, step: int) -> str | None:
         """``ON_CLOCK`` once the interval has passed (and ``step`` has no good save yet), else None."""
-        if time.monotonic() < self._next_due or self._saved_at(step):
+        if monotonic() < self._next_due or self._saved_at(step):
             return None
         return ON_CLOCK
 
@@ -47,7 +47,7 @@ class SaveSchedule:
 
     def restart(self) -> None:
         """The interval counts from now (a save was taken, or the training resumed)."""
-        self._next_due = time.monotonic() + self.policy.period()
+        self._next_due = monotonic() + self.policy.period()
 
     def saved(self, cost_s: float) -> None:
         """A save blocked the training ``cost_s`` seconds: measure it, and count the interval from now."""
