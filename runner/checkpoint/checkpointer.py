@@ -1,40 +1,43 @@
 """Checkpointer: the training loop's one object for saving, restoring and stopping in time (docs/checkpointing.md).
 
-Public methods check their arguments and state, then hand the work to the pieces beside this module:
-``staging`` (phase one, in the caller's thread), ``persist`` (phase two, in the background), ``restore``,
-``interval`` (when a periodic save is due), ``signals`` and ``control`` (notices, which only set a flag).
+Public methods check their arguments and state, then hand the work to the pieces beside this module: the
+mode (``modes/``: one process, or every rank of a torch.distributed job together, an elastic gang's rank
+included), ``staging`` (phase one, in the caller's thread), ``persist`` (phase two, in the background),
+``restore``, ``schedule`` (when a periodic save is due, the one rule ``step()`` and ``poll()`` ask),
+``signals`` and ``control`` (notices, which only set a flag). A framework's own checkpoint folder is handed
+in through ``modes/folder.py``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from runner.protocol import environment as env
 from runner.protocol import messages as msg
 
-from . import elastic, job_settings, rng
+from . import elastic, job_settings
 from .agent_loss import AgentLoss
 from .agent_loss import grace_from_env as agent_loss_grace
-from .agreement import Decision, StepAgreement
+from .agreement import Decision
 from .control import CheckpointRequest, ControlClient, describe_deadline
 from .durable import DurableTier
-from .errors import CheckpointConfigError, RestoreError
-from .folder_format import FolderFormat, incoming_folder
-from .group import SIDE_GROUP_TIMEOUT, Solo, check_same_objects, distributed, join
+from .folder_format import FolderFormat
 from .hold import Hold
-from .interval import IntervalPolicy, mtbf_from_env, parse_duration
+from .interval import IntervalPolicy, mtbf_from_env
 from .local import LocalTier
 from .log import get_logger
-from .persist import DcpFormat, Persister, SaveJob
-from .restore import Restored, restore_into
+from .modes import choose
+from .modes.folder import FrameworkFolders
+from .persist import SaveJob
+from .restore import Restored, load_flat, restore_into
 from .resume_wait import ResumeWait
 from .retention import Retention
+from .schedule import SaveSchedule, check_step
 from .signals import SignalNotices
-from .staging import Stager
 from .telemetry import StepTelemetry
 
 log = get_logger()
@@ -43,7 +46,10 @@ log = get_logger()
 # what is left when the notice is shorter, so a short deadline still leaves time for the durable upload.
 STOP_MARGIN_S = 3.0
 STOP_MARGIN_FRACTION = 0.1
-_OPTIONS = ("local_dir", "durable_url", "interval", "every_steps", "keep", "extra")
+
+
+def _always(step: int) -> bool:
+    return True
 
 
 def _env_int(name: str) -> int | None:
@@ -72,24 +78,7 @@ class Checkpointer:
                  every_steps: int | None = None, keep: int | None = None, extra: dict | None = None,
                  **objects) -> None:
         interval, keep = job_settings.interval(interval), job_settings.keep(keep)
-        for name, obj in objects.items():
-            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-                raise TypeError(f"Checkpointer({name}=...): {type(obj).__name__} has no state_dict()/"
-                                f"load_state_dict(); put plain values in extra={{{name!r}: ...}}")
-        if extra is not None and not isinstance(extra, dict):
-            raise TypeError("Checkpointer(extra=...) takes a dict of plain values, such as extra={'tokens': 0}")
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise CheckpointConfigError(f"Checkpointer(keep={keep!r}): keep must be an integer of at least 1")
-        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
-                                        or every_steps < 1):
-            raise CheckpointConfigError(f"Checkpointer(every_steps={every_steps!r}): use a positive integer or None")
-        if isinstance(interval, str) and interval.strip().lower() == "auto":
-            fixed_s = None
-        else:
-            try:
-                fixed_s = parse_duration(interval)
-            except ValueError as exc:
-                raise CheckpointConfigError(f"Checkpointer(interval=...): {exc}; or use 'auto'") from exc
+        fixed_s = job_settings.check_options(objects, extra, keep, every_steps, interval)
 
         self.objects = dict(objects)
         self.extra = extra if extra is not None else {}
@@ -109,39 +98,28 @@ class Checkpointer:
         self._refused_after_stop = False
 
         self._policy = IntervalPolicy(fixed_s, mtbf_from_env())
-        self._next_due = time.monotonic() + self._policy.period()
-        elastic_gang = elastic.enabled() and (distributed() or elastic.joining())
-        if elastic_gang:  # collectives that survive a lost peer, from the start (elastic.py)
-            elastic.solo_group() if elastic.joining() else elastic.make_default_tolerant()
-        self._ranks = join(self.local.root, timeout=elastic.tolerant_group.timeout() if elastic_gang
-                           else SIDE_GROUP_TIMEOUT)
-        self._elastic = elastic.Elastic(self) if elastic_gang else None
+        self._schedule = SaveSchedule(every_steps, self._policy, self._saved_at)
+        self._mode = choose(self.local.root)  # one process, or every rank together (modes/)
+        if self._mode.gang:
+            self._mode.elastic = elastic.Elastic(self, self._mode)
+        self._mode.bind(self._take_request, self._schedule, lambda: self._should_stop)
+        self._decide = self._mode.decide  # once: step() runs every training step
+        # A step with nothing pending asks the schedule alone, where no round is to be started (quiet_steps).
+        self._due = self._schedule.due if self._mode.quiet_steps else _always
         self._seq = 0
-        if self._ranks is None:
-            self._stager = Stager()
-            self._agreement = None
-            self._persister = Persister(self.local, self.durable, keep, self._on_local, self._on_durable,
-                                        on_failed=self._on_failed, retention=self._retention)
-        else:
-            from .dcp_format import Stager as DcpStager
-
-            check_same_objects(self._ranks, {
-                "objects": sorted((name, type(obj).__name__) for name, obj in self.objects.items()),
-                "extra": sorted(self.extra), "every_steps": every_steps, "keep": keep,
-                "durable": bool(self.durable)})
-            self._stager = DcpStager()
-            self._agreement = StepAgreement(self._ranks.steps)
-            self._persister = Persister(self.local, self.durable, keep, self._on_local, self._on_durable,
-                                        on_failed=self._on_failed, writer=self._ranks.writer,
-                                        uploader=self._ranks.uploader, fmt=DcpFormat(self._ranks.writer),
-                                        folder_leader=self._ranks.folder_leader, retention=self._retention)
+        self._mode.check_same_setup({
+            "objects": sorted((name, type(obj).__name__) for name, obj in self.objects.items()),
+            "extra": sorted(self.extra), "every_steps": every_steps, "keep": keep, "durable": bool(self.durable)})
+        self._persister = self._mode.make_persister(self.local, self.durable, keep, self._on_local,
+                                                    self._on_durable, on_failed=self._on_failed,
+                                                    retention=self._retention)
         if not self._resume_wait.pending:  # else once the attempt exists: the node on notice still commits
             self._mark_attempt()
-        self._folder_format = FolderFormat(self._ranks.writer if self._ranks is not None else None)
+        self._folder_format = FolderFormat(self._mode.writer)
+        self._folders = FrameworkFolders(self)
         self._jobs: list[SaveJob] = []
         self._last_job: SaveJob | None = None
         self._stop_deadline: float | None = None  # monotonic
-        self._restore_started: float | None = None  # monotonic: restore_folder() began, report_restored() not yet
         self._should_stop = False
         self._stop_reason: str | None = None
         self._closed = False
@@ -154,8 +132,7 @@ class Checkpointer:
         self._signals = SignalNotices(self._on_signal)
         self._signals.install()
         control_path = os.environ.get(env.CONTROL)
-        who = {} if self._ranks is None else {"rank": self._ranks.rank, "local_rank": self._ranks.local_rank,
-                                               "world_size": self._ranks.world_size}
+        who = self._mode.hello
         self._agent_loss = AgentLoss(agent_loss_grace(), self._queue_request)  # agent_loss.py
 
         def on_lost() -> None:
@@ -166,8 +143,8 @@ class Checkpointer:
                                       on_lost=on_lost, on_resume=self._resume_wait.on_resume,
                                       on_recorded=self._retention.recorded,
                                       on_release=lambda: self._hold.wake(release=True),
-                                      on_world=self._elastic.on_world if self._elastic else None) if control_path else None
-        self.telemetry = StepTelemetry(self._control, rank=None if self._ranks is None else self._ranks.rank,
+                                      on_world=self._mode.on_world) if control_path else None
+        self.telemetry = StepTelemetry(self._control, rank=None if self._mode.ranks is None else self._mode.rank,
                                        attempt=self.attempt)
 
     # ------------------------------------------------------------------ public API
@@ -188,36 +165,33 @@ class Checkpointer:
     def world_changed(self) -> bool:
         """True at the one ``step()`` of every rank at which an elastic gang moved to a new process group: build
         DistributedDataParallel again (on the new default group) and a new DataLoader iterator."""
-        return self._elastic is not None and self._elastic.changed
+        return self._mode.world_changed
 
     @property
     def world_size(self) -> int:
         """The number of ranks training now (1 outside torch.distributed)."""
-        return self._world_size
+        return self._mode.world_size
 
     @property
     def rank(self) -> int:
         """This process's rank in the current world (0 outside torch.distributed)."""
-        return 0 if self._ranks is None else self._ranks.rank
+        return self._mode.rank
 
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
         self._check_open("restore")
         self._await_attempt()
         started = time.monotonic()
-        if self._elastic is not None and elastic.joining() and self._elastic.inbox.generation == 0:
-            step = self._elastic.join()  # from a surviving peer, not from storage
+        step = self._mode.join_gang()  # an elastic gang's joiner: from a surviving peer, not from storage
+        if step is not None:
             self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
-            self._next_due = time.monotonic() + self._policy.period()
+            self._schedule.restart()
             self._send({"op": "restored", "step": step, "manifest": None, "from_peer": True})
             return step
-        if self._agreement is not None:
-            self._agreement.drain()
+        self._mode.drain()
         handed_over = self._handed_over
-        comm = self._ranks.steps if self._ranks is not None else Solo()
-        leader = self._ranks.folder_leader if self._ranks is not None else True
-        restored = restore_into(self.local, self.durable, comm, leader, self.objects, self.extra, self._apply,
-                                max_step=handed_over)
+        restored = restore_into(self.local, self.durable, self._mode.comm, self._mode.folder_leader, self.objects,
+                                self.extra, partial(load_flat, self.objects, self.extra), max_step=handed_over)
         self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
         self.telemetry.send_manifest()  # once per process: what this attempt runs with
         self._retention.restored(restored.step if restored is not None else None)
@@ -233,7 +207,7 @@ class Checkpointer:
                       "older one" if step else "the checkpoint the controller handed over is missing or does not "
                       "verify, and no older one does either: starting from step 0",
                       handed_over=handed_over, resumed=step)
-        self._next_due = time.monotonic() + self._policy.period()
+        self._schedule.restart()
         if restored is None:
             log.info("no checkpoint to restore; starting fresh", local=str(self.local.root),
                      durable=self.durable.url if self.durable else None)
@@ -253,26 +227,18 @@ class Checkpointer:
             self._await_attempt()
         self.telemetry.on_step(step, loss)
         self._last_step = step
-        if self._agreement is not None:
-            self._in_step = True
-            try:
-                self._step_together(step)
-            finally:
-                self._in_step = False
+        if self._signal_request is None and self._control_request is None and not self._due(step):
+            return  # nothing pending, no save due, one process (a rank goes on: every step starts a round)
+        if self._should_stop or self._closed:
             return
-        if self._signal_request is None and self._control_request is None:
-            if self._should_stop or self._closed:
-                return
-            if self.every_steps is not None:
-                if step % self.every_steps or (self._last_job is not None and self._last_job.step == step):
-                    return
-            elif time.monotonic() < self._next_due:
-                return
-            self._check_step(step)
-            self._save(step, emergency=False)
-            return
-        self._check_step(step)
-        self._serve_request(step)
+        self._in_step = True
+        try:
+            decision = self._decide(step)
+            if decision is not None:
+                self._check_step(step)
+                self._act(step, decision)
+        finally:
+            self._in_step = False
 
     def save(self, step: int) -> None:
         """Take a checkpoint now; returns once the state is staged (the training may go on).
@@ -308,7 +274,7 @@ class Checkpointer:
     def _mark_attempt(self) -> None:
         """Leave this attempt's marker on the durable tier (one process of the job does): from now on an older
         attempt still running commits nothing there (durable.py)."""
-        if self.attempt is None or self.durable is None or (self._ranks is not None and self._ranks.rank != 0):
+        if self.attempt is None or self.durable is None or self._mode.rank != 0:
             return
         try:
             self.durable.mark_attempt(self.attempt, self.job_id)
@@ -339,10 +305,7 @@ class Checkpointer:
             return
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"Checkpointer.close(timeout={timeout!r}): use a number of seconds from 0, or None")
-        if self._elastic is not None:
-            self._elastic.drain()
-        elif self._agreement is not None:
-            self._agreement.drain()
+        self._mode.close()
         end = time.monotonic() + (self._persister.upload_timeout_s if timeout is None else float(timeout))
         if self._stop_deadline is not None:
             end = min(end, self._stop_deadline)
@@ -378,47 +341,22 @@ class Checkpointer:
         self.close(_error=exc_type is not None)
 
     # ------------------------------------------------------------------ framework integrations
-    # A framework (runner/integrations) writes its own checkpoint folder: ``poll`` says at which step to have
-    # it written, ``incoming``/``commit_folder`` commit that folder like any save, ``restore_folder`` finds the
-    # newest one that verifies. The requests, the agreement between ranks, the emergency wait for the durable
-    # tier and every message to the agent are the plain Checkpointer's.
+    # A framework (runner/integrations) writes its own checkpoint folder (modes/folder.py): ``poll`` says at
+    # which step to have it written, ``incoming``/``commit_folder`` commit that folder like any save,
+    # ``restore_folder`` finds the newest one that verifies. The requests, the agreement between ranks, the
+    # emergency wait for the durable tier and every message to the agent are the plain Checkpointer's.
 
     def poll(self, step: int) -> Decision | None:
         """What to do at this step, without saving: None, or a Decision (``request.stop``: the emergency)."""
         self._check_step(step)
         if self._should_stop or self._closed:
             return None
-        if self._agreement is not None:  # one decision for every rank, as in step() (agreement.py)
-            decision = self._agreement.collect()
-            if decision is None and self.every_steps is not None and step % self.every_steps == 0:
-                decision = Decision(save=True, request=None, origin="self")  # every rank is at this step
-            if decision is None or decision.request is None or not decision.request.stop:
-                self._agreement.start(step, self._take_request(), decision is None and self._interval_due(step))
-            return decision
-        request = self._take_request()
-        if request is not None:
-            return Decision(save=True, request=request, origin="self")
-        if self.every_steps is not None:
-            due = step % self.every_steps == 0
-        else:
-            due = self._interval_due(step)
-        return Decision(save=True, request=None, origin="self") if due and not self._saved_at(step) else None
-
-    def _interval_due(self, step: int) -> bool:
-        return self.every_steps is None and time.monotonic() >= self._next_due and not self._saved_at(step)
+        return self._mode.decide(step, in_step=False)  # one decision for every rank, as in step()
 
     def incoming(self, step: int) -> Path | None:
         """A new, empty folder for a framework's checkpoint files of ``step`` (on this local folder's leader;
         None on other ranks). Under torch.distributed it waits for every rank first (all wrote their files)."""
-        if self._ranks is not None:
-            self._ranks.steps.barrier()
-            if not self._ranks.folder_leader:
-                return None
-        folder = incoming_folder(self.local.root, step)
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        return folder
+        return self._folders.incoming(step)
 
     def reclaim_signals(self) -> None:
         """Take SIGTERM/SIGUSR1 back from a framework that installed its own handlers over ours (Lightning)."""
@@ -428,13 +366,7 @@ class Checkpointer:
         """Commit the files put into ``incoming(step)`` as the checkpoint of ``step``; on an emergency, wait
         for the durable tier (up to the deadline), tell the agent and set ``should_stop``."""
         self._check_open("commit_folder")
-        request = decision.request
-        if request is not None:
-            log.info("checkpoint requested", step=step, reason=request.reason, stop=request.stop,
-                     origin=decision.origin, deadline=describe_deadline(request.deadline))
-        job = self._save(step, emergency=bool(request and request.stop), folder=folder, payload=payload)
-        if request is not None and request.stop:
-            self._emergency(step, request, origin=decision.origin, job=job)
+        self._folders.commit(step, folder, decision, payload)
 
     def restore_folder(self, check) -> Restored | None:
         """The newest committed folder checkpoint that verifies and that ``check(folder, manifest, where)``
@@ -442,23 +374,11 @@ class Checkpointer:
         Nothing is reported: the integration calls ``report_restored`` once the framework has loaded it."""
         self._check_open("restore_folder")
         self._await_attempt()
-        self._restore_started = time.monotonic()  # until report_restored(): the framework loads it in between
-        if self._agreement is not None:
-            self._agreement.drain()
-        comm = self._ranks.steps if self._ranks is not None else Solo()
-        leader = self._ranks.folder_leader if self._ranks is not None else True
-        restored = restore_into(self.local, self.durable, comm, leader, {}, {}, None,
-                                max_step=self._handed_over, apply_folder=check)
-        self._retention.restored(restored.step if restored is not None else None)
-        self._next_due = time.monotonic() + self._policy.period()
-        return restored
+        return self._folders.restore(check)
 
     def report_restored(self, restored: Restored | None) -> None:
         """Tell the agent where the training resumed from (``restored``), as ``restore()`` does."""
-        if self._restore_started is not None:
-            self.telemetry.restore_seconds = round(time.monotonic() - self._restore_started, 4)
-            self._restore_started = None
-        self._report_restored(restored, self._handed_over)
+        self._folders.report_restored(restored)
 
     # ------------------------------------------------------------------ hooks
 
@@ -466,47 +386,26 @@ class Checkpointer:
         if self._closed:
             raise RuntimeError(f"Checkpointer.{action}() after close(); build a new Checkpointer")
 
-    @staticmethod
-    def _check_step(step) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+    _check_step = staticmethod(check_step)
 
     @property
     def _world_size(self) -> int:
-        return 1 if self._ranks is None else self._ranks.world_size
-
-    def _step_together(self, step: int) -> None:
-        """The collective step(): act on the decision the ranks reached last step, then start this step's."""
-        if self._should_stop or self._closed:
-            return
-        self._check_step(step)
-        if self._elastic is not None:
-            decision = self._elastic.collect(step)  # leaves for a new world here when one is due
-            if self._elastic.changed or self._should_stop:
-                return
-        else:
-            decision = self._agreement.collect()
-        if decision is not None:
-            self._act(step, decision)
-        if self._should_stop:
-            return
-        if self.every_steps is not None and step % self.every_steps == 0 and not self._saved_at(step):
-            self._save(step, emergency=False)  # every rank reaches this step: no agreement needed
-        request = self._take_request()
-        due = self.every_steps is None and time.monotonic() >= self._next_due and not self._saved_at(step)
-        self._agreement.start(step, request, due, world=self._elastic is not None and self._elastic.world_flag())
+        return self._mode.world_size
 
     def _act(self, step: int, decision: Decision) -> None:
+        """Carry out a step's decision: a save (periodic or requested), a hold, or the emergency stop."""
         request = decision.request
-        if request is None or not request.stop:
-            if request is not None:
-                log.info("checkpoint requested", step=step, reason=request.reason, origin=decision.origin)
-            if not self._saved_at(step):
-                self._save(step, emergency=False)
-            return
-        log.info("checkpoint requested", step=step, reason=request.reason, stop=True, origin=decision.origin,
-                 deadline=describe_deadline(request.deadline))
-        self._emergency(step, request, origin=decision.origin)
+        if request is not None:
+            log.info("checkpoint requested", step=step, reason=request.reason, stop=request.stop,
+                     origin=decision.origin, deadline=describe_deadline(request.deadline))
+            if request.hold:
+                self._checkpoint_and_hold(step, request)
+                return
+            if request.stop:
+                self._emergency(step, request, origin=decision.origin)
+                return
+        if not self._saved_at(step):
+            self._save(step, emergency=False)
 
     def _saved_at(self, step: int) -> bool:
         return self._last_job is not None and self._last_job.step == step and self._last_job.error is None
@@ -521,64 +420,21 @@ class Checkpointer:
         """Stage the registered objects' state, or (``payload`` given) hand in a framework's folder, and submit it."""
         started = time.monotonic()
         self._persister.buffer_free.wait()  # the previous save is still writing out of the reused buffer
-        if payload is not None:
-            state = None
-        elif self._ranks is None:
-            state = {
-                "step": step,
-                "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
-                "extra": dict(self.extra),
-                "rng": rng.capture(),
-            }
-        else:
-            from .dcp_format import capture
-
-            state = capture(self.objects, self.extra, self._ranks.rank)
         self._seq += 1
-        staged = folder if payload is not None else self._stager.stage(state)
+        staged = folder if payload is not None else self._mode.stager.stage(
+            self._mode.capture(step, self.objects, self.extra))
         job = SaveJob(step, staged, emergency, self.attempt, self.job_id, seq=self._seq, started=started,
                       format=self._folder_format if payload is not None else None, payload=payload)
         self._persister.submit(job)
-        self._policy.record(cost_s=time.monotonic() - started)
-        self._next_due = time.monotonic() + self._policy.period()
+        self._schedule.saved(cost_s=time.monotonic() - started)
         self._jobs = [j for j in self._jobs if not j.finished] + [job]
         self._last_job = job
         return job
 
-    def _apply(self, state: dict, where: str) -> None:
-        saved = state["objects"]
-        missing = [name for name in self.objects if name not in saved]
-        if missing:
-            raise RestoreError(f"{where} has no state for {', '.join(missing)}; register the same objects as the "
-                               f"run that saved it, or point local_dir/durable_url elsewhere to start fresh")
-        for name, obj in self.objects.items():
-            try:
-                obj.load_state_dict(saved[name])
-            except Exception as exc:
-                raise RestoreError(f"{where}: {name}.load_state_dict failed ({exc}); the checkpoint was saved "
-                                   f"by a different {name}. Use the same setup, or another checkpoint folder") from exc
-        self.extra.update(state["extra"])
-        rng.restore(state["rng"])
-
-    def _serve_request(self, step: int) -> None:
-        request = self._take_request()
-        if request is None or self._should_stop or self._closed:
-            return
-        log.info("checkpoint requested", step=step, reason=request.reason, stop=request.stop,
-                 deadline=describe_deadline(request.deadline))
-        if request.hold:
-            self._checkpoint_and_hold(step, request)
-            return
-        if not request.stop:
-            if self._last_job is None or self._last_job.step != step:
-                self._save(step, emergency=False)
-            return
-        self._emergency(step, request)
-
     def _checkpoint_and_hold(self, step: int, request: CheckpointRequest) -> None:
         """An emergency checkpoint of this step, durable, then the training loop waits here (hold.py)."""
         job = self._last_job
-        if job is None or job.step != step or job.error is not None:
+        if self._mode.needs_emergency_save(job, step):
             job = self._save(step, emergency=True)
         self._retention.emergency(step)
         left = None if request.deadline is None else max(0.0, request.deadline - time.time())
@@ -594,10 +450,12 @@ class Checkpointer:
         self._hold.wait(request.deadline, stop_pending=self._stop_pending)
         released = self._hold.released
         self._hold.reset()
-        if released or (self._signal_request is None and self._control_request is None):
+        request = None if released else self._take_request()
+        if request is None:
             log.info("hold released: training goes on", step=step)
             return
-        self._serve_request(step)  # a stop: the held step is the emergency checkpoint, already durable
+        # A stop: the held step is the emergency checkpoint, already durable.
+        self._act(step, Decision(save=True, request=request, origin="self"))
 
     def _emergency(self, step: int, request: CheckpointRequest, origin: str = "self",
                    job: SaveJob | None = None) -> None:
@@ -608,10 +466,7 @@ class Checkpointer:
             deadline = time.monotonic() + left - margin
         if job is None:  # else a framework's folder, handed in by the caller
             job = self._last_job
-            if self._ranks is not None:  # decide on what every rank knows alike: the agreed local commit
-                if job is None or job.step != step or (job.local_done.wait() and job.local_manifest is None):
-                    job = self._save(step, emergency=True)
-            elif job is None or job.step != step or job.error is not None:
+            if self._mode.needs_emergency_save(job, step):
                 job = self._save(step, emergency=True)
         self._retention.emergency(step)  # what this attempt's handover names: retention keeps it
         remaining = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731

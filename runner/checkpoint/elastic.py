@@ -300,8 +300,9 @@ class Phases:
 class Elastic:
     """The Checkpointer's elastic side: it owns the inbox and moves the Checkpointer's ranks to a new world."""
 
-    def __init__(self, checkpointer) -> None:
+    def __init__(self, checkpointer, collective) -> None:
         self.ckpt = checkpointer
+        self.collective = collective  # modes/collective.py: its ranks, agreement and persister
         self.inbox = WorldInbox()
         self.changed = False  # true for the one step() call at which the world changed
         self.last_phases: Phases | None = None  # how the last change's seconds were spent
@@ -315,10 +316,10 @@ class Elastic:
     def drain(self) -> None:
         """close(): finish the agreement's round in flight, unless its group is broken (it would only fail)."""
         if self.broken():
-            self.ckpt._agreement.forget()
+            self.collective.agreement.forget()
             return
         try:
-            self.ckpt._agreement.drain()
+            self.collective.agreement.drain()
         except Exception as exc:  # noqa: BLE001 - a peer went away as the training ended
             log.warning("the last step agreement failed at close", error=f"{type(exc).__name__}: {exc}")
 
@@ -328,12 +329,11 @@ class Elastic:
 
     def collect(self, step: int):
         """The agreement's decision of the last round, or None after moving to a new world here (or stopping)."""
-        ckpt = self.ckpt
         self.changed = False
         decision, broken = None, self.broken()
         if not broken:
             try:
-                decision = ckpt._agreement.collect()
+                decision = self.collective.agreement.collect()
             except CheckpointError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the agreement's round failed: a peer is gone
@@ -352,8 +352,8 @@ class Elastic:
     def _leave_group(self, step: int, broken: bool) -> None:
         ckpt = self.ckpt
         phases = Phases()
-        leaving_request = ckpt._agreement.last_request
-        ckpt._agreement.forget()
+        leaving_request = self.collective.agreement.last_request
+        self.collective.agreement.forget()
         if not broken:  # saves in flight finish on the old group, which every rank of it still serves
             ckpt.wait(self.wait_s)
         phases.done("saves")
@@ -376,8 +376,8 @@ class Elastic:
             tolerant_group.abandon()
             self._stop(step, "lost")
             return
-        log.info("the world changed", step=step, generation=world.generation, rank=ckpt._ranks.rank,
-                 world_size=ckpt._ranks.world_size, after="loss" if broken else "agreement",
+        log.info("the world changed", step=step, generation=world.generation, rank=self.collective.ranks.rank,
+                 world_size=self.collective.ranks.world_size, after="loss" if broken else "agreement",
                  seconds=phases.total, phases=phases.seconds, state_mb=phases.moved_mb)
 
     def _stop_asked(self, request):
@@ -405,8 +405,8 @@ class Elastic:
                                f"message came within {self.wait_s:.0f} s; is the agent's control channel there?")
         phases = Phases()
         step = self._move(world, None, False, phases)
-        log.info("joined the gang", step=step, generation=world.generation, rank=self.ckpt._ranks.rank,
-                 world_size=self.ckpt._ranks.world_size, seconds=phases.total,
+        log.info("joined the gang", step=step, generation=world.generation, rank=self.collective.ranks.rank,
+                 world_size=self.collective.ranks.world_size, seconds=phases.total,
                  phases=phases.seconds, state_mb=phases.moved_mb)
         return step
 
@@ -424,12 +424,12 @@ class Elastic:
         census = Census.take(fresh[0], step, diverged, ckpt.local.root)
         agreed = census.agreed_step()
         phases.done("census")
-        ranks = ckpt._ranks
+        ranks = self.collective.ranks
         for old, new in zip((ranks.steps, ranks.writer, ranks.uploader), fresh):
             old.group, old.rank, old.world_size = new.group, new.rank, new.world_size  # the persister holds these
         ranks.rank, ranks.world_size = fresh[0].rank, fresh[0].world_size
-        ranks.folder_leader = ckpt._persister.folder_leader = census.folder_leader(ranks.rank)
-        ckpt._agreement = StepAgreement(ranks.steps)
+        ranks.folder_leader = self.collective.persister.folder_leader = census.folder_leader(ranks.rank)
+        self.collective.agreement = StepAgreement(ranks.steps)
         ckpt.telemetry.rank = ranks.rank
         phases.done("swap_groups")  # mostly the old side groups' destructors (gloo joins its threads)
         moved = share_state(ranks.steps, census, ckpt.objects, ckpt.extra)

@@ -1,4 +1,5 @@
-"""The job file's checkpoint settings, as the agent exports them, as defaults of a Checkpointer (docs/job-file.md).
+"""The job file's checkpoint settings, as the agent exports them, as defaults of a Checkpointer (docs/job-file.md),
+and the check of a Checkpointer's options.
 
 ``checkpoint.interval`` arrives as ``RUNNER_CHECKPOINT_INTERVAL`` (absent for ``auto``) and ``checkpoint.keep``
 as ``RUNNER_CHECKPOINT_KEEP``. A value given in code wins; when it differs from the job file's, one plain log
@@ -11,6 +12,7 @@ import os
 
 from runner.protocol import environment as env
 
+from .errors import CheckpointConfigError
 from .interval import parse_duration
 from .log import get_logger
 
@@ -78,3 +80,25 @@ def interval(code):
 def keep(code):
     """How many committed checkpoints are kept: the code's, else the job file's, else 3."""
     return _choose("keep", code, _job_keep(), DEFAULT_KEEP, lambda a, b: a == b)
+
+
+def check_options(objects: dict, extra, keep, every_steps, interval) -> float | None:
+    """Check a Checkpointer's arguments (TypeError or CheckpointConfigError, naming the argument and the fix);
+    the fixed interval in seconds, None for ``auto``."""
+    for name, obj in objects.items():
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"Checkpointer({name}=...): {type(obj).__name__} has no state_dict()/"
+                            f"load_state_dict(); put plain values in extra={{{name!r}: ...}}")
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError("Checkpointer(extra=...) takes a dict of plain values, such as extra={'tokens': 0}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise CheckpointConfigError(f"Checkpointer(keep={keep!r}): keep must be an integer of at least 1")
+    if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                    or every_steps < 1):
+        raise CheckpointConfigError(f"Checkpointer(every_steps={every_steps!r}): use a positive integer or None")
+    if isinstance(interval, str) and interval.strip().lower() == "auto":
+        return None
+    try:
+        return parse_duration(interval)
+    except ValueError as exc:
+        raise CheckpointConfigError(f"Checkpointer(interval=...): {exc}; or use 'auto'") from exc

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from . import rng
 from .checksum import file_digest
 from .dcp_format import METADATA_NAME
 from .durable import DurableTier
@@ -41,6 +42,23 @@ def read_folder(folder: Path, manifest: Manifest) -> dict:
         return rebuild(skeleton, parts)
     except Exception as exc:  # noqa: BLE001 - an unpicklable skeleton is a damaged checkpoint
         raise CorruptCheckpointError(f"{folder / STATE_NAME} cannot be read: {exc}") from exc
+
+
+def load_flat(objects: dict, extra: dict, state: dict, where: str) -> None:
+    """Load a one-process checkpoint's state (read_folder) into the registered objects, ``extra`` and the RNGs."""
+    saved = state["objects"]
+    missing = [name for name in objects if name not in saved]
+    if missing:
+        raise RestoreError(f"{where} has no state for {', '.join(missing)}; register the same objects as the "
+                           f"run that saved it, or point local_dir/durable_url elsewhere to start fresh")
+    for name, obj in objects.items():
+        try:
+            obj.load_state_dict(saved[name])
+        except Exception as exc:
+            raise RestoreError(f"{where}: {name}.load_state_dict failed ({exc}); the checkpoint was saved "
+                               f"by a different {name}. Use the same setup, or another checkpoint folder") from exc
+    extra.update(state["extra"])
+    rng.restore(state["rng"])
 
 
 # ---------------------------------------------------------------------- any layout, one process or a group
