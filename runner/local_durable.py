@@ -129,23 +129,26 @@ class _ThrottledFile(LocalFileOpener):
 
     def __init__(self, path, mode, up: Bandwidth | None, down: Bandwidth | None, **kwargs):
         self._up, self._down = up, down
+        self._catch_up = 0.0  # the first read or write waits its full share; later ones may make up lost time
         super().__init__(path, mode, **kwargs)
+
+    def _take(self, bandwidth: Bandwidth | None, nbytes: int) -> None:
+        if bandwidth is not None and nbytes:
+            bandwidth.take(nbytes, self._catch_up)
+            self._catch_up = CATCH_UP_SECONDS
 
     def read(self, *args, **kwargs):
         data = super().read(*args, **kwargs)
-        if self._down is not None:
-            self._down.take(len(data))
+        self._take(self._down, len(data))
         return data
 
     def readinto(self, buffer):
         count = self.f.readinto(buffer)
-        if self._down is not None and count:
-            self._down.take(count)
+        self._take(self._down, count)
         return count
 
     def write(self, data, *args, **kwargs):
-        if self._up is not None:
-            self._up.take(len(data.encode()) if isinstance(data, str) else memoryview(data).nbytes)
+        self._take(self._up, len(data.encode()) if isinstance(data, str) else memoryview(data).nbytes)
         return super().write(data, *args, **kwargs)
 
     def close(self):
