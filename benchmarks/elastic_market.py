@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     base_pause = base["pause_s"] if base else None
 
     def vs(value):
-        return _fmt(value / base_pause) if value is not None and base_pause else "-"
+        return _fmt(value / base_pause, 3) if value is not None and base_pause else "-"
 
     state_mb = 0.0  # Linear(8, 1) and its optimizer: bytes, not MB
     print("\n| figure | elastic | stop and resume | elastic / stop and resume | goal |")
