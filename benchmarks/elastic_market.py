@@ -21,7 +21,7 @@ Figures (node 0's process, which never leaves):
   rank);
 * shrink (notice): the agreed step's ``step()`` to the next step done (goal ≤ 5 s); the notice to the agreed step;
 * shrink (vanish): the preempt command to the first step done in the world of 2 (goal ≤ 10 s);
-* grow: the replacement's agent ready (its node's registration, from the controller's database) to the first step
+* grow: the replacement's agent ready (its setup done, from the controller's database) to the first step
   done at full width (goal ≤ 5 s + the state's size at 100 MB/s; the state here is a tiny model);
 * survivors' pids before and after; the restart log's world sizes;
 * baseline: the last step of attempt 1 to the first step of attempt 2 (the training pause of stop and resume).
