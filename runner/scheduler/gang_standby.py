@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 
 from ..providers.base import free_slots as provider_free_slots
-from ..state import ledger
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, Job, Node
 from ..state.standbys import PREPARED, StandbyStore
@@ -73,17 +72,7 @@ def kept_or_released(store, live: list[Node]) -> tuple[list[Node], bool]:
 
 def took_over(store, tx, node: Node, attempt: int, now: float) -> None:
     """Inside the plan's transaction, after the attempt's rows: the prepared node is the attempt's rank."""
-    standbys = StandbyStore(store)
-    standbys.take_over(tx, node, attempt)
-    # The ledger: its boot and setup ran before the attempt existed (its registration then finds it up already).
-    if node.boot_seconds is not None:
-        ledger.record_start_phase(tx, node.job_id, attempt, node.rank, "boot_seconds", node.boot_seconds,
-                                  keep_first=True)
-    if node.setup_seconds is not None:
-        ledger.record_start_phase(tx, node.job_id, attempt, node.rank, "setup_seconds", node.setup_seconds)
-    standbys.update_record(tx, node.job_id, node.prepared_for, outcome="took over", took_over_at=now,
-                           next_attempt=attempt)
-    ready = "ready" if node.ready_at is not None else "still getting ready"
+    ready = StandbyStore(store).record_take_over(tx, node, attempt, now)
     store.add_event(tx, node.job_id, "standby", f"attempt {attempt}: rank {node.rank} on the replacement {node.id} "
                     f"prepared during attempt {node.prepared_for} ({ready} at the handover)", attempt=attempt)
 

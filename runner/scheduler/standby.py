@@ -25,7 +25,6 @@ import time
 import structlog
 
 from ..spec import JobSpec
-from ..state import ledger
 from ..state.rows import Node
 from ..state.standbys import StandbyStore
 from ..state.store import NODE_RUNNING
@@ -176,17 +175,7 @@ def take_over(ctx, job) -> bool:
             return False
         resumed = (fresh.checkpoint or {}).get("step", 0)
         attempt = store.insert_attempt(tx, job.id, node.id, node.offer, node.spot, resumed, now)
-        standbys.take_over(tx, node, attempt)
-        # The ledger: this attempt's start is the replacement's boot and setup, which ran before the attempt
-        # existed (a node that is still getting ready reports them to the attempt as usual).
-        if node.boot_seconds is not None:
-            ledger.record_start_phase(tx, job.id, attempt, node.rank, "boot_seconds", node.boot_seconds,
-                                      keep_first=True)
-        if node.setup_seconds is not None:
-            ledger.record_start_phase(tx, job.id, attempt, node.rank, "setup_seconds", node.setup_seconds)
-        standbys.update_record(tx, job.id, node.prepared_for, outcome="took over", took_over_at=now,
-                               next_attempt=attempt)
-        ready = "ready" if node.ready_at is not None else "still getting ready"
+        ready = standbys.record_take_over(tx, node, attempt, now)
         store.set_attempt_message(tx, job.id, attempt, f"started on the replacement {node.id} prepared during "
                                   f"attempt {node.prepared_for} ({ready} at the handover)")
         figures = (standbys.record(tx, job.id, node.prepared_for) or {}).get("placement")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from . import ledger
 from .db import Tx
 from .rows import Node
 from .values import Offer
@@ -58,6 +59,20 @@ class StandbyStore:
     def take_over(self, tx: Tx, node: Node, attempt: int) -> None:
         """The job's next attempt runs on the prepared node."""
         tx.execute("UPDATE nodes SET attempt = ? WHERE id = ?", (attempt, node.id))
+
+    def record_take_over(self, tx: Tx, node: Node, attempt: int, now: float) -> str:
+        """The prepared node is the new attempt's, at its rank: the attempt's ledger starts with the node's boot
+        and setup, which ran before the attempt existed (a node still getting ready reports them to the
+        attempt as usual), and the standby's record says it took over. "ready" or "still getting ready"."""
+        self.take_over(tx, node, attempt)
+        if node.boot_seconds is not None:
+            ledger.record_start_phase(tx, node.job_id, attempt, node.rank, "boot_seconds", node.boot_seconds,
+                                      keep_first=True)
+        if node.setup_seconds is not None:
+            ledger.record_start_phase(tx, node.job_id, attempt, node.rank, "setup_seconds", node.setup_seconds)
+        self.update_record(tx, node.job_id, node.prepared_for, outcome="took over", took_over_at=now,
+                           next_attempt=attempt)
+        return "ready" if node.ready_at is not None else "still getting ready"
 
     def release(self, tx: Tx, node: Node) -> None:
         if self.store.node(node.id, tx).state in PREPARED_LIVE:
