@@ -151,6 +151,8 @@ class Reporter:
             while not stop.is_set():
                 try:
                     reply = self.client.post("/v1/agent/heartbeat", status())
+                    if not isinstance(reply, dict):  # a reply of another shape must not end the beats either
+                        reply = {}
                     action = reply.get("action", Action.CONTINUE)  # a reply without one must not end the beats
                 except ClientError as exc:
                     log.warning("heartbeat failed", error=str(exc))
