@@ -25,6 +25,8 @@ import structlog
 from .base import Notice, Watcher, WatcherError
 
 log = structlog.get_logger(__name__)
+# Its own generator: jitter drawn from the global one would move the stream of whatever else draws from it.
+_JITTER = random.Random()
 
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 
@@ -136,7 +138,7 @@ class WatchLoop:
         # (a metadata server down for a day) must not overflow the float.
         doublings = min(failures - 1, max(0, math.ceil(math.log2(self.backoff_max) - math.log2(self.backoff_initial))) + 1)
         delay = min(self.backoff_max, self.backoff_initial * 2.0 ** max(0, doublings))
-        return delay * random.uniform(0.8, 1.2)
+        return delay * _JITTER.uniform(0.8, 1.2)
 
     def _log_failure(self, watcher: Watcher, exc: Exception, failures: int) -> None:
         if failures & (failures - 1):  # log the 1st, 2nd, 4th, 8th, ... failure in a row
