@@ -45,6 +45,7 @@ from .watchers import Notice
 log = structlog.get_logger(__name__)
 SHUTDOWN_GRACE_SECONDS = 25.0  # SIGTERM at shutdown: GCP powers off ~30 s later
 NOTICE_HEARTBEAT_SECONDS = 0.5  # while the controller's word on a notice trained through is awaited
+PRESTART_READY_SECONDS = 300.0  # at most, for a process started ahead to reach restore() before ready is said
 PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
 
 
@@ -153,6 +154,11 @@ class Agent(AgentCore):
         self.phase = "ready"
         if self.assignment.get("prestart"):
             self._prestart(workdir)
+        if self.prestarted is not None:
+            # Ready to resume is once the process started ahead waits in restore(): the node on notice trains
+            # on through this one's interpreter start, imports and model building instead of pausing for them.
+            self.prestarted.wait_in_restore(
+                PRESTART_READY_SECONDS, lambda: self.cancelled.is_set() or self.shutdown.is_set())
         self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": EventKind.READY, "data": {}}),
                                 "ready report")
         log.info("ready: waiting for the handover")

@@ -1,12 +1,13 @@
 """Start the job's process on a prepared replacement before its attempt exists.
 
-A replacement prepared during a notice is ready once `setup` is done, and then waits for the node on notice
-to hand over. Starting the job's process only at the handover would put the interpreter's start, the
-imports and building the model into the training pause. So, where the controller says the job restores
+A replacement prepared during a notice is ready once `setup` is done (and the process started ahead waits,
+below); it then waits for the node on notice to hand over. Starting the job's process only at the handover
+would put the interpreter's start, the imports and building the model into the training pause. So, where the controller says the job restores
 through runner.checkpoint (``prestart`` in the prepared node's assignment: its running attempt reported a
 restore), the agent starts the run command as soon as setup is done, with the next attempt's variables, no
 ``RUNNER_RESUME_STEP`` and ``RUNNER_RESUME_WAIT=1``: the library waits in ``restore()``
-(runner/checkpoint/resume_wait.py) and says ``waiting``. At the handover the agent adopts the process as the
+(runner/checkpoint/resume_wait.py) and says ``waiting``; only then does the agent report the node ready, so
+the node on notice trains on through this process's start. At the handover the agent adopts the process as the
 attempt's (its output, buffered until then, goes to the attempt's log) and sends ``resume`` with the step
 handed over. A process that exits before, an attempt of another number, or a node that is not needed
 after all: the process is stopped and, where there is an attempt, the job is started as usual.
@@ -15,6 +16,7 @@ after all: the process is stopped and, where there is an attempt, the job is sta
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import structlog
@@ -97,6 +99,19 @@ class Prestarted:
 
     def running(self) -> bool:
         return self.supervisor.process is not None and self.supervisor.process.poll() is None
+
+    def wait_in_restore(self, bound: float, given_up: Callable[[], bool]) -> bool:
+        """Wait until the process says ``waiting`` (its interpreter, imports and model behind it), it exits,
+        ``given_up()`` is true, or ``bound`` seconds pass. True once it waits in restore()."""
+        until = time.monotonic() + bound
+        while not self.waiting.wait(0.05):
+            if not self.running() or given_up():
+                return False
+            if time.monotonic() > until:
+                log.warning("the process started ahead is not waiting in restore() yet; ready without it",
+                            seconds=bound)
+                return False
+        return True
 
     def adopt(self, assignment: dict, shipper, send: Callable[[dict], int], step: int | None) -> bool:
         """Make it the attempt's process: its output to ``shipper``, and the word to resume from ``step`` (sent

@@ -35,12 +35,15 @@ import torch
 from runner.checkpoint import Checkpointer
 
 steps, pause = int(sys.argv[1]), float(sys.argv[2])
+build = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0  # a big model takes this long to build, after attempt 1
 if os.environ.get("RUNNER_ATTEMPT", "1") != "1":
     pause = 0  # the pause keeps the first attempt training through the notice; a later one just finishes
+    time.sleep(build)
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 ckpt = Checkpointer(model=model, optimizer=optimizer, every_steps=10)  # commits measure the checkpoint's time
+print(f"restore called at {time.time():.3f}", flush=True)
 step = ckpt.restore()
 print(f"resumed from step {step}" if step else "starting fresh", flush=True)
 while step < steps:
@@ -79,8 +82,9 @@ def home(tmp_path: Path, time_scale: float) -> Path:
 STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
 
 
-def _job(name: str, steps: int, setup: str = "echo setting up", recovery: str = "", pause: float = 0.05) -> str:
-    return (f"name: {name}\nsetup: {setup!r}\nrun: python train.py {steps} {pause}\n"
+def _job(name: str, steps: int, setup: str = "echo setting up", recovery: str = "", pause: float = 0.05,
+         build: float = 0.0) -> str:
+    return (f"name: {name}\nsetup: {setup!r}\nrun: python train.py {steps} {pause} {build}\n"
             "resources: {cloud: [local]}\n"
             f"recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 'off'{recovery}}}\n")
 
@@ -154,7 +158,7 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
     # in the first attempt at least (the second does not pause).
     steps = 1000
     reference = uninterrupted(steps)
-    job_id = _submit(tmp_path, runner, _job("train-through", steps, pause=0.1))
+    job_id = _submit(tmp_path, runner, _job("train-through", steps, pause=0.1, build=2.0))
     runner.wait_for_output(job_id, r"^step 30 at ")  # a few commits: the agent knows a checkpoint's time
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
 
@@ -185,6 +189,10 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
     # The restart log's times are whole seconds (a handover that comes within the second the process started
     # in is not later than it): compare at that resolution.
     assert int(started) <= _unix(second["started_at"])
+    # Ready once that process waited in restore(): the old node trained on through its imports and the model's
+    # 2 s build, instead of pausing for them after the handover.
+    waiting = float(re.search(r"^restore called at ([0-9.]+)$", runner.output(job_id, 2), re.M).group(1))
+    assert int(waiting) <= _unix(standby["ready_at"])
 
 
 @pytest.mark.timeout(900)
