@@ -2,15 +2,15 @@
 
 A replacement prepared during a notice is ready once `setup` is done (and the process started ahead waits,
 below); it then waits for the node on notice to hand over. Starting the job's process only at the handover
-would put the interpreter's start, the imports and building the model into the training pause. So, where the controller says the job restores
-through runner.checkpoint (``prestart`` in the prepared node's assignment: its running attempt reported a
-restore), the agent starts the run command as soon as setup is done, with the next attempt's variables, no
-``RUNNER_RESUME_STEP`` and ``RUNNER_RESUME_WAIT=1``: the library waits in ``restore()``
-(runner/checkpoint/resume_wait.py) and says ``waiting``; only then does the agent report the node ready, so
-the node on notice trains on through this process's start. At the handover the agent adopts the process as the
-attempt's (its output, buffered until then, goes to the attempt's log) and sends ``resume`` with the step
-handed over. A process that exits before, an attempt of another number, or a node that is not needed
-after all: the process is stopped and, where there is an attempt, the job is started as usual.
+would put the interpreter's start, the imports and building the model into the training pause. So, where the
+controller says the job restores through runner.checkpoint (``prestart`` in the prepared node's assignment:
+its running attempt reported a restore), the agent starts the run command as soon as setup is done, with the
+next attempt's variables, no ``RUNNER_RESUME_STEP`` and ``RUNNER_RESUME_WAIT=1``: the library waits in
+``restore()`` (runner/checkpoint/resume_wait.py) and says ``waiting``; only then does the agent report the
+node ready, so the node on notice trains on through this process's start. At the handover the agent adopts the
+process as the attempt's (its output, buffered until then, goes to the attempt's log) and sends ``resume``
+with the step handed over. A process that exits before, an attempt of another number, or a node that is not
+needed after all: the process is stopped and, where there is an attempt, the job is started as usual.
 """
 
 from __future__ import annotations
