@@ -31,7 +31,7 @@ A third measure, ``--goodput N``: one job on the AWS profile (trained through) p
 node-seconds between the first notice and the end of the last cycle (the job's first boot and setup, paid once
 per job, are left out), beside the job's whole-life ratio.
 
-    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1] [--goodput 0] [--root DIR]
+    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1] [--goodput 0] [--root DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -191,6 +191,13 @@ def _bench(name: str, profile: dict, scale: float, under: str | None = None) -> 
     return root, bench
 
 
+def _discard(root: Path, keep: bool) -> None:
+    if keep:
+        print(f"kept: {root}", flush=True)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", default="aws,gcp")
@@ -202,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the controller's home, the nodes' local tiers and the durable tier live (default: "
                              "the temporary folder). A cloud GPU node's local disk writes GB/s: where this machine's "
                              "disk is slower than the durable tier's bandwidth, put them in memory (/dev/shm)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each controller's folder (its home, the nodes' agent logs, the tiers) and print it")
     args = parser.parse_args(argv)
     names = [p for p in args.profiles.split(",") if p and p != "none"]
     unknown = [p for p in names if p not in PROFILES]
@@ -217,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             result = goodput_run(bench, root, profile, args.goodput, 600 * args.scale)
         finally:
             bench.shutdown()
-            shutil.rmtree(root, ignore_errors=True)
+            _discard(root, args.keep)
         print(f"goodput (AWS profile at {args.scale:g}x, a preemption every {600 * args.scale:g} s, {args.goodput} "
               f"times): {result}", flush=True)
     for name in names:
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name} / {path}: {results[path][-1]}", flush=True)
         finally:
             bench.shutdown()
-            shutil.rmtree(root, ignore_errors=True)
+            _discard(root, args.keep)
         base = _median(results["stop at once"], "gap")
         for path, rows in results.items():
             gap = _median(rows, "gap")
