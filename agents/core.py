@@ -147,6 +147,9 @@ class AgentCore:
             stop.on_ack(message)
 
     def _on_committed(self, message: dict) -> None:
+        if message.get("timing_only"):  # another node's commit of the job's checkpoint: its time, for a notice here
+            self.checkpoint_clock.observe(message)
+            return
         fields = {k: message.get(k) for k in ("step", "manifest", "durable", "emergency", "seconds", "bytes")}
         log.info("checkpoint committed", **{k: fields[k] for k in ("step", "durable", "emergency", "seconds")})
         self.progress["checkpoint_step"] = message.get("step")

@@ -508,22 +508,31 @@ class Checkpointer:
         if request.stop:  # on the reader thread: answered even while the training thread hangs
             self._send(msg.RequestSeen(request.reason, self._last_step, self._in_step).to_json())
 
+    def _first_rank(self) -> bool:
+        """The job's only or first rank: its commits are the job's. The first process of each other node (a
+        folder's leader) tells its own agent only how long they took (``timing_only``)."""
+        return self._mode.ranks is None or self._mode.rank == 0
+
     def _on_local(self, job: SaveJob) -> None:
-        self.telemetry.report_soon()
         seconds = time.monotonic() - job.started
-        if self.durable is None:
-            self._policy.record(commit_s=seconds)
+        first = self._first_rank()
+        if first:
+            self.telemetry.report_soon()
+            if self.durable is None:
+                self._policy.record(commit_s=seconds)
         self._send(msg.Committed(job.step, str(job.local_manifest), False, job.emergency, round(seconds, 4),
-                             job.manifest.bytes).to_json())
+                             job.manifest.bytes, timing_only=not first).to_json())
 
     def _on_failed(self, job: SaveJob, tier: str, error: BaseException) -> None:
         self._send(msg.Failed(job.step, tier, f"{type(error).__name__}: {error}").to_json())
 
     def _on_durable(self, job: SaveJob) -> None:
         seconds = time.monotonic() - job.started
-        self._policy.record(commit_s=seconds)
+        first = self._first_rank()
+        if first:
+            self._policy.record(commit_s=seconds)
         self._send(msg.Committed(job.step, job.durable_manifest, True, job.emergency, round(seconds, 4),
-                             job.manifest.bytes, staged_seconds=job.staged_seconds).to_json())
+                             job.manifest.bytes, staged_seconds=job.staged_seconds, timing_only=not first).to_json())
 
     def _send(self, message: dict) -> None:
         if self._control is not None:

@@ -22,7 +22,8 @@ Library -> agent:
   "seconds": float, "bytes": int}`` - after every commit: once with ``durable: false`` when the local
   tier has it, and once more with ``durable: true`` (and the durable manifest URL) when the durable tier
   has it. ``seconds`` runs from the start of the save; ``bytes`` is the checkpoint's size.
-  Under torch.distributed only rank 0 sends ``committed`` (the checkpoint is one for the whole job).
+  Under torch.distributed rank 0 sends ``committed`` (the checkpoint is one for the whole job); each other
+  node's first process sends it with ``timing_only: true``, for its own agent to time the checkpoint.
 * ``{"op": "stopping", "step": int, "durable": bool, "reason": str, "origin": "self"|"peer"}`` - when
   ``should_stop`` becomes true; ``durable`` says whether the emergency checkpoint reached the durable tier
   before the deadline; ``reason`` is the request's (``notice``, ``drill``, ``SIGTERM``...); ``origin`` is

@@ -234,7 +234,7 @@ class Persister:
             return
         job.local_manifest = folder / MANIFEST_NAME
         self._last_bytes = job.manifest.bytes
-        if self.writer.rank == 0:
+        if self.writer.rank == 0 or self.folder_leader:  # every node's agent times its commits (Committed)
             self._safely(self._on_local, job)
         if self.folder_leader:
             self._safely(self._prune_local, job)
@@ -399,7 +399,7 @@ class Persister:
         job.durable_manifest = self.durable.location(job.step, MANIFEST_NAME)
         seconds = time.monotonic() - started
         self.upload_timeout_s = max(UPLOAD_TIMEOUT_FLOOR_S, UPLOAD_TIMEOUT_FACTOR * seconds)
-        if self.uploader.rank == 0:
+        if self.uploader.rank == 0 or self.folder_leader:
             self._safely(self._on_durable, job)
         return True
 

@@ -132,6 +132,9 @@ class Committed(Message):
     seconds: float | None = None  # from the start of the save
     bytes: int | None = None
     staged_seconds: float | None = None  # of ``seconds``, the staging (the time the save blocked the training)
+    # From another node's first process than the job's first rank: its agent only times the commit (a notice
+    # on that node needs the checkpoint's expected time); the job's first rank's agent reports it.
+    timing_only: bool = False
 
 
 @dataclass(frozen=True)

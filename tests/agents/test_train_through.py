@@ -219,3 +219,28 @@ def test_the_controllers_word_is_awaited_until_it_comes_or_the_deadline_passes()
     while late.awaiting_word and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not late.awaiting_word and [m["op"] for m in false.sent] == ["checkpoint", "release"]
+
+
+class CountingEvents(Events):
+    def __init__(self):
+        self.kinds: list = []
+
+    def event(self, kind, fields, on_delivered=None):
+        self.kinds.append(kind)
+
+
+def test_another_nodes_commit_is_timed_here_and_reported_by_the_first_ranks_agent_alone():
+    """A gang's node on notice times the emergency checkpoint from its own processes' commits (timing only);
+    only the job's first rank's agent reports a commit to the controller."""
+    from agents.core import AgentCore
+
+    events = CountingEvents()
+    core = AgentCore(config=None, reporter=events)
+    core.may_train_through = True
+    core.emergency = Recorder()
+    core.send_control = Control().send
+    core.on_control({"op": "committed", "step": 10, "durable": True, "seconds": 42.0, "timing_only": True})
+    assert events.kinds == []
+    assert core.checkpoint_clock.expected() >= 42.0
+    core.on_notice(_notice(120))
+    assert core.train_through is not None and core.train_through.measure is None  # timed: no timing save

@@ -194,3 +194,29 @@ def test_each_node_fetches_only_its_own_ranks_shards_once_and_verifies_them(tmp_
         got = sum(f["bytes"] for f in fetched if f"/new/{node}/" in f["target"])
         whole = sum(size for name, size in stored.items() if name != "manifest.json")
         assert got == whole - sum(stored[name] for name in not_needed)
+
+
+def test_each_nodes_first_process_tells_its_own_agent_how_long_a_commit_took(tmp_path):
+    """Two ranks on two "nodes" (a local folder each), one agent socket here: every commit of each tier reaches
+    the agents twice, once to report (the job's first rank) and once timing only (the other node's first
+    process), with the same step, so a notice on either node knows how long its emergency checkpoint takes."""
+    from agents.control import ControlServer
+
+    messages: list[dict] = []
+    server = ControlServer(tmp_path / "control.sock", messages.append).start()
+    try:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                   str(TRAINEE), "--steps", "8", "--every-steps", "4", "--ranks-per-node", "1",
+                   "--local-dir", str(tmp_path / "local"), "--durable-url", f"file://{tmp_path / 'durable'}"]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+               "RUNNER_CONTROL": str(tmp_path / "control.sock"), "RUNNER_ATTEMPT": "1", "RUNNER_JOB_ID": "job-1"}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        server.drain()
+    finally:
+        server.close()
+    commits = [(m["step"], m["durable"], m["timing_only"]) for m in messages if m["op"] == "committed"]
+    expected = [(step, durable, timing_only) for step in (4, 8) for durable in (False, True)
+                for timing_only in (False, True)]
+    assert sorted(commits) == expected
+    assert all(m["seconds"] > 0 for m in messages if m["op"] == "committed")
