@@ -11,37 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from . import rng
 from .checksum import file_digest
 from .dcp_format import METADATA_NAME
 from .durable import DurableTier
 from .errors import CheckpointError, CorruptCheckpointError, RestoreError
-from .local import LocalTier, check_size, read_verified
+from .flat_read import read_flat
 from .group import folder_identity
+from .local import LocalTier, check_size
 from .log import get_logger
-from .manifest import FLAT, FOLDER, MANIFEST_NAME, STATE_NAME, Manifest
-from .staging import rebuild
+from .manifest import FLAT, FOLDER, MANIFEST_NAME, Manifest
 
 log = get_logger()
 
 
 def read_folder(folder: Path, manifest: Manifest) -> dict:
-    """Verify every file of ``folder`` against ``manifest`` and rebuild the saved state."""
-    parts, skeleton = [], None
-    for entry in manifest.files:
-        data = read_verified(folder / entry["name"], entry, manifest.checksum)
-        if entry["name"] == STATE_NAME:
-            skeleton = bytes(data)
-        else:
-            parts.append(torch.frombuffer(data, dtype=torch.uint8))
-    if skeleton is None:
-        raise CorruptCheckpointError(f"{folder}: the manifest lists no {STATE_NAME}")
-    try:
-        return rebuild(skeleton, parts)
-    except Exception as exc:  # noqa: BLE001 - an unpicklable skeleton is a damaged checkpoint
-        raise CorruptCheckpointError(f"{folder / STATE_NAME} cannot be read: {exc}") from exc
+    """Verify every file of ``folder`` against ``manifest`` and rebuild the saved state (one pass: flat_read.py)."""
+    return read_flat(folder, manifest)
 
 
 def load_flat(objects: dict, extra: dict, state: dict, where: str) -> None:
@@ -117,19 +103,26 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
                 error = exc
         needed = None if error is not None else _files_needed(folder, manifest, objects, apply_folder, comm)
         wanted = comm.gather((me, needed))
+        # One process reading a flat checkpoint verifies each file as it reads it for the load, once; the check
+        # ahead of the load (and the repair from the durable tier) then runs only when that read finds damage.
+        one_pass = comm.world_size == 1 and folder_leader and apply_folder is None and manifest is not None \
+            and manifest.layout == FLAT
         if folder_leader and error is None:  # the files the ranks of this folder read, fetched once here
             names = set()
             for where_from, theirs in wanted:
                 if where_from == me:
                     names |= theirs
             try:
-                manifest = _materialize_files(local, durable, step, manifest, names, in_durable=step in durable_steps)
+                manifest = _materialize_files(local, durable, step, manifest, names, in_durable=step in durable_steps,
+                                              verify=not one_pass)
             except (CheckpointError, OSError) as exc:
                 error = exc
         if not _all_verified(comm, error, step):
             continue
         try:
-            if apply_folder is not None:
+            if one_pass:
+                apply_flat(_read_or_repair(local, durable, step, manifest, in_durable=step in durable_steps), where)
+            elif apply_folder is not None:
                 apply_folder(folder, manifest, where)
             elif manifest.layout == FOLDER:
                 raise RestoreError(f"{where} was written by {written_by(manifest)}, not by runner.checkpoint."
@@ -216,17 +209,33 @@ def _materialize_index(local: LocalTier, durable: DurableTier | None, step: int,
 
 
 def _materialize_files(local: LocalTier, durable: DurableTier | None, step: int, manifest: Manifest,
-                       names: set[str], in_durable: bool) -> Manifest:
+                       names: set[str], in_durable: bool, verify: bool = True) -> Manifest:
     """Make the files ``names`` of ``step`` present and verified in its local folder, fetching from the
-    durable tier those it lacks or that fail their checksum."""
+    durable tier those it lacks or that fail their checksum. ``verify=False``: check only their sizes (the
+    caller reads them through their checksums and repairs with ``_read_or_repair``)."""
     return _fetch_verified(local, durable, step, manifest, [f["name"] for f in manifest.files if f["name"] in names],
-                    in_durable)
+                           in_durable, verify)
+
+
+def _read_or_repair(local: LocalTier, durable: DurableTier | None, step: int, manifest: Manifest,
+                    in_durable: bool) -> dict:
+    """A flat checkpoint's state, read and verified in one pass; when that finds a damaged file and the durable
+    tier has the step, the local copy is repaired from it (as ``_fetch_verified`` does) and read again."""
+    folder = local.folder(step)
+    try:
+        return read_folder(folder, manifest)
+    except CorruptCheckpointError as exc:
+        if not in_durable:
+            raise
+        log.warning("local copy damaged; fetching the durable one", step=step, error=str(exc))
+    manifest = _fetch_verified(local, durable, step, manifest, [f["name"] for f in manifest.files], in_durable)
+    return read_folder(folder, manifest)
 
 
 def _fetch_verified(local: LocalTier, durable: DurableTier | None, step: int, manifest: Manifest,
-                    names: list[str], in_durable: bool) -> Manifest:
+                    names: list[str], in_durable: bool, verify: bool = True) -> Manifest:
     """Fetch what ``names`` lack here, verify them; a damaged local copy is replaced by the durable one (and
-    its manifest, returned, when the two differ)."""
+    its manifest, returned, when the two differ). ``verify=False`` checks sizes only."""
     folder = local.folder(step)
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
@@ -235,7 +244,12 @@ def _fetch_verified(local: LocalTier, durable: DurableTier | None, step: int, ma
                                          f"has no copy of step {step}")
         durable.download(step, manifest, folder, names=missing)
     try:
-        verify_files(folder, manifest, names)
+        if verify:
+            verify_files(folder, manifest, names)
+        else:
+            entries = {f["name"]: f for f in manifest.files}
+            for name in names:
+                check_size(folder / name, entries[name])
         return manifest
     except CorruptCheckpointError as exc:
         if not in_durable:

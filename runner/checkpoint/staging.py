@@ -209,25 +209,35 @@ class SkeletonUnpickler(pickle.Unpickler):
                                      f"load (it could run code); only plain values, tensors and NumPy arrays")
 
 
-def rebuild(skeleton_bytes: bytes, parts: list[torch.Tensor]):
-    """Inverse of ``stage``: unpickle the skeleton (safely) and put tensors (views of the parts) in their slots."""
-    skeleton = SkeletonUnpickler(io.BytesIO(skeleton_bytes)).load()
-    cuda = torch.cuda.is_available()
+def load_skeleton(skeleton_bytes: bytes):
+    """Unpickle a skeleton safely (SkeletonUnpickler): plain containers with TensorRef/SavedTensor leaves."""
+    return SkeletonUnpickler(io.BytesIO(skeleton_bytes)).load()
 
-    def tensor_of(ref: TensorRef) -> torch.Tensor:
-        dtype = getattr(torch, ref.dtype)
-        if ref.nbytes == 0:
-            tensor = torch.empty(ref.shape, dtype=dtype)
-        else:
-            # a copy that owns its storage: a view would keep the whole part alive (and torch.save it whole)
-            tensor = parts[ref.part][ref.offset:ref.offset + ref.nbytes].view(dtype).view(ref.shape).clone()
-        if ref.device.startswith("cuda") and cuda:
-            tensor = tensor.to(ref.device)
-        return tensor
+
+def tensor_refs(skeleton) -> list[TensorRef]:
+    """Every TensorRef of a skeleton, in the order ``fill`` visits them."""
+    refs: list[TensorRef] = []
 
     def walk(node):
         if isinstance(node, TensorRef):
-            return tensor_of(node)
+            refs.append(node)
+        elif isinstance(node, (dict, list)) or type(node) is tuple:
+            for value in (node.values() if isinstance(node, dict) else node):
+                walk(value)
+
+    walk(skeleton)
+    return refs
+
+
+def fill(skeleton, tensor_of):
+    """The state a skeleton describes: each TensorRef replaced by ``tensor_of(ref)`` (a CPU tensor of its dtype
+    and shape), moved to its CUDA device when it was saved from one and CUDA is here; SavedTensors loaded."""
+    cuda = torch.cuda.is_available()
+
+    def walk(node):
+        if isinstance(node, TensorRef):
+            tensor = tensor_of(node)
+            return tensor.to(node.device) if node.device.startswith("cuda") and cuda else tensor
         if isinstance(node, SavedTensor):
             tensor = torch.load(io.BytesIO(node.data), weights_only=True)
             return tensor.to(node.device) if node.device.startswith("cuda") and cuda else tensor
@@ -236,3 +246,16 @@ def rebuild(skeleton_bytes: bytes, parts: list[torch.Tensor]):
         return node
 
     return walk(skeleton)
+
+
+def rebuild(skeleton_bytes: bytes, parts: list[torch.Tensor]):
+    """Inverse of ``stage``: unpickle the skeleton (safely) and put tensors (copies out of the parts) in their slots."""
+
+    def tensor_of(ref: TensorRef) -> torch.Tensor:
+        dtype = getattr(torch, ref.dtype)
+        if ref.nbytes == 0:
+            return torch.empty(ref.shape, dtype=dtype)
+        # a copy that owns its storage: a view would keep the whole part alive (and torch.save it whole)
+        return parts[ref.part][ref.offset:ref.offset + ref.nbytes].view(dtype).view(ref.shape).clone()
+
+    return fill(load_skeleton(skeleton_bytes), tensor_of)
