@@ -39,6 +39,7 @@ from .retention import Retention
 from .schedule import SaveSchedule, check_step
 from .signals import SignalNotices
 from .telemetry import StepTelemetry
+from .warm_pool import WarmPool
 
 log = get_logger()
 
@@ -180,7 +181,7 @@ class Checkpointer:
     def restore(self) -> int:
         """Load the newest checkpoint that verifies into every registered object; return its step (0 if none)."""
         self._check_open("restore")
-        self._await_attempt()
+        pool = self._await_attempt(warm=True)
         started = time.monotonic()
         step = self._mode.join_gang()  # an elastic gang's joiner: from a surviving peer, not from storage
         if step is not None:
@@ -191,7 +192,9 @@ class Checkpointer:
         self._mode.drain()
         handed_over = self._handed_over
         restored = restore_into(self.local, self.durable, self._mode.comm, self._mode.folder_leader, self.objects,
-                                self.extra, partial(load_flat, self.objects, self.extra), max_step=handed_over)
+                                self.extra, partial(load_flat, self.objects, self.extra), max_step=handed_over,
+                                pool=pool)
+        del pool  # what the restore did not take is freed now
         self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
         self.telemetry.send_manifest()  # once per process: what this attempt runs with
         self._retention.restored(restored.step if restored is not None else None)
@@ -257,19 +260,28 @@ class Checkpointer:
             return
         self._save(step, emergency=False)
 
-    def _await_attempt(self) -> None:
-        """A process started ahead of its attempt waits here for the step it resumes from (resume_wait.py)."""
+    def _await_attempt(self, warm: bool = False) -> WarmPool | None:
+        """A process started ahead of its attempt waits here for the step it resumes from (resume_wait.py).
+
+        ``warm`` (from ``restore()``, one process): meanwhile, make the memory for the restore ready
+        (warm_pool.py); returned for the restore, None when there was no wait."""
         if not self._resume_wait.pending:
-            return
+            return None
         if self._control is None or not self._control.connected:  # nobody to say the word: an attempt as any
             self._resume_wait.pending = False
             self._mark_attempt()
-            return
+            return None
         log.info("started ahead of this attempt: waiting for the handover")
-        self._handed_over = self._resume_wait.wait(self._send)
+        pool = WarmPool().start(self.local) if warm and self._mode.ranks is None else None
+        try:
+            self._handed_over = self._resume_wait.wait(self._send)
+        finally:
+            if pool is not None:
+                pool.stop()
         self._retention.handed_over = self._handed_over
         log.info("the attempt has started", resume_step=self._handed_over)
         self._mark_attempt()
+        return pool
 
     def _mark_attempt(self) -> None:
         """Leave this attempt's marker on the durable tier (one process of the job does): from now on an older

@@ -16,6 +16,7 @@ every byte, and a separate hashing pass.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,11 +29,14 @@ from .manifest import STATE_NAME, Manifest
 from .staging import TensorRef, byte_view, fill, load_skeleton, tensor_refs
 
 SCRATCH = 1 << 20  # the padding between tensors is at most 63 bytes; a larger span is read through this
-READERS = 4  # data files read at once: the reads and the hashing release the GIL
+# Data files read at once (the reads release the GIL). On a 2-vCPU machine under load four readers were slower
+# than one (their page faults contend: benchmarks/restore_handover.py); a node with cores to spare reads four.
+READERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
-def read_flat(folder: Path, manifest: Manifest) -> dict:
-    """Verify every file of ``folder`` against ``manifest`` and rebuild the saved state (see the module)."""
+def read_flat(folder: Path, manifest: Manifest, pool=None) -> dict:
+    """Verify every file of ``folder`` against ``manifest`` and rebuild the saved state (see the module); the
+    tensors come from ``pool`` (a warm_pool.WarmPool) where it has one of the size."""
     entries = {f["name"]: f for f in manifest.files}
     if STATE_NAME not in entries:
         raise CorruptCheckpointError(f"{folder}: the manifest lists no {STATE_NAME}")
@@ -53,12 +57,13 @@ def read_flat(folder: Path, manifest: Manifest) -> dict:
     tensors: dict[int, torch.Tensor] = {}  # id(ref) -> its bytes
 
     def read_part(index: int) -> None:
-        tensors.update(_read_part(folder / parts[index]["name"], parts[index], manifest.checksum, by_part[index]))
+        tensors.update(_read_part(folder / parts[index]["name"], parts[index], manifest.checksum, by_part[index],
+                                  pool))
 
     workers = min(READERS, len(parts))
     if workers > 1:
-        with ThreadPoolExecutor(workers, thread_name_prefix="checkpoint-read") as pool:
-            for done in [pool.submit(read_part, i) for i in range(len(parts))]:
+        with ThreadPoolExecutor(workers, thread_name_prefix="checkpoint-read") as readers:
+            for done in [readers.submit(read_part, i) for i in range(len(parts))]:
                 done.result()  # the first damaged file's error (the others finish first: no reader left behind)
     else:
         for index in range(len(parts)):
@@ -76,7 +81,7 @@ def read_flat(folder: Path, manifest: Manifest) -> dict:
         raise CorruptCheckpointError(f"{folder / STATE_NAME} does not describe its data files: {exc}") from exc
 
 
-def _read_part(path: Path, entry: dict, algorithm: str, refs: list[TensorRef]) -> dict[int, torch.Tensor]:
+def _read_part(path: Path, entry: dict, algorithm: str, refs: list[TensorRef], pool=None) -> dict[int, torch.Tensor]:
     """Read one data file through its checksum, each of ``refs`` into a tensor of its own; check the size and
     checksum and that the refs lie inside the file without overlapping."""
     size = check_size(path, entry)
@@ -107,7 +112,9 @@ def _read_part(path: Path, entry: dict, algorithm: str, refs: list[TensorRef]) -
                 raise CorruptCheckpointError(f"{path}: the skeleton places a tensor at bytes {ref.offset!r}+"
                                              f"{ref.nbytes!r}, outside the file or over another")
             skip_to(ref.offset)
-            tensor = torch.empty(ref.nbytes, dtype=torch.uint8)
+            tensor = pool.take(ref.nbytes) if pool is not None else None
+            if tensor is None:
+                tensor = torch.empty(ref.nbytes, dtype=torch.uint8)
             read_into(byte_view(tensor, 0, ref.nbytes))
             out[id(ref)] = tensor
         skip_to(size)

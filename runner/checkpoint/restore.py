@@ -25,9 +25,10 @@ from .manifest import FLAT, FOLDER, MANIFEST_NAME, Manifest
 log = get_logger()
 
 
-def read_folder(folder: Path, manifest: Manifest) -> dict:
-    """Verify every file of ``folder`` against ``manifest`` and rebuild the saved state (one pass: flat_read.py)."""
-    return read_flat(folder, manifest)
+def read_folder(folder: Path, manifest: Manifest, pool=None) -> dict:
+    """Verify every file of ``folder`` against ``manifest`` and rebuild the saved state (one pass: flat_read.py;
+    ``pool``: memory made ready ahead, warm_pool.py)."""
+    return read_flat(folder, manifest, pool)
 
 
 def load_flat(objects: dict, extra: dict, state: dict, where: str) -> None:
@@ -57,7 +58,8 @@ class Restored:
 
 
 def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_leader: bool, objects: dict,
-                 extra: dict, apply_flat, max_step: int | None = None, apply_folder=None) -> Restored | None:
+                 extra: dict, apply_flat, max_step: int | None = None, apply_folder=None,
+                 pool=None) -> Restored | None:
     """Load the newest checkpoint that verifies on every rank into ``objects``; None when there is none.
 
     Collective under torch.distributed (``comm`` is then the training thread's side group): the ranks
@@ -66,7 +68,8 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
     files), and a candidate is used only when it verified for every rank.
 
     ``apply_folder(folder, manifest, where)`` is a framework integration's: it is given every verified
-    candidate instead of ``apply_flat`` and raises RestoreError for one it cannot resume from.
+    candidate instead of ``apply_flat`` and raises RestoreError for one it cannot resume from. ``pool``
+    (warm_pool.py): memory made ready ahead for a one-process checkpoint's tensors.
     """
     mine = set(s for s, _ in local.committed())
     durable_steps: set[int] = set()
@@ -121,7 +124,8 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
             continue
         try:
             if one_pass:
-                apply_flat(_read_or_repair(local, durable, step, manifest, in_durable=step in durable_steps), where)
+                apply_flat(_read_or_repair(local, durable, step, manifest, in_durable=step in durable_steps, pool=pool),
+                           where)
             elif apply_folder is not None:
                 apply_folder(folder, manifest, where)
             elif manifest.layout == FOLDER:
@@ -218,18 +222,18 @@ def _materialize_files(local: LocalTier, durable: DurableTier | None, step: int,
 
 
 def _read_or_repair(local: LocalTier, durable: DurableTier | None, step: int, manifest: Manifest,
-                    in_durable: bool) -> dict:
+                    in_durable: bool, pool=None) -> dict:
     """A flat checkpoint's state, read and verified in one pass; when that finds a damaged file and the durable
     tier has the step, the local copy is repaired from it (as ``_fetch_verified`` does) and read again."""
     folder = local.folder(step)
     try:
-        return read_folder(folder, manifest)
+        return read_folder(folder, manifest, pool)
     except CorruptCheckpointError as exc:
         if not in_durable:
             raise
         log.warning("local copy damaged; fetching the durable one", step=step, error=str(exc))
     manifest = _fetch_verified(local, durable, step, manifest, [f["name"] for f in manifest.files], in_durable)
-    return read_folder(folder, manifest)
+    return read_folder(folder, manifest, pool)
 
 
 def _fetch_verified(local: LocalTier, durable: DurableTier | None, step: int, manifest: Manifest,
