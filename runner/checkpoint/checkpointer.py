@@ -263,8 +263,8 @@ class Checkpointer:
     def _await_attempt(self, warm: bool = False) -> WarmPool | None:
         """A process started ahead of its attempt waits here for the step it resumes from (resume_wait.py).
 
-        ``warm`` (from ``restore()``, one process): meanwhile, make the memory for the restore ready
-        (warm_pool.py); returned for the restore, None when there was no wait."""
+        Meanwhile the run manifest is worked out, and with ``warm`` (from ``restore()``, one process) the
+        memory for the restore made ready (warm_pool.py): returned for the restore, None without a wait."""
         if not self._resume_wait.pending:
             return None
         if self._control is None or not self._control.connected:  # nobody to say the word: an attempt as any
@@ -273,6 +273,7 @@ class Checkpointer:
             return None
         log.info("started ahead of this attempt: waiting for the handover")
         pool = WarmPool().start(self.local) if warm and self._mode.ranks is None else None
+        self.telemetry.prepare_manifest()  # sent at restore(); worked out meanwhile
         try:
             self._handed_over = self._resume_wait.wait(self._send)
         finally:

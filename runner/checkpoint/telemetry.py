@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 import resource
 import sys
+import threading
 import time
+from concurrent.futures import Future
 
 from runner.protocol.messages import Manifest, Telemetry
 
@@ -159,6 +161,7 @@ class StepTelemetry:
         self._next_report = 0.0
         self._report_soon = False
         self._manifest_sent = False
+        self._manifest_ahead: Future | None = None  # prepare_manifest()
         self._closed = False
 
     @property
@@ -217,11 +220,34 @@ class StepTelemetry:
         self._manifest_sent = True
         if self.control is None:
             return None
-        from .run_manifest import run_manifest
+        if self._manifest_ahead is not None:
+            manifest = self._manifest_ahead.result()
+        else:
+            from .run_manifest import run_manifest
 
-        manifest = run_manifest()
+            manifest = run_manifest()
         self._send(Manifest(manifest).to_json())
         return manifest
+
+    def prepare_manifest(self) -> None:
+        """Work out the run manifest in the background now, for ``send_manifest`` (a process started ahead
+        does it while it waits: hashing the installed packages' list takes a second or more, which would
+        otherwise come between the restore and the first training step)."""
+        if self._manifest_sent or self._manifest_ahead is not None or self.rank not in (None, 0) \
+                or self.control is None:
+            return
+        from .run_manifest import run_manifest
+
+        future: Future = Future()
+
+        def work() -> None:
+            try:
+                future.set_result(run_manifest())
+            except BaseException as exc:  # noqa: BLE001 - raised where send_manifest would have raised it
+                future.set_exception(exc)
+
+        self._manifest_ahead = future
+        threading.Thread(target=work, name="run-manifest", daemon=True).start()
 
     def close(self) -> dict | None:
         """The final, exact report (waits for the device's NaN counter); idempotent. None when nothing trained."""

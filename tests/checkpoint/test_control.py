@@ -304,3 +304,55 @@ def test_a_process_started_ahead_waits_in_restore_for_the_handed_over_step(setup
     assert marker.is_file()  # marked once the attempt exists
     assert os.environ["RUNNER_RESUME_STEP"] == "4"
     ckpt.close()
+
+
+def test_a_process_started_ahead_prepares_its_restore_while_it_waits(setup, tmp_path, agent, monkeypatch):
+    """While a process started ahead waits, it works out its run manifest (hashing the installed packages takes
+    a second or more) and makes ready the memory of the newest checkpoint on the node, so neither falls
+    between the handover and the first step; the step handed over is still what it restores, bit-exact."""
+    from runner.checkpoint import checkpointer, run_manifest
+    from runner.checkpoint.warm_pool import WarmPool
+
+    monkeypatch.setenv("RUNNER_RESUME_STEP", "-")  # the library sets it once resumed: put back after the test
+    monkeypatch.delenv("RUNNER_RESUME_STEP")
+    control = os.environ.pop("RUNNER_CONTROL")  # the old node's process, with an agent of its own
+    with setup.checkpointer(tmp_path / "ckpt", interval="1h", keep=5) as old:
+        old.save(3)
+        setup.train(2)
+        old.save(4)  # the step handed over, prefetched here
+    weights = setup.weights()
+    monkeypatch.setenv("RUNNER_CONTROL", control)
+    manifest_worked_out = threading.Event()
+    real = run_manifest.run_manifest
+
+    def recorded(*args, **kwargs):
+        manifest_worked_out.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_manifest, "run_manifest", recorded)
+    pools = []
+
+    class SeenPool(WarmPool):
+        def __init__(self) -> None:
+            super().__init__()
+            pools.append(self)
+
+    monkeypatch.setattr(checkpointer, "WarmPool", SeenPool)
+    monkeypatch.setenv("RUNNER_RESUME_WAIT", "1")
+    ahead = type(setup)(seed=5)
+    ckpt = ahead.checkpointer(tmp_path / "ckpt", interval="1h")
+    result = []
+    thread = threading.Thread(target=lambda: result.append(ckpt.restore()), daemon=True)
+    thread.start()
+    assert agent.wait_for("waiting")
+    assert manifest_worked_out.wait(60)  # before the word
+    assert len(pools) == 1
+    pools[0].join()
+    assert pools[0].bytes > 0  # the memory of step 4's tensors, touched
+    agent.send({"op": "resume", "step": 4, "attempt": 2})
+    thread.join(60)
+    assert result == [4] and all(torch.equal(a, b) for a, b in zip(ahead.weights(), weights))
+    ops = [m["op"] for m in agent.messages]
+    assert ops.index("manifest") < ops.index("restored")
+    assert pools[0].bytes == 0  # the restore read into it
+    ckpt.close()
