@@ -17,7 +17,11 @@ that benchmark's tiers, when it exists), then loaded into a model built afresh, 
   ahead does while it waits for the handover: runner/checkpoint/warm_pool.py; the pool is filled outside
   the timing);
 - *Checkpointer.restore()*: the library's whole restore (the candidates, the manifest, the read, the load,
-  the report), one pass, no memory made ready.
+  the report; no control channel, so no run manifest), one pass, no memory made ready.
+
+Below the table: how long working out the run manifest takes (hashing the installed packages' list), which a
+restore under the runner did between its end and the first step, and a process started ahead now does
+while it waits.
 
 Every row is the read and verification of every file plus ``load_state_dict`` into the model, checked
 bit-exact after each run. The table gives the median and the best of the runs and each row's median over
@@ -40,12 +44,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import machine  # noqa: E402
-
 from runner.checkpoint import Checkpointer, flat_read  # noqa: E402
 from runner.checkpoint.local import LocalTier, read_verified  # noqa: E402
 from runner.checkpoint.manifest import STATE_NAME  # noqa: E402
 from runner.checkpoint.restore import load_flat, read_folder, verify_folder  # noqa: E402
-from runner.checkpoint.staging import rebuild  # noqa: E402
+from runner.checkpoint.run_manifest import run_manifest  # noqa: E402
+from runner.checkpoint.staging import fill, load_skeleton  # noqa: E402
 from runner.checkpoint.warm_pool import WarmPool  # noqa: E402
 
 
@@ -59,7 +63,7 @@ def build_model(state_mb: float, fill: bool) -> torch.nn.Module:
 
 
 def read_before(folder: Path, manifest) -> dict:
-    """The restore's read before this change (verify_folder, then read_verified and rebuild's copies)."""
+    """The restore's read before reading once: verify_folder, then read_verified and a copy of each tensor."""
     verify_folder(folder, manifest)
     parts, skeleton = [], None
     for entry in manifest.files:
@@ -68,7 +72,14 @@ def read_before(folder: Path, manifest) -> dict:
             skeleton = bytes(data)
         else:
             parts.append(torch.frombuffer(data, dtype=torch.uint8))
-    return rebuild(skeleton, parts)
+
+    def tensor_of(ref):  # a copy of the tensor's bytes out of its file's buffer
+        dtype = getattr(torch, ref.dtype)
+        if ref.nbytes == 0:
+            return torch.empty(ref.shape, dtype=dtype)
+        return parts[ref.part][ref.offset:ref.offset + ref.nbytes].view(dtype).view(ref.shape).clone()
+
+    return fill(load_skeleton(skeleton), tensor_of)
 
 
 def main() -> None:
@@ -113,9 +124,16 @@ def main() -> None:
             finally:
                 flat_read.READERS = kept
 
-        def whole_restore() -> None:
+        def whole_restore() -> float:
             with Checkpointer(local_dir=root, model=model) as ckpt:
+                started = time.perf_counter()
                 assert ckpt.restore() == 7
+                return time.perf_counter() - started
+
+        def time_run_manifest() -> float:
+            started = time.perf_counter()
+            run_manifest()
+            return time.perf_counter() - started
 
         rows = {
             "before (hash pass, read, copy out)": lambda: load(lambda: read_before(folder, manifest)),
@@ -125,6 +143,7 @@ def main() -> None:
             "Checkpointer.restore() (one pass)": whole_restore,
         }
         times: dict[str, list[float]] = {name: [] for name in rows}
+        manifest_s = []
         for _ in range(args.repeat):
             for name, run in rows.items():
                 for tensor in model.state_dict().values():
@@ -134,6 +153,7 @@ def main() -> None:
                 times[name].append(timed if isinstance(timed, float) else time.perf_counter() - started)
                 got = model.state_dict()
                 assert all(torch.equal(got[k], v) for k, v in expected.items()), f"{name}: not bit-exact"
+            manifest_s.append(time_run_manifest())
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -148,6 +168,10 @@ def main() -> None:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"| {name} | {median:.2f} | {min(values):.2f} | {median / base:.2f} |")
+    print()
+    print(f"The run manifest (sent at the first restore(); under the runner it was worked out inside restore(), "
+          f"after its timing; a process started ahead now works it out while it waits): median "
+          f"{statistics.median(manifest_s):.2f} s, best {min(manifest_s):.2f} s.")
 
 
 if __name__ == "__main__":

@@ -246,16 +246,3 @@ def fill(skeleton, tensor_of):
         return node
 
     return walk(skeleton)
-
-
-def rebuild(skeleton_bytes: bytes, parts: list[torch.Tensor]):
-    """Inverse of ``stage``: unpickle the skeleton (safely) and put tensors (copies out of the parts) in their slots."""
-
-    def tensor_of(ref: TensorRef) -> torch.Tensor:
-        dtype = getattr(torch, ref.dtype)
-        if ref.nbytes == 0:
-            return torch.empty(ref.shape, dtype=dtype)
-        # a copy that owns its storage: a view would keep the whole part alive (and torch.save it whole)
-        return parts[ref.part][ref.offset:ref.offset + ref.nbytes].view(dtype).view(ref.shape).clone()
-
-    return fill(load_skeleton(skeleton_bytes), tensor_of)
