@@ -11,7 +11,8 @@
 - **The launcher's exit.** A launcher such as torchrun waits at its end for every node it started with (an exit
   barrier of up to 5 minutes); after a node has left the world it never comes. Once every training process of
   this node has closed its Checkpointer and gone, a launcher still running a few seconds later is ended, and the
-  attempt's end on this node is the training's (``finished_training``).
+  attempt's end on this node is the training's (``finished_training``). The same watch serves any gang whose
+  attempt the controller says has ended on another node (agents/main.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class ElasticWorld:
     def reset(self) -> None:
         with self._lock:
             self.world, self.delivered, self.reported, self.world_size = None, 0, 0, None
+
+    def awaits_growth(self, job_num_nodes: int | None) -> bool:
+        """Whether this node trains in a world narrower than the job's (a replacement is on its way)."""
+        world = self.world
+        return world is not None and isinstance(job_num_nodes, int) and world.get("nnodes", job_num_nodes) < job_num_nodes
 
     @property
     def changed(self) -> bool:
@@ -99,11 +105,14 @@ class ElasticWorld:
 
 
 class LauncherWatch:
-    """Ends a launcher left waiting for nodes that left the world, once every training process has closed."""
+    """Ends a launcher left waiting for nodes that left, once every training process has closed: in an elastic gang
+    after its world changed, in any gang once the controller says the attempt ended on another node (a launcher
+    whose workers all exited cleanly waits at its exit for the launchers of every node it started with, and one
+    that left with its node never comes)."""
 
-    def __init__(self, world: ElasticWorld, trainees_left: Callable[[], bool], stop: Callable[[], None],
+    def __init__(self, peers_left: Callable[[], bool], trainees_left: Callable[[], bool], stop: Callable[[], None],
                  linger: float = LAUNCHER_LINGER_SECONDS):
-        self.world = world
+        self.peers_left = peers_left  # True once a node this launcher started with may never reach its exit
         self.trainees_left = trainees_left  # True once every connected training process has closed and gone
         self.stop = stop
         self.linger = linger
@@ -120,13 +129,13 @@ class LauncherWatch:
     def _run(self) -> None:
         since = None
         while not self._done.wait(0.5):
-            if not (self.world.changed and self.trainees_left()):
+            if not (self.peers_left() and self.trainees_left()):
                 since = None
                 continue
             since = since or time.monotonic()
             if time.monotonic() - since >= self.linger:
                 log.info("every training process has closed; ending the launcher, which waits for nodes that "
-                         "left the world")
+                         "left the gang")
                 self.finished_training = True
                 self.stop()
                 return

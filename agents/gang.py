@@ -70,12 +70,14 @@ class GangRanks:
 
     def __init__(self) -> None:
         self.peer_stop: dict | None = None
+        self.ended_elsewhere = False  # the controller said the gang's attempt ended on another node
         self.restored: dict[str, int] = {}  # global rank (or pid when the library sends no rank) -> step
         self._lock = threading.Condition()
 
     def reset(self) -> None:
         with self._lock:
             self.peer_stop = None
+            self.ended_elsewhere = False
             self.restored = {}
 
     def on_stopping(self, message: dict) -> bool:
@@ -101,8 +103,11 @@ class GangRanks:
                 f"for a peer's notice, before this node's own")
 
     def on_stop_for_peer(self) -> bool:
-        """The controller says the gang's attempt ended elsewhere; True the first time (stop the job then)."""
+        """The controller says the gang's attempt ended elsewhere; True the first time, unless the ranks here had
+        stopped for a peer already (stop the job then). Either way the launcher may now wait for a node that
+        left (``ended_elsewhere``)."""
         with self._lock:
+            self.ended_elsewhere = True
             if self.peer_stop is not None:
                 return False
             self.peer_stop = {"origin": "peer", "reason": "the gang's attempt ended"}

@@ -46,6 +46,9 @@ log = structlog.get_logger(__name__)
 SHUTDOWN_GRACE_SECONDS = 25.0  # SIGTERM at shutdown: GCP powers off ~30 s later
 NOTICE_HEARTBEAT_SECONDS = 0.5  # while the controller's word on a notice trained through is awaited
 PRESTART_READY_SECONDS = 300.0  # at most, for a process started ahead to reach restore() before ready is said
+# While an elastic gang trains with fewer nodes than the job's: the grown world comes on a heartbeat's reply, and
+# the replacement's ranks wait in it from the moment it is issued.
+ELASTIC_HEARTBEAT_SECONDS = 0.5
 PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
 
 
@@ -296,7 +299,8 @@ class Agent(AgentCore):
         started = time.monotonic()
         if not self._adopt_prestarted():
             self._start_command(self.assignment["run"], workdir, env)
-        self.launcher_watch = self._watch_launcher() if (self.assignment.get("gang") or {}).get("elastic") else None
+        gang = self.assignment.get("gang") or {}
+        self.launcher_watch = self._watch_launcher() if gang.get("elastic") or gang.get("num_nodes", 1) > 1 else None
         if expected is not None:
             threading.Thread(target=self._verify_drill, args=(expected, started), daemon=True).start()
         elif self.assignment.get("resume_drill_seconds") is not None:
@@ -317,8 +321,9 @@ class Agent(AgentCore):
         if self.drill.triggered:
             return EndReason.DRILL, code, None, self.drill.outcome()
         if self.launcher_watch is not None and self.launcher_watch.finished_training:
+            # (a gang's stop for a peer is reported as such: GangRanks.exit_reason)
             return EndReason.SUCCEEDED, 0, ("every training process closed; the launcher, waiting at its exit for "
-                                            f"nodes that had left the world, was ended (its exit code {code})"), None
+                                            f"nodes that had left the gang, was ended (its exit code {code})"), None
         if code == 0:
             return EndReason.SUCCEEDED, code, None, None
         failure = classify(code, self.output_tail.text() if self.output_tail else "")
@@ -406,6 +411,8 @@ class Agent(AgentCore):
 
     # --- control --------------------------------------------------------------
     def _status(self) -> dict:
+        if self.elastic.changed:
+            self.progress.pop("joining", None)  # a joiner is in its world: the controller need not look again
         return {"phase": self.phase, "progress": self.progress, "generation": self.elastic.delivered}
 
     def _on_world_changed(self, message: dict) -> None:
@@ -415,7 +422,9 @@ class Agent(AgentCore):
         self.reporter.patiently(lambda: self.client.post("/v1/agent/world", body), "world report")
 
     def _watch_launcher(self) -> LauncherWatch | None:
-        """An elastic gang's launcher, ended once every training process has closed (agents/elastic.py)."""
+        """A gang's launcher, ended once every training process has closed and a node it started with may never
+        reach its exit: the elastic world changed, or the controller says the attempt ended elsewhere
+        (agents/elastic.py)."""
         if self.control is None:
             return None
         hellos_before, closed_before = self.control.counts()
@@ -425,7 +434,7 @@ class Agent(AgentCore):
             return hellos > hellos_before and closed - closed_before >= hellos - hellos_before
 
         supervisor = self.current
-        return LauncherWatch(self.elastic, trainees_left,
+        return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere, trainees_left,
                              lambda: supervisor.stop(self.config.stop_grace_seconds)).start()
 
     def _child(self) -> ChildProcess:
@@ -439,6 +448,8 @@ class Agent(AgentCore):
         through = self.train_through
         if through is not None and through.awaiting_word:
             return min(self.config.heartbeat_seconds, NOTICE_HEARTBEAT_SECONDS)
+        if self.progress.get("joining") or self.elastic.awaits_growth((self.assignment.get("gang") or {}).get("job_num_nodes")):
+            return min(self.config.heartbeat_seconds, ELASTIC_HEARTBEAT_SECONDS)
         return self.config.heartbeat_seconds
 
     def _on_action(self, action: str) -> None:
@@ -476,8 +487,11 @@ class Agent(AgentCore):
         super().on_control(message)
 
     def _on_hello(self, message: dict) -> None:
-        if (self.assignment.get("gang") or {}).get("elastic_join"):
-            self.progress["joining"] = True  # its training waits for its world: the gang may let it in now
+        if (self.assignment.get("gang") or {}).get("elastic_join") and not self.elastic.changed:
+            # Its training waits for its world: the gang may let it in now. Said at once, not at the next beat: the
+            # controller issues the world in its answer (runner/controller/heartbeat_api.py).
+            self.progress["joining"] = True
+            self.reporter.beat_now()
         self.elastic.on_hello(message)
         self.training_pid = message.get("pid")
         if self.drill is not None:

@@ -44,6 +44,7 @@ class Reporter:
         self._outbox: queue.Queue[tuple[str, dict, Callable[[dict], None] | None, float]] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._worker_lock = threading.Lock()
+        self._beat_now = threading.Event()  # wakes the heartbeat thread for a beat at once (beat_now())
 
     @classmethod
     def for_config(cls, config: AgentConfig) -> "Reporter":
@@ -160,9 +161,23 @@ class Reporter:
                 if on_world is not None and isinstance(reply.get("world"), dict):  # an elastic gang's new world
                     on_world(reply["world"])
                 on_action(action)
-                stop.wait(interval())
+                self._wait_for_beat(interval(), stop)
 
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+    def beat_now(self) -> None:
+        """Send the next heartbeat at once, not at the end of the interval: something it carries (an elastic
+        joiner's ``joining``) is awaited by the controller."""
+        self._beat_now.set()
+
+    def _wait_for_beat(self, seconds: float, stop: threading.Event) -> None:
+        """Until ``seconds`` have passed, ``beat_now()`` is called or ``stop`` is set (checked every 0.25 s)."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._beat_now.wait(min(left, 0.25)):
+                break
+        self._beat_now.clear()
 
     def report_exit(self, reason: str, code: int | None, message: str | None, drill: dict | None = None,
                     failure_kind: str | None = None) -> dict | None:

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", type=int, default=100, help="steps at full width before the notice")
     parser.add_argument("--window", type=float, default=10.0, help="seconds before the notice for full width's rate")
     parser.add_argument("--no-vanish", dest="vanish", action="store_false", help="skip the second (no notice) loss")
-    parser.add_argument("--keep", metavar="DIR", help="copy the traces and the controller's output here")
+    parser.add_argument("--keep", metavar="DIR", help="copy the traces, the controller's output and the agents' logs here")
     parser.add_argument("--only", choices=["elastic", "baseline"], default=None)
     args = parser.parse_args(argv)
     load = os.getloadavg()
@@ -305,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in ("elastic.trace", "baseline.trace", "controller.out"):
                 if (root / name).exists():
                     shutil.copy(root / name, Path(args.keep) / name)
+            for node_log in (bench.home / "nodes").glob("*/agent.jsonl"):  # each node's agent, for where time goes
+                shutil.copy(node_log, Path(args.keep) / f"agent-{node_log.parent.name}.jsonl")
         shutil.rmtree(root, ignore_errors=True)
     base_pause = base["pause_s"] if base else None
 

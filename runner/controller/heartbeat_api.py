@@ -38,6 +38,8 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
     state.heartbeats.record(node["id"], time.time(), {"phase": phase, **(progress or {})})
     action = _action_from_view(node)
     if action == Action.CONTINUE and node["attempt_current"] and _is_elastic(node["spec"]):  # its world may have changed
+        if (progress or {}).get("joining") and state.is_leader():  # a replacement's training waits: let it in now
+            await _off_the_loop(state, elastic.admit_at_once, state.scheduler, node["job_id"], node["id"])
         told = await _off_the_loop(state, elastic.heartbeat_world, state.store, node, generation)
         if told is not None:
             return {"action": told[0], **({"world": told[1]} if told[1] is not None else {})}

@@ -222,11 +222,13 @@ def plan_replacements(ctx, job: Job, current: Attempt) -> list[str]:
     return ids
 
 
-def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None) -> bool:
+def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None, joining: Iterable[str] = ()) -> bool:
     """Issue the next generation with every replacement whose agent has registered and run setup, and whose
-    training processes wait for their world (its heartbeat says ``joining``): the survivors move to the new
-    world at once and wait there for it, so it must not still be starting (importing torch takes a while). A
-    replacement that has not registered within ``ctx.gang_timeout`` of its launch is given up (and replaced)."""
+    training processes wait for their world (its heartbeat says ``joining``; ``joining`` names nodes whose beat
+    saying so is being answered, not yet written): the survivors move to the new world at once and wait there for
+    it, so it must not still be starting (importing torch takes a while). A replacement that has not registered
+    within ``ctx.gang_timeout`` of its launch is given up (and replaced)."""
+    joining = set(joining)
     store, elastic = ctx.store, ElasticStore(ctx.store)
     now = now or time.time()
     worlds = elastic.worlds(job.id, current.attempt)
@@ -237,7 +239,7 @@ def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None) -> 
             continue
         node = store.node(row.node_id)
         if row.registered_at is not None and node is not None and node.setup_ended_at is not None and (
-                node.progress or {}).get("joining"):
+                row.node_id in joining or (node.progress or {}).get("joining")):
             ready.append(row.rank)
         elif row.registered_at is None and now - row.joined_at > ctx.gang_timeout:
             late.append(row)
@@ -262,6 +264,19 @@ def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None) -> 
                         f"{job.num_nodes} nodes (generation {new.generation})", attempt=current.attempt, now=now)
     log.info("elastic gang grows", job=job.id, attempt=current.attempt, joined=ready, generation=new.generation)
     return True
+
+
+def admit_at_once(ctx, job_id: str, node_id: str) -> bool:
+    """A replacement's heartbeat says its training waits for its world: let it in now (its answer then carries
+    the world), not at the reconciler's next pass after the beat is written. True when a generation was issued."""
+    try:
+        job, current = ctx.store.job(job_id), ctx.store.current_attempt(job_id)
+        if job is None or current is None or not is_elastic(job) or job.state != RUNNING:
+            return False
+        return admit_joiners(ctx, job, current, joining=(node_id,))
+    except Exception:  # the beat is answered all the same; the reconciler's next pass lets it in
+        log.exception("letting an elastic gang's replacement in failed", job=job_id, node=node_id)
+        return False
 
 
 def joiner_fields(store, node_id: str, job_id: str, attempt: int, address: str | None) -> dict | None:

@@ -48,7 +48,7 @@ def test_each_generation_is_reported_once_with_the_world_size_before_it():
 def test_a_launcher_waiting_for_nodes_that_left_is_ended_once_every_process_has_closed():
     world = ElasticWorld(Ranks(1).send, lambda body: None)
     stopped, closed = threading.Event(), threading.Event()
-    watch = LauncherWatch(world, closed.is_set, stopped.set, linger=0.1).start()
+    watch = LauncherWatch(lambda: world.changed, closed.is_set, stopped.set, linger=0.1).start()
     closed.set()
     assert not stopped.wait(1.0)  # the world never changed here: a launcher's own exit is left alone
     world.on_world(WORLD)

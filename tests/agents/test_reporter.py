@@ -157,3 +157,23 @@ def test_the_heartbeat_interval_is_asked_before_each_wait(flaky):
         time.sleep(0.02)
     stop.set()
     assert beats() >= 6 and asked[:3] == [0.3, 0.3, 0.05]
+
+
+def test_beat_now_sends_the_next_heartbeat_at_once_with_the_status_of_then(flaky):
+    """An elastic joiner's training says it waits: the beat that tells the controller goes now, not at the end of
+    the interval (an hour here), and carries the status as it is then."""
+    reporter = Reporter(Client(flaky.url, "node-token", timeout=5), patience=30)
+    stop = threading.Event()
+    status = {"phase": "running", "progress": {}}
+    reporter.heartbeats(3600.0, lambda: json.loads(json.dumps(status)), lambda action: None, stop)
+    beats = lambda: [body for path, body in flaky.received if path == "/v1/agent/heartbeat"]  # noqa: E731
+    deadline = time.monotonic() + 60
+    while not beats() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    status["progress"]["joining"] = True
+    reporter.beat_now()
+    while len(beats()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    reporter.beat_now()  # the thread sees the stop at once
+    assert len(beats()) == 2 and beats()[1]["progress"] == {"joining": True}

@@ -96,3 +96,23 @@ def test_the_world_report_is_kept_for_the_callers_own_job_only(world, api):
     rows = api.get(f"/v1/jobs/{job_id}/restarts", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     assert rows[0]["world_sizes"] == [{"step": 0, "world_size": 3}, {"step": 140, "world_size": 2}]
     assert world.store.current_attempt(other_id).world_sizes is None  # the token names the job, not the body
+
+
+def test_a_replacement_whose_training_waits_gets_its_world_in_the_answer_to_the_beat_that_says_so(world, api):
+    """The beat saying ``joining`` lets the replacement in at once (its answer is the grown world), not at the
+    reconciler's next pass after the beat is written; a beat without it lets nobody in."""
+    job_id, headers = elastic_gang(world, api)
+    notice(api, headers[1])
+    world.tick()  # the replacement is launched
+    replacement = next(r for r in world.store.current_attempt(job_id).nodes if r.rank == 3)
+    mine = {"Authorization": f"Bearer {world.ctx.node_token(replacement.node_id)}"}
+    answer = api.post("/v1/agent/register", json={"address": "10.0.0.3"}, headers=mine).json()
+    assert answer["gang"]["elastic_join"] is True and answer["gang"]["job_num_nodes"] == 3
+    with world.store.db.transaction() as tx:
+        world.store.record_setup(tx, replacement.node_id, time.time(), time.time())
+    assert beat(api, mine) == {"action": "continue"}  # its training has not said it waits
+    told = api.post("/v1/agent/heartbeat", json={"phase": "running", "generation": 0, "progress": {"joining": True}},
+                    headers=mine).json()
+    assert told["action"] == "world"
+    assert (told["world"]["generation"], told["world"]["node_rank"], told["world"]["nnodes"]) == (2, 2, 3)
+    assert beat(api, headers[0], generation=1)["world"]["generation"] == 2  # the survivors hear it on their next beat
