@@ -39,7 +39,7 @@ from .prestart import DeferredOutput, Prestarted, prestart_environment
 from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
 from .stop_with_checkpoint import StopPlan, StopWithCheckpoint
-from .supervisor import Supervisor
+from .supervisor import LEFTOVER_GRACE_SECONDS, Supervisor
 from .watchers import Notice
 
 log = structlog.get_logger(__name__)
@@ -434,8 +434,11 @@ class Agent(AgentCore):
             return hellos > hellos_before and closed - closed_before >= hellos - hellos_before
 
         supervisor = self.current
+        # Nothing of the training is left to save, and torchrun blocked at its exit barrier (a wait on its store, in
+        # C++) does not act on SIGTERM until the wait ends: a short grace before SIGKILL, not a checkpoint's.
+        grace = min(self.config.stop_grace_seconds, LEFTOVER_GRACE_SECONDS)
         return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere, trainees_left,
-                             lambda: supervisor.stop(self.config.stop_grace_seconds)).start()
+                             lambda: supervisor.stop(grace)).start()
 
     def _child(self) -> ChildProcess:
         """The job's current process, as a stop with a checkpoint reaches it."""
