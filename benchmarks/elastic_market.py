@@ -75,6 +75,7 @@ def step(self, step, loss=None):
 
 
 def restore(self, *args, **kwargs):
+    _mark("restoring 0 0")  # the Checkpointer is built (its hello sent): a joiner now waits for its world
     result = _restore(self, *args, **kwargs)
     _mark(f"restored {result} {self.world_size}")
     return result
@@ -207,6 +208,7 @@ def elastic_trial(bench: Bench, root: Path, args) -> dict:
     joiner_marks = [m for m in marks if m.pid not in (pid0, before.get(1), before.get(2)) and m.t > notice_t]
     joiner_start = next((m.t for m in joiner_marks if m.kind == "start"), None)
     joiner_restored = next((m.t for m in joiner_marks if m.kind == "restored"), None)
+    joiner_waits = next((m.t for m in joiner_marks if m.kind == "restoring"), None)
     result = {
         "job": job_id, "pid0": pid0,
         "full_steps_per_s": rate(full), "narrow_steps_per_s": rate(narrow),
@@ -218,6 +220,10 @@ def elastic_trial(bench: Bench, root: Path, args) -> dict:
         "ready_to_process_start_s": (joiner_start - ready) if ready and joiner_start else None,
         "process_start_to_world_issued_s": (joiner["world_issued_at"] - joiner_start)
         if joiner and joiner["world_issued_at"] and joiner_start else None,
+        "process_start_to_waiting_s": (joiner_waits - joiner_start) if joiner_waits and joiner_start else None,
+        "waiting_to_world_issued_s": (joiner["world_issued_at"] - joiner_waits)
+        if joiner and joiner["world_issued_at"] and joiner_waits else None,
+        "waiting_to_full_s": (first_full.t - joiner_waits) if joiner_waits else None,
         "world_issued_to_full_s": (first_full.t - joiner["world_issued_at"]) if joiner and joiner["world_issued_at"] else None,
         "joiner_restored_to_full_s": (first_full.t - joiner_restored) if joiner_restored else None,
     }
@@ -334,7 +340,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(elastic['ready_to_process_start_s'])} | | | |")
         print(f"| … process started to the world issued (waiting in restore), s | "
               f"{_fmt(elastic['process_start_to_world_issued_s'])} | | | |")
+        print(f"| … … its script's start (imports done) to restore() called (the Checkpointer built), s | "
+              f"{_fmt(elastic['process_start_to_waiting_s'])} | | | |")
+        print(f"| … … restore() called to the world issued (its hello reaching the controller), s | "
+              f"{_fmt(elastic['waiting_to_world_issued_s'])} | | | |")
         print(f"| … world issued to a step done at 3, s | {_fmt(elastic['world_issued_to_full_s'])} | | | |")
+        print(f"| its training waiting in restore() to a step done at 3, s | {_fmt(elastic['waiting_to_full_s'])} "
+              f"| | | |")
         print(f"| survivors' processes kept (same pids) | {elastic['survivors_same_pid']} | no (attempt 2) | | yes |")
         print(f"| attempts / world sizes | {elastic['attempts']} / {[w for w, _ in elastic['world_sizes']]} | 2 | | |")
     elif base:
