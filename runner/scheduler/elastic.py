@@ -256,6 +256,11 @@ def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None, joi
     with store.db.transaction() as tx:
         if elastic.worlds(job.id, current.attempt, tx)[-1:] != worlds[-1:]:
             return False  # another change came first: next tick
+        moved = store.current_attempt(job.id, tx)
+        if worlds and (moved is None or moved.world_generation < worlds[-1].generation):
+            # The training has not said it moved to the newest world: a survivor may not have heard of it yet, and
+            # one that skipped it would never leave the world the lost node was in (nor record the shrink).
+            return bool(late)
         new = _next_world(rows, members, world, current, ctx.providers.get(current.cloud),
                           "joined: rank " + ", ".join(str(r) for r in ready))
         elastic.add_world(tx, job.id, current.attempt, new, now)

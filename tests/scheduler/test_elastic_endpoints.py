@@ -111,8 +111,13 @@ def test_a_replacement_whose_training_waits_gets_its_world_in_the_answer_to_the_
     with world.store.db.transaction() as tx:
         world.store.record_setup(tx, replacement.node_id, time.time(), time.time())
     assert beat(api, mine) == {"action": "continue"}  # its training has not said it waits
+    joining = {"phase": "running", "generation": 0, "progress": {"joining": True}}
+    assert api.post("/v1/agent/heartbeat", json=joining, headers=mine).json() == {"action": "continue"}  # (*)
+    moved = {"generation": 1, "step": 140, "world_size": 2, "previous_world_size": 3}
+    assert api.post("/v1/agent/world", json=moved, headers=headers[0]).json() == {"accepted": True}
     told = api.post("/v1/agent/heartbeat", json={"phase": "running", "generation": 0, "progress": {"joining": True}},
                     headers=mine).json()
     assert told["action"] == "world"
     assert (told["world"]["generation"], told["world"]["node_rank"], told["world"]["nnodes"]) == (2, 2, 3)
     assert beat(api, headers[0], generation=1)["world"]["generation"] == 2  # the survivors hear it on their next beat
+    # (*) not before the survivors have moved to the shrunk world: one that had not heard of it would skip it
