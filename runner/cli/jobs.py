@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..client import BadRequest, ClientError
-from ..spec import format_duration, load_job_file
+from ..spec import format_duration
 from .connect import connect
 from .follow import follow_job, follow_logs
 from .render import gigabytes, money, print_json, print_table, rate
@@ -20,6 +20,8 @@ from .workdir import pack_workdir
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": ...}.")
 def submit(job_file: Path, follow: bool, as_json: bool):
     """Validate and submit a job file; print the job id."""
+    from ..spec import load_job_file  # the schema (pydantic): loaded by the commands that read a job file only
+
     spec = load_job_file(job_file)
     with pack_workdir(Path(spec.workdir)) as packed:  # before connecting: a workdir too big is bad input
         client = connect()
@@ -42,6 +44,8 @@ def submit(job_file: Path, follow: bool, as_json: bool):
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 def validate(job_file: Path):
     """Check a job file, and that a configured cloud can run it, without submitting it."""
+    from ..spec import load_job_file
+
     spec = load_job_file(job_file)
     body = spec.model_dump()
     body.pop("workdir")

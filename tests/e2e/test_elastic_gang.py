@@ -29,8 +29,10 @@ recovery: {{resume_drill: "off", max_failures: 0}}
 """
 
 
+# The waits poll what `runner restarts` and `runner logs --node 0` print through the CLI's own code in this process
+# (Runner.restarts, Runner.output): a CLI process twice a second took CPU from the four torch processes waited on.
 def _sizes(runner: Runner, job_id: str) -> list[int]:
-    return [w["world_size"] for w in runner.json("restarts", job_id)[0].get("world_sizes") or []]
+    return [w["world_size"] for w in runner.restarts(job_id)[0].get("world_sizes") or []]
 
 
 def _wait(condition, timeout: float, what: str, runner: Runner, job_id: str):
@@ -39,12 +41,12 @@ def _wait(condition, timeout: float, what: str, runner: Runner, job_id: str):
         if condition():
             return
         time.sleep(0.5)
-    events = runner("logs", job_id, "--node", "0").stdout[-3000:]
+    events = runner.output(job_id, node=0)[-3000:]
     raise AssertionError(f"timed out waiting for {what}; node 0's output ends: {events}")
 
 
 def _last_step(runner: Runner, job_id: str) -> int:
-    steps = re.findall(r"^pid \d+ step (\d+) ", runner("logs", job_id, "--node", "0").stdout, re.M)
+    steps = re.findall(r"^pid \d+ step (\d+) ", runner.output(job_id, node=0), re.M)
     return int(steps[-1]) if steps else 0
 
 

@@ -24,7 +24,8 @@ recovery: {{resume_drill: "off", max_failures: 0}}
 
 
 def _sizes(runner: Runner, job_id: str) -> list[int]:
-    return [w["world_size"] for w in runner.json("restarts", job_id)[0].get("world_sizes") or []]
+    """What `runner restarts` prints, through the CLI's own code in this process (the waits poll it)."""
+    return [w["world_size"] for w in runner.restarts(job_id)[0].get("world_sizes") or []]
 
 
 def _wait(condition, timeout: float, what: str):

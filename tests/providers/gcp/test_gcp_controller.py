@@ -49,7 +49,8 @@ class Cluster:
                 if vm["labels"].get("runner-job") == label_value(job_id)]
 
     def restarts(self, job_id: str) -> list[dict]:
-        return self.runner.json("restarts", job_id)
+        """What `runner restarts JOB --json` prints, by the CLI's code in this process (a test polls it)."""
+        return self.runner.restarts(job_id)
 
 
 @pytest.fixture
