@@ -4,6 +4,10 @@
 server, Azure Scheduled Events); the agent's watcher sees it, the training process takes an emergency
 checkpoint at the step it is on and stops, the node is reclaimed, and the job resumes on another zone.
 The final weights must equal those of a run that was never interrupted.
+
+The job stops at the notice (``recovery.prepare_on: []``): trained through by default, a job this short may
+finish on the old node before its replacement is ready, a success with no preemption to check. The trained-
+through path has its own tests (test_train_through_notice.py).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ name: preempt-me
 run: python train.py {ARGS}
 resources: {{cloud: [local]}}
 checkpoint: {{interval: 1h}}
-recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: "off"}}
+recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: "off", prepare_on: []}}
 """
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 
