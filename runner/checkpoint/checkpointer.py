@@ -42,6 +42,9 @@ from .telemetry import StepTelemetry
 from .warm_pool import WarmPool
 
 log = get_logger()
+# A process started ahead prepares its restore (memory, run manifest) for at most this long before it says
+# ``waiting`` (see _await_attempt).
+PREPARE_AHEAD_SECONDS = 60.0
 
 # An emergency stop leaves this much of the notice's deadline for the process to exit: 3 s, or a tenth of
 # what is left when the notice is shorter, so a short deadline still leaves time for the durable upload.
@@ -263,8 +266,11 @@ class Checkpointer:
     def _await_attempt(self, warm: bool = False) -> WarmPool | None:
         """A process started ahead of its attempt waits here for the step it resumes from (resume_wait.py).
 
-        Meanwhile the run manifest is worked out, and with ``warm`` (from ``restore()``, one process) the
-        memory for the restore made ready (warm_pool.py): returned for the restore, None without a wait."""
+        First the run manifest is worked out, and with ``warm`` (from ``restore()``, one process) the memory
+        for the restore made ready (warm_pool.py: returned for the restore, None without a wait); only then
+        does it say ``waiting``, which is when its agent calls the node ready (the node on notice trains on
+        meanwhile), so that neither falls between the handover and the first step. Bounded: a slow one is
+        finished while it waits."""
         if not self._resume_wait.pending:
             return None
         if self._control is None or not self._control.connected:  # nobody to say the word: an attempt as any
@@ -273,7 +279,11 @@ class Checkpointer:
             return None
         log.info("started ahead of this attempt: waiting for the handover")
         pool = WarmPool().start(self.local) if warm and self._mode.ranks is None else None
-        self.telemetry.prepare_manifest()  # sent at restore(); worked out meanwhile
+        self.telemetry.prepare_manifest()  # sent at restore(); worked out now
+        prepared_by = time.monotonic() + PREPARE_AHEAD_SECONDS
+        if pool is not None:
+            pool.join(PREPARE_AHEAD_SECONDS)
+        self.telemetry.wait_manifest(max(0.0, prepared_by - time.monotonic()))
         try:
             self._handed_over = self._resume_wait.wait(self._send)
         finally:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 
 from runner.protocol.messages import Manifest, Telemetry
 
@@ -248,6 +249,11 @@ class StepTelemetry:
 
         self._manifest_ahead = future
         threading.Thread(target=work, name="run-manifest", daemon=True).start()
+
+    def wait_manifest(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, for the manifest ``prepare_manifest`` is working out."""
+        if self._manifest_ahead is not None:
+            futures_wait([self._manifest_ahead], timeout)
 
     def close(self) -> dict | None:
         """The final, exact report (waits for the device's NaN counter); idempotent. None when nothing trained."""

@@ -54,10 +54,10 @@ class WarmPool:
         if self._thread is not None:
             self._thread.join()
 
-    def join(self) -> None:
-        """Wait until the pool is filled (or the filler gave up)."""
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the pool is filled (or the filler gave up), at most ``timeout`` seconds."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def take(self, nbytes: int) -> torch.Tensor | None:
         """A touched uint8 tensor of exactly ``nbytes``, or None."""
