@@ -22,7 +22,7 @@ from ..spec.stored import StoredJob
 from ..state.standbys import PREPARED
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING
 from ..protocol.actions import Action
-from . import gang_agent, reports
+from . import agent_api, gang_agent, reports
 from .auth import heartbeat_caller
 from .front_door import AWAITED, LeanRoute, json_object
 
@@ -45,6 +45,12 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
             return {"action": told[0], **({"world": told[1]} if told[1] is not None else {})}
     if action is None:  # a move to spot or a kept gang node: answered from further reads, off the loop if remote
         action = await _off_the_loop(state, _action_with_reads, state, node)
+        if action == Action.CONTINUE and node["attempt_current"] and node["attempt_on_notice"] \
+                and _spec_flags(node["spec"])[0] and not _is_elastic(node["spec"]):
+            # A gang node trained through a peer's notice may be told to start the next attempt ahead
+            ahead = await _off_the_loop(state, agent_api.peer_prestart, state, node)
+            if ahead is not None:
+                return {"action": action, "prestart": ahead}
     return {"action": action}
 
 

@@ -1,0 +1,152 @@
+"""A gang's next attempt started ahead while the gang trains through a notice (agents/gang_prestart.py).
+
+A gang whose node is on notice trains on while that node's replacement gets ready (gang_standby.py). Where it is
+safe, the controller has every node of the next attempt start the job's process ahead too, so that the pause at
+the handover holds no launcher's start, rendezvous, import or model building:
+
+- :func:`plan`: when the replacement is launched, the next attempt's rendezvous port is chosen (not the running
+  attempt's, which its launchers still hold) and kept in the standby record (``prestart``), where the job allows
+  it: the running attempt restores through runner.checkpoint (it reported a restore), and the job has no
+  accelerators (a kept node's new ranks build their model beside the old ones; on a GPU either could run out of
+  memory).
+- :func:`gang_for`: the next attempt's gang as a node's process started ahead sees it: every node's address (the
+  replacement's in the rank it takes), the chosen port.
+- :func:`record_report`: each node says ``started``, ``waiting`` (every local rank waits in ``restore()``) or
+  ``failed``; the replacement starts first (after its setup), then the kept nodes are told to.
+- :func:`holds_the_handover`: the node on notice trains on after the replacement is ready until every node
+  waits, one failed, or :data:`WAIT_SECONDS` have passed (the notice's own deadline comes first, as always).
+- :func:`port_for_next`: the next attempt keeps the chosen port only when every node waited and the plan runs
+  the same nodes at the same ranks; otherwise another port, and the processes started ahead (their gang no
+  longer the attempt's) are stopped and the job starts anew on every node, as it did without this.
+"""
+
+from __future__ import annotations
+
+from ..providers.base import rendezvous_port
+from ..state.gangs import GangStore
+from ..state.rows import Attempt, Job, Node
+from ..state.standbys import PREPARED, StandbyStore
+
+KEY = "prestart"  # the standby record's
+STARTED, WAITING, FAILED = "started", "waiting", "failed"
+STATES = (STARTED, WAITING, FAILED)
+WAIT_SECONDS = 60.0  # after the replacement is ready, at most, for the other nodes' ranks to wait in restore()
+
+
+def allowed(job: Job, current: Attempt) -> bool:
+    resources = job.spec.resources
+    return (job.num_nodes > 1 and not resources.elastic and resources.accelerator() is None
+            and current.restore_seconds is not None)
+
+
+def plan(providers: dict, job: Job, current: Attempt) -> dict | None:
+    """The standby record's ``prestart`` for a gang's replacement launched now (None where it is not allowed)."""
+    if not allowed(job, current):
+        return None
+    return {"port": rendezvous_port(providers.get(current.cloud), current.master_port), "nodes": {}}
+
+
+def of(store, job_id: str, attempt: int, tx=None) -> dict | None:
+    return (StandbyStore(store).record(tx, job_id, attempt) or {}).get(KEY)
+
+
+def note_address(store, node: Node, address: str | None) -> dict | None:
+    """The replacement registered (``address``: where its peers reach it); its attempt's ``prestart``."""
+    standbys = StandbyStore(store)
+    with store.db.transaction() as tx:
+        prestart = of(store, node.job_id, node.prepared_for, tx)
+        if prestart is None or not address:
+            return None
+        if prestart.get("address") != address:
+            prestart = {**prestart, "address": address}
+            standbys.update_record(tx, node.job_id, node.prepared_for, **{KEY: prestart})
+    return prestart
+
+
+def gang_for(store, job: Job, attempt: int, prestart: dict, rank: int, gpus_per_node: int) -> dict | None:
+    """The gang of attempt ``attempt`` + 1 for the node of ``rank``, as its process started ahead is given it."""
+    replacement = StandbyStore(store).live(job.id)
+    if replacement is None or replacement.prepared_for != attempt or not prestart.get("address"):
+        return None
+    ranks = GangStore(store).nodes_of(job.id, attempt)
+    ips = [prestart["address"] if r.rank == replacement.rank else r.address for r in ranks]
+    if len(ips) != job.num_nodes or any(not ip for ip in ips):
+        return None
+    return {"num_nodes": job.num_nodes, "node_rank": rank, "node_ips": ips, "master_addr": ips[0],
+            "master_port": prestart["port"], "gpus_per_node": gpus_per_node}
+
+
+def peer_may_start(store, job_id: str, attempt: int, rank: int) -> dict | None:
+    """The ``prestart`` of the attempt a kept node (of ``rank``) runs, when that node is to start ahead now: the
+    replacement has started its own (its setup is done), and this node has not said how far it got."""
+    prestart = of(store, job_id, attempt)
+    if prestart is None:
+        return None
+    replacement = StandbyStore(store).live(job_id)
+    if replacement is None or replacement.prepared_for != attempt or replacement.rank == rank:
+        return None
+    nodes = prestart.get("nodes") or {}
+    if str(replacement.rank) not in nodes or str(rank) in nodes:
+        return None
+    return prestart
+
+
+def record_report(store, node: Node, data: dict) -> bool:
+    """A node's ``prestart`` report (its ``state`` for the attempt it names); False when it is for no prestart."""
+    state, attempt = data.get("state"), data.get("attempt")
+    if state not in STATES or not isinstance(attempt, int):
+        return False
+    running = node.prepared_for if node.attempt == PREPARED else node.attempt
+    if running is None or attempt != running + 1:
+        return False
+    standbys = StandbyStore(store)
+    with store.db.transaction() as tx:
+        prestart = of(store, node.job_id, running, tx)
+        if prestart is None:
+            return False
+        nodes = dict(prestart.get("nodes") or {})
+        if nodes.get(str(node.rank)) == FAILED:
+            return True  # a node that failed does not come back
+        nodes[str(node.rank)] = state
+        standbys.update_record(tx, node.job_id, running, **{KEY: {**prestart, "nodes": nodes}})
+        if state != STARTED:
+            store.add_event(tx, node.job_id, "standby",
+                            f"node {node.id} (rank {node.rank}): the next attempt, started ahead, "
+                            + ("waits in restore()" if state == WAITING else
+                               f"did not get ready ({data.get('message') or 'no reason given'})"), attempt=running)
+    return True
+
+
+def every_node_waits(prestart: dict | None, num_nodes: int) -> bool:
+    nodes = (prestart or {}).get("nodes") or {}
+    return all(nodes.get(str(rank)) == WAITING for rank in range(num_nodes))
+
+
+def holds_the_handover(prestart: dict | None, num_nodes: int, ready_at: float, now: float) -> bool:
+    """After the replacement is ready: whether the node on notice should still train on, waiting for the other
+    nodes' processes started ahead."""
+    nodes = (prestart or {}).get("nodes") or {}
+    if prestart is None or FAILED in nodes.values() or every_node_waits(prestart, num_nodes):
+        return False
+    return now < ready_at + WAIT_SECONDS
+
+
+def port_for_next(provider, store, job_id: str, previous: Attempt | None, keep: dict[int, str],
+                  launch: bool, prepared: Node | None) -> int:
+    """The rendezvous port of the gang's next attempt (``keep``: rank -> node id of the plan; ``launch``: it
+    launches nodes). The one its processes started ahead wait on, where every node of the plan has them waiting;
+    otherwise another than the previous attempt's and theirs."""
+    previous_port = previous.master_port if previous else None
+    prestart = of(store, job_id, previous.attempt) if previous else None
+    if prestart is None:
+        return rendezvous_port(provider, previous_port)
+    if not launch and prepared is not None and every_node_waits(prestart, previous.num_nodes):
+        before = {r.rank: r.node_id for r in GangStore(store).nodes_of(job_id, previous.attempt)}
+        expected = {**before, prepared.rank: prepared.id}
+        if keep == expected:
+            return prestart["port"]
+    for _ in range(20):
+        port = rendezvous_port(provider, previous_port)
+        if port != prestart["port"]:
+            return port
+    return port

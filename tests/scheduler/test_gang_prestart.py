@@ -1,0 +1,25 @@
+"""When a gang trained through a notice hands over: the other nodes' processes started ahead are waited for, but
+never for ever, and never past one that failed (runner/scheduler/gang_prestart.py)."""
+
+from __future__ import annotations
+
+from runner.scheduler.gang_prestart import WAIT_SECONDS, every_node_waits, holds_the_handover
+
+
+def test_the_handover_waits_until_every_node_waits():
+    started = {"port": 29600, "nodes": {"1": "waiting", "0": "started"}}
+    assert holds_the_handover(started, 2, ready_at=100.0, now=101.0)
+    waiting = {"port": 29600, "nodes": {"1": "waiting", "0": "waiting"}}
+    assert every_node_waits(waiting, 2) and not holds_the_handover(waiting, 2, ready_at=100.0, now=101.0)
+
+
+def test_a_failed_node_or_the_bound_ends_the_wait():
+    failed = {"port": 29600, "nodes": {"1": "waiting", "0": "failed"}}
+    assert not holds_the_handover(failed, 2, ready_at=100.0, now=101.0) and not every_node_waits(failed, 2)
+    slow = {"port": 29600, "nodes": {"1": "waiting"}}
+    assert holds_the_handover(slow, 2, ready_at=100.0, now=100.0 + WAIT_SECONDS - 1)
+    assert not holds_the_handover(slow, 2, ready_at=100.0, now=100.0 + WAIT_SECONDS + 1)
+
+
+def test_without_a_start_ahead_nothing_is_held():
+    assert not holds_the_handover(None, 2, ready_at=100.0, now=100.0)
