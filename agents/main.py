@@ -50,8 +50,9 @@ PRESTART_READY_SECONDS = 300.0  # at most, for a process started ahead to reach 
 # While an elastic gang trains with fewer nodes than the job's: the grown world comes on a heartbeat's reply, and
 # the replacement's ranks wait in it from the moment it is issued.
 ELASTIC_HEARTBEAT_SECONDS = 0.5
-# A gang's launcher once every local rank has stopped with the gang and closed: ended this soon (its exit barrier
-# waits for every node's launcher, and the one on notice is being stopped)
+# A gang's launcher once every local rank has stopped with the gang and closed: ended this soon, and killed this
+# soon after its SIGTERM (its exit barrier waits for every node's launcher, the one on notice is being stopped,
+# and a launcher in that wait does not act on SIGTERM)
 STOPPED_TOGETHER_LINGER_SECONDS = 0.5
 PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
 
@@ -553,7 +554,8 @@ class Agent(AgentCore):
             return self.gang_node and (self.gang.peer_stop is not None or self.emergency.ack is not None)
 
         return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere or stopped_together(),
-                             trainees_left, lambda: supervisor.stop(grace),
+                             trainees_left,
+                             lambda: supervisor.stop(STOPPED_TOGETHER_LINGER_SECONDS if stopped_together() else grace),
                              linger=lambda: STOPPED_TOGETHER_LINGER_SECONDS if stopped_together()
                              else LAUNCHER_LINGER_SECONDS).start()
 
