@@ -52,11 +52,15 @@ def next_socket(current: Path, configured: Path) -> Path:
     return configured.with_name(configured.name + ".next") if current == configured else configured
 
 
-def report(reporter, attempt: int, state: str, why: str | None = None) -> None:
-    """Tell the controller how far this node's start ahead got (in order with the node's other reports)."""
+def report(reporter, attempt: int, state: str, why: str | None = None) -> bool:
+    """Tell the controller how far this node's start ahead got; whether it took the report (``started`` comes too
+    late once the gang has stopped: the process is then stopped)."""
     data = {"attempt": attempt, "state": state, **({"message": why} if why else {})}
     try:
-        reporter.patiently(lambda: reporter.client.post("/v1/agent/events", {"kind": EventKind.PRESTART, "data": data}),
-                           "prestart report")
+        reply = reporter.patiently(
+            lambda: reporter.client.post("/v1/agent/events", {"kind": EventKind.PRESTART, "data": data}),
+            "prestart report")
     except Exception as exc:  # noqa: BLE001 - the controller's bound then decides without this node's word
         log.warning("the prestart report did not reach the controller", state=state, error=str(exc))
+        return False
+    return bool(isinstance(reply, dict) and reply.get("accepted"))

@@ -96,6 +96,7 @@ class Agent(AgentCore):
         self.adopted: Prestarted | None = None  # that process, now its attempt's
         self._ahead_lock = threading.Lock()
         self._ahead_for: int | None = None  # the next attempt a kept gang node was told to start ahead
+        self._ahead_abandoned = threading.Event()  # the controller says that next attempt will not adopt it
         for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING):
             self.on_op(op, self.stop_progress.on_message)
         self.on_op(Op.HELLO, self._on_hello)
@@ -166,13 +167,18 @@ class Agent(AgentCore):
         if self.assignment.get("prestart"):
             self._prestart(workdir)
         gang_ahead = self.prestarted is not None and bool(self.assignment.get("gang"))  # a gang's next attempt
-        if gang_ahead:  # the controller now tells the gang's other nodes to start theirs (agents/gang_prestart.py)
-            gang_prestart.report(self.reporter, self.assignment["attempt"], gang_prestart.STARTED)
+        # The controller now tells the gang's other nodes to start theirs (agents/gang_prestart.py); too late
+        # (the gang has stopped), this one is stopped
+        if gang_ahead and not gang_prestart.report(self.reporter, self.assignment["attempt"], gang_prestart.STARTED):
+            log.info("the gang stopped before its next attempt could be started ahead; it starts at the handover")
+            self._drop_ahead(self.prestarted)
+            gang_ahead = False
         if self.prestarted is not None:
             # Ready to resume is once the process started ahead waits in restore(): the node on notice trains
             # on through this one's interpreter start, imports and model building instead of pausing for them.
             waits = self.prestarted.wait_in_restore(
-                PRESTART_READY_SECONDS, lambda: self.cancelled.is_set() or self.shutdown.is_set())
+                PRESTART_READY_SECONDS,
+                lambda: self.cancelled.is_set() or self.shutdown.is_set() or self._ahead_abandoned.is_set())
             if gang_ahead:
                 self._report_ahead(self.prestarted, waits)
         self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": EventKind.READY, "data": {}}),
@@ -211,6 +217,9 @@ class Agent(AgentCore):
     def _on_prestart(self, assignment: dict) -> None:
         """A kept gang node is told to start the gang's next attempt ahead (agents/gang_prestart.py): once per
         attempt, beside the one it runs, on a control channel of its own."""
+        if assignment.get("abandoned"):  # a node failed, or the next attempt went on without the processes
+            self._ahead_abandoned.set()
+            return
         attempt = assignment.get("attempt")
         with self._ahead_lock:
             if (not isinstance(attempt, int) or attempt <= self.assignment.get("attempt", 0)
@@ -247,7 +256,10 @@ class Agent(AgentCore):
         threading.Thread(target=self._wait_ahead, args=(prestarted,), name="prestart", daemon=True).start()
 
     def _wait_ahead(self, prestarted: Prestarted) -> None:
-        gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.STARTED)
+        if not gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.STARTED):
+            log.info("the gang stopped before its next attempt could be started ahead here; stopping it")
+            self._drop_ahead(prestarted)
+            return
         waits = prestarted.wait_in_restore(gang_prestart.READY_SECONDS,
                                            lambda: self.cancelled.is_set() or self.shutdown.is_set()
                                            or self.prestarted is not prestarted)

@@ -57,7 +57,7 @@ def own_transaction_report(state, authorization: str, body: bytes) -> dict:
     if kind == EventKind.READY:  # a prepared replacement has run setup: the node on notice may stop now
         return {"accepted": standby.mark_ready(state.store, node)}
     if kind == EventKind.PRESTART:  # a gang node's next attempt started ahead: how far it got
-        return {"accepted": gang_prestart.record_report(state.store, node, data)}
+        return {"accepted": gang_prestart.record_report(state.store, node, data, time.time())}
     reports.step(data.get("step"), "data.step")
     new_state = hand_over(state.store, node, data["step"])
     if new_state is not None:

@@ -15,7 +15,7 @@ import time
 from fastapi import HTTPException
 
 from ..costpolicy import observe
-from ..scheduler import elastic, standby
+from ..scheduler import elastic, gang_prestart, standby
 from ..scheduler.spot_return import move_request
 from ..scheduler.states import TERMINAL
 from ..spec.stored import StoredJob
@@ -37,6 +37,9 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
     phase, progress, generation = _beat(body)
     state.heartbeats.record(node["id"], time.time(), {"phase": phase, **(progress or {})})
     action = _action_from_view(node)
+    if action == Action.STANDBY_WAIT and _spec_flags(node["spec"])[0]:  # a gang's replacement starting ahead
+        if await _off_the_loop(state, gang_prestart.abandoned, state.store, node["job_id"], node["prepared_for"]):
+            return {"action": action, "prestart": {"abandoned": True}}
     if action == Action.CONTINUE and node["attempt_current"] and _is_elastic(node["spec"]):  # its world may have changed
         if (progress or {}).get("joining") and state.is_leader():  # a replacement's training waits: let it in now
             await _off_the_loop(state, elastic.admit_at_once, state.scheduler, node["job_id"], node["id"])

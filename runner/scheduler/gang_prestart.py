@@ -15,9 +15,15 @@ the handover holds no launcher's start, rendezvous, import or model building:
   ``failed``; the replacement starts first (after its setup), then the kept nodes are told to.
 - :func:`holds_the_handover`: the node on notice trains on after the replacement is ready until every node
   waits, one failed, or :data:`WAIT_SECONDS` have passed (the notice's own deadline comes first, as always).
+- :func:`defers_the_plan`: the gang stopped before every node's processes waited (the notice's deadline came
+  first: on AWS the replacement's boot and setup take most of the 2 minutes): its next attempt is planned once
+  every node waits, one failed, or :data:`PLAN_WAIT_SECONDS` have passed since the first started, whichever is
+  first, so the processes nearly ready are not thrown away.
 - :func:`port_for_next`: the next attempt keeps the chosen port only when every node waited and the plan runs
   the same nodes at the same ranks; otherwise another port, and the processes started ahead (their gang no
   longer the attempt's) are stopped and the job starts anew on every node, as it did without this.
+- :func:`abandoned`: whether a node still starting ahead should give up now (a node failed, or the next attempt
+  was planned without the chosen port), rather than wait for its bound.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ KEY = "prestart"  # the standby record's
 STARTED, WAITING, FAILED = "started", "waiting", "failed"
 STATES = (STARTED, WAITING, FAILED)
 WAIT_SECONDS = 60.0  # after the replacement is ready, at most, for the other nodes' ranks to wait in restore()
+PLAN_WAIT_SECONDS = 180.0  # after the first node started ahead, at most, before the next attempt is planned anyway
 
 
 def allowed(job: Job, current: Attempt) -> bool:
@@ -91,8 +98,9 @@ def peer_may_start(store, job_id: str, attempt: int, rank: int) -> dict | None:
     return prestart
 
 
-def record_report(store, node: Node, data: dict) -> bool:
-    """A node's ``prestart`` report (its ``state`` for the attempt it names); False when it is for no prestart."""
+def record_report(store, node: Node, data: dict, now: float) -> bool:
+    """A node's ``prestart`` report (its ``state`` for the attempt it names); False when it is for no prestart, or
+    (``started``) the attempt it was to follow is no longer running on notice: that node stops its process."""
     state, attempt = data.get("state"), data.get("attempt")
     if state not in STATES or not isinstance(attempt, int):
         return False
@@ -104,11 +112,17 @@ def record_report(store, node: Node, data: dict) -> bool:
         prestart = of(store, node.job_id, running, tx)
         if prestart is None:
             return False
+        current = store.current_attempt(node.job_id, tx)
+        if state == STARTED and (current is None or current.attempt != running or current.notice is None):
+            return False  # too late: the gang stopped and its next attempt is (being) planned without it
         nodes = dict(prestart.get("nodes") or {})
         if nodes.get(str(node.rank)) == FAILED:
             return True  # a node that failed does not come back
         nodes[str(node.rank)] = state
-        standbys.update_record(tx, node.job_id, running, **{KEY: {**prestart, "nodes": nodes}})
+        changed = {**prestart, "nodes": nodes}
+        if state == STARTED and prestart.get("started_at") is None:
+            changed["started_at"] = now
+        standbys.update_record(tx, node.job_id, running, **{KEY: changed})
         if state != STARTED:
             store.add_event(tx, node.job_id, "standby",
                             f"node {node.id} (rank {node.rank}): the next attempt, started ahead, "
@@ -129,6 +143,28 @@ def holds_the_handover(prestart: dict | None, num_nodes: int, ready_at: float, n
     if prestart is None or FAILED in nodes.values() or every_node_waits(prestart, num_nodes):
         return False
     return now < ready_at + WAIT_SECONDS
+
+
+def defers_the_plan(prestart: dict | None, num_nodes: int, now: float) -> bool:
+    """Whether the next attempt waits for processes started ahead on every node that are not all waiting yet."""
+    nodes = (prestart or {}).get("nodes") or {}
+    if prestart is None or prestart.get("started_at") is None or every_node_waits(prestart, num_nodes):
+        return False
+    if any(nodes.get(str(rank)) not in (STARTED, WAITING) for rank in range(num_nodes)):
+        return False  # one failed, or never started (the gang stopped before it was told): nothing to wait for
+    return now < prestart["started_at"] + PLAN_WAIT_SECONDS
+
+
+def abandoned(store, job_id: str, prepared_for: int) -> bool:
+    """Whether the processes started ahead for attempt ``prepared_for`` + 1 will not be adopted: a node failed, or
+    that attempt exists on another port (or not at all: the job ended)."""
+    prestart = of(store, job_id, prepared_for)
+    if prestart is None:
+        return True
+    if FAILED in ((prestart.get("nodes") or {}).values()):
+        return True
+    following = next((a for a in store.attempts(job_id) if a.attempt == prepared_for + 1), None)
+    return following is not None and following.master_port != prestart["port"]
 
 
 def port_for_next(provider, store, job_id: str, previous: Attempt | None, keep: dict[int, str],

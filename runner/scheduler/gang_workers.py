@@ -49,10 +49,17 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
     if released:
         return []
     prepared = gang_standby.prepared_node(live)
+    attempts = store.attempts(job.id)
+    if prepared is not None and attempts and gang_prestart.defers_the_plan(
+            gang_prestart.of(store, job.id, attempts[-1].attempt), job.num_nodes, time.time()):
+        why = "the gang stopped; its next attempt, started ahead on every node, is getting ready"
+        if job.message != why:
+            with store.db.transaction() as tx:
+                store.set_job_message(tx, job.id, why)
+        return []
     resources = job.spec.resources
     num_nodes = resources.num_nodes
     kept = [KeptNode(n.rank, n.id, n.offer, n.spot) for n in live]
-    attempts = store.attempts(job.id)
     offers = [o for p in ctx.providers.values() for o in p.offers()]
     avoid = placement.recent_preempted_zones(attempts)
     speed_of = placement.speeds(job, attempts, offers)

@@ -23,3 +23,16 @@ def test_a_failed_node_or_the_bound_ends_the_wait():
 
 def test_without_a_start_ahead_nothing_is_held():
     assert not holds_the_handover(None, 2, ready_at=100.0, now=100.0)
+
+
+def test_a_gang_stopped_by_its_deadline_waits_for_processes_nearly_ready_but_not_for_ever():
+    """The notice's deadline stopped the gang while every node's processes were still starting: the next attempt
+    waits for them (bounded), but not for a node that failed or was never told to start."""
+    from runner.scheduler.gang_prestart import PLAN_WAIT_SECONDS, defers_the_plan
+
+    starting = {"port": 29600, "started_at": 100.0, "nodes": {"1": "waiting", "0": "started"}}
+    assert defers_the_plan(starting, 2, now=110.0)
+    assert not defers_the_plan(starting, 2, now=100.0 + PLAN_WAIT_SECONDS + 1)
+    assert not defers_the_plan({**starting, "nodes": {"1": "waiting", "0": "waiting"}}, 2, now=110.0)
+    assert not defers_the_plan({**starting, "nodes": {"1": "waiting", "0": "failed"}}, 2, now=110.0)
+    assert not defers_the_plan({**starting, "nodes": {"1": "started"}}, 2, now=110.0)  # node 0 never told
