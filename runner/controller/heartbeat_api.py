@@ -48,9 +48,10 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
             return {"action": told[0], **({"world": told[1]} if told[1] is not None else {})}
     if action is None:  # a move to spot or a kept gang node: answered from further reads, off the loop if remote
         action = await _off_the_loop(state, _action_with_reads, state, node)
-        if action == Action.CONTINUE and node["attempt_current"] and node["attempt_on_notice"] \
+        if action == Action.CONTINUE and (not node["attempt_current"] or node["attempt_on_notice"]) \
                 and _spec_flags(node["spec"])[0] and not _is_elastic(node["spec"]):
-            # A gang node trained through a peer's notice may be told to start the next attempt ahead
+            # A gang node trained through a peer's notice, or kept after it, may be told to start the next attempt
+            # ahead (runner/scheduler/gang_prestart.py)
             ahead = await _off_the_loop(state, agent_api.peer_prestart, state, node)
             if ahead is not None:
                 return {"action": action, "prestart": ahead}

@@ -16,9 +16,11 @@ the handover holds no launcher's start, rendezvous, import or model building:
 - :func:`holds_the_handover`: the node on notice trains on after the replacement is ready until every node
   waits, one failed, or :data:`WAIT_SECONDS` have passed (the notice's own deadline comes first, as always).
 - :func:`defers_the_plan`: the gang stopped before every node's processes waited (the notice's deadline came
-  first: on AWS the replacement's boot and setup take most of the 2 minutes): its next attempt is planned once
-  every node waits, one failed, or :data:`PLAN_WAIT_SECONDS` have passed since the first started, whichever is
-  first, so the processes nearly ready are not thrown away.
+  first: on AWS the replacement's boot and setup take most of the 2 minutes). The replacement still starts ahead
+  once its setup is done, and the kept nodes (their old processes gone) then too; the next attempt is planned
+  once every node waits, one failed, or a bound has passed (:data:`SETUP_WAIT_SECONDS` after the replacement's
+  launch while it sets up, :data:`PLAN_WAIT_SECONDS` after the first start ahead), so nothing nearly ready is
+  thrown away: the kept nodes would wait for the replacement's setup all the same.
 - :func:`port_for_next`: the next attempt keeps the chosen port only when every node waited and the plan runs
   the same nodes at the same ranks; otherwise another port, and the processes started ahead (their gang no
   longer the attempt's) are stopped and the job starts anew on every node, as it did without this.
@@ -38,6 +40,7 @@ STARTED, WAITING, FAILED = "started", "waiting", "failed"
 STATES = (STARTED, WAITING, FAILED)
 WAIT_SECONDS = 60.0  # after the replacement is ready, at most, for the other nodes' ranks to wait in restore()
 PLAN_WAIT_SECONDS = 180.0  # after the first node started ahead, at most, before the next attempt is planned anyway
+SETUP_WAIT_SECONDS = 900.0  # after the replacement's launch, at most, for it to start ahead (its boot and setup)
 
 
 def allowed(job: Job, current: Attempt) -> bool:
@@ -84,10 +87,11 @@ def gang_for(store, job: Job, attempt: int, prestart: dict, rank: int, gpus_per_
 
 
 def peer_may_start(store, job_id: str, attempt: int, rank: int) -> dict | None:
-    """The ``prestart`` of the attempt a kept node (of ``rank``) runs, when that node is to start ahead now: the
-    replacement has started its own (its setup is done), and this node has not said how far it got."""
+    """The ``prestart`` of the attempt a kept node (of ``rank``) runs or ran last, when that node is to start ahead
+    now: the replacement has started its own (its setup is done), this node has not said how far it got, and the
+    next attempt is not planned yet."""
     prestart = of(store, job_id, attempt)
-    if prestart is None:
+    if prestart is None or not _may_start(store, job_id, attempt, None):
         return None
     replacement = StandbyStore(store).live(job_id)
     if replacement is None or replacement.prepared_for != attempt or replacement.rank == rank:
@@ -112,9 +116,8 @@ def record_report(store, node: Node, data: dict, now: float) -> bool:
         prestart = of(store, node.job_id, running, tx)
         if prestart is None:
             return False
-        current = store.current_attempt(node.job_id, tx)
-        if state == STARTED and (current is None or current.attempt != running or current.notice is None):
-            return False  # too late: the gang stopped and its next attempt is (being) planned without it
+        if state == STARTED and not _may_start(store, node.job_id, running, tx):
+            return False  # too late: the gang's next attempt is planned
         nodes = dict(prestart.get("nodes") or {})
         if nodes.get(str(node.rank)) == FAILED:
             return True  # a node that failed does not come back
@@ -131,6 +134,14 @@ def record_report(store, node: Node, data: dict, now: float) -> bool:
     return True
 
 
+def _may_start(store, job_id: str, running: int, tx) -> bool:
+    """The attempt on notice still runs, or it has ended and the next one is not planned yet."""
+    current = store.current_attempt(job_id, tx)
+    if current is not None:
+        return current.attempt == running and current.notice is not None
+    return not any(a.attempt > running for a in store.attempts(job_id, tx))
+
+
 def every_node_waits(prestart: dict | None, num_nodes: int) -> bool:
     nodes = (prestart or {}).get("nodes") or {}
     return all(nodes.get(str(rank)) == WAITING for rank in range(num_nodes))
@@ -145,13 +156,17 @@ def holds_the_handover(prestart: dict | None, num_nodes: int, ready_at: float, n
     return now < ready_at + WAIT_SECONDS
 
 
-def defers_the_plan(prestart: dict | None, num_nodes: int, now: float) -> bool:
-    """Whether the next attempt waits for processes started ahead on every node that are not all waiting yet."""
-    nodes = (prestart or {}).get("nodes") or {}
-    if prestart is None or prestart.get("started_at") is None or every_node_waits(prestart, num_nodes):
+def defers_the_plan(record: dict | None, num_nodes: int, now: float) -> bool:
+    """Whether the next attempt waits for processes started ahead on every node that are not all waiting yet
+    (``record``: the ended attempt's standby record)."""
+    prestart = (record or {}).get(KEY)
+    if prestart is None or every_node_waits(prestart, num_nodes):
         return False
-    if any(nodes.get(str(rank)) not in (STARTED, WAITING) for rank in range(num_nodes)):
-        return False  # one failed, or never started (the gang stopped before it was told): nothing to wait for
+    nodes = prestart.get("nodes") or {}
+    if FAILED in nodes.values():
+        return False
+    if prestart.get("started_at") is None:  # the replacement still boots or sets up: the gang waits for it anyway
+        return now < (record.get("launched_at") or now) + SETUP_WAIT_SECONDS
     return now < prestart["started_at"] + PLAN_WAIT_SECONDS
 
 

@@ -51,7 +51,7 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
     prepared = gang_standby.prepared_node(live)
     attempts = store.attempts(job.id)
     if prepared is not None and attempts and gang_prestart.defers_the_plan(
-            gang_prestart.of(store, job.id, attempts[-1].attempt), job.num_nodes, time.time()):
+            attempts[-1].standby, job.num_nodes, time.time()):
         why = "the gang stopped; its next attempt, started ahead on every node, is getting ready"
         if job.message != why:
             with store.db.transaction() as tx:

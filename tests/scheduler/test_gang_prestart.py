@@ -26,13 +26,17 @@ def test_without_a_start_ahead_nothing_is_held():
 
 
 def test_a_gang_stopped_by_its_deadline_waits_for_processes_nearly_ready_but_not_for_ever():
-    """The notice's deadline stopped the gang while every node's processes were still starting: the next attempt
-    waits for them (bounded), but not for a node that failed or was never told to start."""
-    from runner.scheduler.gang_prestart import PLAN_WAIT_SECONDS, defers_the_plan
+    """The notice's deadline stopped the gang before every node's processes waited: the next attempt waits for the
+    replacement's setup and then for them (bounded), but not for a node that failed."""
+    from runner.scheduler.gang_prestart import PLAN_WAIT_SECONDS, SETUP_WAIT_SECONDS, defers_the_plan
 
-    starting = {"port": 29600, "started_at": 100.0, "nodes": {"1": "waiting", "0": "started"}}
+    setting_up = {"launched_at": 50.0, "prestart": {"port": 29600, "nodes": {}}}
+    assert defers_the_plan(setting_up, 2, now=110.0)
+    assert not defers_the_plan(setting_up, 2, now=50.0 + SETUP_WAIT_SECONDS + 1)
+    starting = {"launched_at": 50.0,
+                "prestart": {"port": 29600, "started_at": 100.0, "nodes": {"1": "waiting", "0": "started"}}}
     assert defers_the_plan(starting, 2, now=110.0)
     assert not defers_the_plan(starting, 2, now=100.0 + PLAN_WAIT_SECONDS + 1)
-    assert not defers_the_plan({**starting, "nodes": {"1": "waiting", "0": "waiting"}}, 2, now=110.0)
-    assert not defers_the_plan({**starting, "nodes": {"1": "waiting", "0": "failed"}}, 2, now=110.0)
-    assert not defers_the_plan({**starting, "nodes": {"1": "started"}}, 2, now=110.0)  # node 0 never told
+    for nodes, deferred in (({"1": "waiting", "0": "waiting"}, False), ({"1": "waiting", "0": "failed"}, False)):
+        assert defers_the_plan({**starting, "prestart": {**starting["prestart"], "nodes": nodes}}, 2, 110.0) == deferred
+    assert not defers_the_plan({"launched_at": 50.0}, 2, now=60.0)  # nothing started ahead: planned at once
