@@ -121,7 +121,10 @@ def _prepared_registration(state, node: Node, address: str | None = None) -> dic
         running = next((a for a in state.store.attempts(job.id) if a.attempt == node.prepared_for), None)
         assignment["prestart"] = running is not None and running.restore_seconds is not None and job.num_nodes == 1
         if job.num_nodes > 1:  # a gang's: only with the next attempt's gang, where it is started ahead on every node
-            prestart = gang_prestart.note_address(state.store, node, address)
+            restored = state.store.last_event(job.id, "restored")  # (a gang's restore time comes later, batched)
+            restores = running is not None and (running.restore_seconds is not None or (
+                restored is not None and restored.attempt == running.attempt))
+            prestart = gang_prestart.note_address(state.store, node, address, restores)
             gang = prestart and gang_prestart.gang_for(state.store, job, node.prepared_for, prestart, node.rank,
                                                        gpus_per_node(_node_accelerators(node, job.spec.resources)))
             assignment["gang"], assignment["prestart"] = gang or None, bool(gang)

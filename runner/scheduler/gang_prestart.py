@@ -5,10 +5,10 @@ safe, the controller has every node of the next attempt start the job's process 
 the handover holds no launcher's start, rendezvous, import or model building:
 
 - :func:`plan`: when the replacement is launched, the next attempt's rendezvous port is chosen (not the running
-  attempt's, which its launchers still hold) and kept in the standby record (``prestart``), where the job allows
-  it: the running attempt restores through runner.checkpoint (it reported a restore), and the job has no
+  attempt's, which its launchers still hold) and kept in the standby record (``prestart``) where the job has no
   accelerators (a kept node's new ranks build their model beside the old ones; on a GPU either could run out of
-  memory).
+  memory). :func:`note_address`: when the replacement registers, it is kept only where the running attempt
+  restores through runner.checkpoint (it has reported a restore), as for a single node.
 - :func:`gang_for`: the next attempt's gang as a node's process started ahead sees it: every node's address (the
   replacement's in the rank it takes), the chosen port.
 - :func:`record_report`: each node says ``started``, ``waiting`` (every local rank waits in ``restore()``) or
@@ -43,15 +43,14 @@ PLAN_WAIT_SECONDS = 180.0  # after the first node started ahead, at most, before
 SETUP_WAIT_SECONDS = 900.0  # after the replacement's launch, at most, for it to start ahead (its boot and setup)
 
 
-def allowed(job: Job, current: Attempt) -> bool:
+def allowed(job: Job) -> bool:
     resources = job.spec.resources
-    return (job.num_nodes > 1 and not resources.elastic and resources.accelerator() is None
-            and current.restore_seconds is not None)
+    return job.num_nodes > 1 and not resources.elastic and resources.accelerator() is None
 
 
 def plan(providers: dict, job: Job, current: Attempt) -> dict | None:
     """The standby record's ``prestart`` for a gang's replacement launched now (None where it is not allowed)."""
-    if not allowed(job, current):
+    if not allowed(job):
         return None
     return {"port": rendezvous_port(providers.get(current.cloud), current.master_port), "nodes": {}}
 
@@ -60,12 +59,16 @@ def of(store, job_id: str, attempt: int, tx=None) -> dict | None:
     return (StandbyStore(store).record(tx, job_id, attempt) or {}).get(KEY)
 
 
-def note_address(store, node: Node, address: str | None) -> dict | None:
-    """The replacement registered (``address``: where its peers reach it); its attempt's ``prestart``."""
+def note_address(store, node: Node, address: str | None, restores: bool) -> dict | None:
+    """The replacement registered (``address``: where its peers reach it); its attempt's ``prestart``, dropped
+    where the job is not known to ``restores`` through runner.checkpoint (nothing is then started ahead)."""
     standbys = StandbyStore(store)
     with store.db.transaction() as tx:
         prestart = of(store, node.job_id, node.prepared_for, tx)
-        if prestart is None or not address:
+        if prestart is None:
+            return None
+        if not restores or not address:
+            standbys.update_record(tx, node.job_id, node.prepared_for, **{KEY: None})
             return None
         if prestart.get("address") != address:
             prestart = {**prestart, "address": address}
