@@ -154,8 +154,9 @@ def holds_the_handover(prestart: dict | None, num_nodes: int, ready_at: float, n
     """After the replacement is ready: whether the node on notice should still train on, waiting for the other
     nodes' processes started ahead."""
     nodes = (prestart or {}).get("nodes") or {}
-    if prestart is None or FAILED in nodes.values() or every_node_waits(prestart, num_nodes):
-        return False
+    if prestart is None or prestart.get("started_at") is None or FAILED in nodes.values() \
+            or every_node_waits(prestart, num_nodes):
+        return False  # (ready without a start ahead: its process could not be started; nothing to wait for)
     return now < ready_at + WAIT_SECONDS
 
 
@@ -169,7 +170,7 @@ def defers_the_plan(record: dict | None, num_nodes: int, now: float) -> bool:
     if FAILED in nodes.values():
         return False
     if prestart.get("started_at") is None:  # the replacement still boots or sets up: the gang waits for it anyway
-        return now < (record.get("launched_at") or now) + SETUP_WAIT_SECONDS
+        return record.get("ready_at") is None and now < (record.get("launched_at") or now) + SETUP_WAIT_SECONDS
     return now < prestart["started_at"] + PLAN_WAIT_SECONDS
 
 
