@@ -33,7 +33,7 @@ from .elastic import LAUNCHER_LINGER_SECONDS, ElasticWorld, LauncherWatch
 from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
 from .gang import GangRanks, node_address, register_for_attempt
-from . import gang_prestart
+from . import gang_prestart, process_tree
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
 from .prestart import DeferredOutput, Prestarted, prestart_environment
@@ -97,6 +97,7 @@ class Agent(AgentCore):
         self._ahead_lock = threading.Lock()
         self._ahead_for: int | None = None  # the next attempt a kept gang node was told to start ahead
         self._ahead_abandoned = threading.Event()  # the controller says that next attempt will not adopt it
+        self._trainee_pids: set[int] = set()  # the training processes that said hello in this attempt
         for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING):
             self.on_op(op, self.stop_progress.on_message)
         self.on_op(Op.HELLO, self._on_hello)
@@ -320,6 +321,8 @@ class Agent(AgentCore):
                 old.close()
         for hello in prestarted.hellos:  # said before this attempt began: what a stop's progress names
             self.stop_progress.on_message(hello)
+            if isinstance(hello.get("pid"), int):
+                self._trainee_pids.add(hello["pid"])
         self.current, self.output_tail = prestarted.supervisor, prestarted.tail
         self.adopted = prestarted  # still told what its process says: ``waiting`` may come later (slow imports)
         self.training_pid = prestarted.pid
@@ -348,6 +351,7 @@ class Agent(AgentCore):
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
+            self._trainee_pids = set()
             self.elastic.reset()
             self.stop_progress.reset()
             reason, code, message, drill = self._run_job_or_why_not(with_setup=first)
@@ -561,9 +565,11 @@ class Agent(AgentCore):
         grace = min(self.config.stop_grace_seconds, LEFTOVER_GRACE_SECONDS)
 
         def stopped_together() -> bool:
-            """The gang stopped at one step for a notice (this node's, its checkpoint acknowledged, or a peer's):
-            nothing is left for its launcher but its exit barrier, which holds up the gang's next attempt."""
-            return self.gang_node and (self.gang.peer_stop is not None or self.emergency.ack is not None)
+            """The gang stopped at one step for a notice (this node's, its checkpoint acknowledged, or a peer's) and
+            every training process here has exited: nothing is left for its launcher but its exit barrier, which
+            holds up the gang's next attempt (a process that lingers after close() is left its own exit)."""
+            return (self.gang_node and (self.gang.peer_stop is not None or self.emergency.ack is not None)
+                    and not any(process_tree.running(pid) for pid in list(self._trainee_pids)))
 
         return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere or stopped_together(),
                              trainees_left,
@@ -629,6 +635,8 @@ class Agent(AgentCore):
             self.reporter.beat_now()
         self.elastic.on_hello(message)
         self.training_pid = message.get("pid")
+        if isinstance(message.get("pid"), int):
+            self._trainee_pids.add(message["pid"])
         if self.drill is not None:
             self.drill.on_hello()
 
