@@ -31,7 +31,7 @@ from ..protocol.events import AGENT_EXIT_REASONS, EndReason
 from ..scheduler import gang_prestart
 from ..scheduler.gang import gpus_per_node
 from . import gang_agent, reports
-from .gang_agent import _node_accelerators
+from .gang_agent import node_accelerators
 from .agent_wheel import WheelUnavailable
 from .auth import Principal, require_node
 
@@ -126,7 +126,7 @@ def _prepared_registration(state, node: Node, address: str | None = None) -> dic
                 restored is not None and restored.attempt == running.attempt))
             prestart = gang_prestart.note_address(state.store, node, address, restores)
             gang = prestart and gang_prestart.gang_for(state.store, job, node.prepared_for, prestart, node.rank,
-                                                       gpus_per_node(_node_accelerators(node, job.spec.resources)))
+                                                       gpus_per_node(node_accelerators(node, job.spec.resources)))
             assignment["gang"], assignment["prestart"] = gang or None, bool(gang)
         return {"status": RegisterStatus.PREPARE, "assignment": assignment}
     return {"status": RegisterStatus.WAITING, "retry_seconds": 0.2,
@@ -311,7 +311,7 @@ def peer_prestart(state, node: dict) -> dict | None:
     if job is None or row is None:
         return None
     gang = gang_prestart.gang_for(state.store, job, node["attempt"], prestart, node["rank"],
-                                  gpus_per_node(_node_accelerators(row, job.spec.resources)))
+                                  gpus_per_node(node_accelerators(row, job.spec.resources)))
     if gang is None:
         return None
     return {**_assignment(state, job.id, node["attempt"] + 1, row, gang=gang), "prestart": True}
