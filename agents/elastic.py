@@ -111,7 +111,7 @@ class LauncherWatch:
     that left with its node never comes)."""
 
     def __init__(self, peers_left: Callable[[], bool], trainees_left: Callable[[], bool], stop: Callable[[], None],
-                 linger: float = LAUNCHER_LINGER_SECONDS):
+                 linger: float | Callable[[], float] = LAUNCHER_LINGER_SECONDS):
         self.peers_left = peers_left  # True once a node this launcher started with may never reach its exit
         self.trainees_left = trainees_left  # True once every connected training process has closed and gone
         self.stop = stop
@@ -133,7 +133,7 @@ class LauncherWatch:
                 since = None
                 continue
             since = since or time.monotonic()
-            if time.monotonic() - since >= self.linger:
+            if time.monotonic() - since >= (self.linger() if callable(self.linger) else self.linger):
                 log.info("every training process has closed; ending the launcher, which waits for nodes that "
                          "left the gang")
                 self.finished_training = True

@@ -29,10 +29,11 @@ from .config import AgentConfig, AgentConfigError, load_agent_config
 from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
-from .elastic import ElasticWorld, LauncherWatch
+from .elastic import LAUNCHER_LINGER_SECONDS, ElasticWorld, LauncherWatch
 from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
 from .gang import GangRanks, node_address, register_for_attempt
+from . import gang_prestart, process_tree
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
 from .prestart import DeferredOutput, Prestarted, prestart_environment
@@ -49,6 +50,10 @@ PRESTART_READY_SECONDS = 300.0  # at most, for a process started ahead to reach 
 # While an elastic gang trains with fewer nodes than the job's: the grown world comes on a heartbeat's reply, and
 # the replacement's ranks wait in it from the moment it is issued.
 ELASTIC_HEARTBEAT_SECONDS = 0.5
+# A gang's launcher once every local rank has stopped with the gang and closed: ended this soon, and killed this
+# soon after its SIGTERM (its exit barrier waits for every node's launcher, the one on notice is being stopped,
+# and a launcher in that wait does not act on SIGTERM)
+STOPPED_TOGETHER_LINGER_SECONDS = 0.5
 PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
 
 
@@ -89,6 +94,10 @@ class Agent(AgentCore):
         self.prefetch: CheckpointPrefetch | None = None  # the job's checkpoint, fetched while setup runs
         self.prestarted: Prestarted | None = None  # the job's process, started before its attempt exists
         self.adopted: Prestarted | None = None  # that process, now its attempt's
+        self._ahead_lock = threading.Lock()
+        self._ahead_for: int | None = None  # the next attempt a kept gang node was told to start ahead
+        self._ahead_abandoned = threading.Event()  # the controller says that next attempt will not adopt it
+        self._trainee_pids: set[int] = set()  # the training processes that said hello in this attempt
         for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING):
             self.on_op(op, self.stop_progress.on_message)
         self.on_op(Op.HELLO, self._on_hello)
@@ -122,7 +131,7 @@ class Agent(AgentCore):
         self.watch_loop = self.start_watchers()
         signal.signal(signal.SIGTERM, lambda *_: self._on_sigterm())
         self.reporter.heartbeats(self._heartbeat_interval, self._status, self._on_action, self.shutdown,
-                                 on_world=self.elastic.on_world)
+                                 on_world=self.elastic.on_world, on_prestart=self._on_prestart)
         sdnotify.ready()
         try:
             if prepared and not self._get_ready():
@@ -131,6 +140,7 @@ class Agent(AgentCore):
         finally:
             sdnotify.stopping()
             self.shutdown.set()
+            self._discard_ahead()
             self.stop_background()
         return 0
 
@@ -157,11 +167,21 @@ class Agent(AgentCore):
         self.phase = "ready"
         if self.assignment.get("prestart"):
             self._prestart(workdir)
+        gang_ahead = self.prestarted is not None and bool(self.assignment.get("gang"))  # a gang's next attempt
+        # The controller now tells the gang's other nodes to start theirs (agents/gang_prestart.py); too late
+        # (the gang has stopped), this one is stopped
+        if gang_ahead and not gang_prestart.report(self.reporter, self.assignment["attempt"], gang_prestart.STARTED):
+            log.info("the gang stopped before its next attempt could be started ahead; it starts at the handover")
+            self._drop_ahead(self.prestarted)
+            gang_ahead = False
         if self.prestarted is not None:
             # Ready to resume is once the process started ahead waits in restore(): the node on notice trains
             # on through this one's interpreter start, imports and model building instead of pausing for them.
-            self.prestarted.wait_in_restore(
-                PRESTART_READY_SECONDS, lambda: self.cancelled.is_set() or self.shutdown.is_set())
+            waits = self.prestarted.wait_in_restore(
+                PRESTART_READY_SECONDS,
+                lambda: self.cancelled.is_set() or self.shutdown.is_set() or self._ahead_abandoned.is_set())
+            if gang_ahead:
+                self._report_ahead(self.prestarted, waits)
         self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": EventKind.READY, "data": {}}),
                                 "ready report")
         log.info("ready: waiting for the handover")
@@ -191,16 +211,118 @@ class Agent(AgentCore):
         except (OSError, ValueError) as exc:
             log.warning("the job's process could not be started ahead; it starts at the handover", error=str(exc))
             return
-        self.prestarted = Prestarted(supervisor, self.assignment["attempt"], output, tail)
+        self.prestarted = Prestarted(supervisor, self.assignment["attempt"], output, tail,
+                                     gang=self.assignment.get("gang"),
+                                     counts_before=self.control.counts() if self.control is not None else (0, 0))
+
+    def _on_prestart(self, assignment: dict) -> None:
+        """A kept gang node is told to start the gang's next attempt ahead (agents/gang_prestart.py): once per
+        attempt, beside the one it runs, on a control channel of its own."""
+        if assignment.get("abandoned"):  # a node failed, or the next attempt went on without the processes
+            self._ahead_abandoned.set()
+            return
+        attempt = assignment.get("attempt")
+        with self._ahead_lock:
+            if (not isinstance(attempt, int) or attempt <= self.assignment.get("attempt", 0)
+                    or self._ahead_for == attempt or self.prestarted is not None or self.cancelled.is_set()
+                    or self.control is None):
+                return
+            self._ahead_for = attempt
+            if gang_prestart.has_accelerator():  # its new ranks would share the GPUs the running attempt uses
+                why = "this node has an accelerator: the next attempt is not started beside the running one"
+                threading.Thread(target=gang_prestart.report, args=(self.reporter, attempt, gang_prestart.FAILED, why),
+                                 daemon=True).start()
+                return
+            path = gang_prestart.next_socket(self.control.path, self.config.control_socket)
+            try:
+                control = ControlServer(path, lambda message: None).start()
+            except OSError as exc:
+                log.warning("no control channel for the next attempt; it starts at the handover", error=str(exc))
+                return
+            output = DeferredOutput(self.local_log)
+            tail = OutputTail(output)
+            env = prestart_environment(self._environment(assignment, str(path)))
+            supervisor = Supervisor(assignment["run"], str(self.config.scratch_dir / "work"), env, tail)
+            try:
+                supervisor.start()
+            except (OSError, ValueError) as exc:
+                control.close()
+                log.warning("the next attempt could not be started ahead; it starts at the handover", error=str(exc))
+                return
+            prestarted = Prestarted(supervisor, attempt, output, tail, gang=assignment.get("gang"), control=control)
+            control.on_message = prestarted.on_control
+            self.prestarted = prestarted
+        log.info("the gang's next attempt started ahead on this kept node", attempt=attempt,
+                 port=(assignment.get("gang") or {}).get("master_port"))
+        threading.Thread(target=self._wait_ahead, args=(prestarted,), name="prestart", daemon=True).start()
+
+    def _wait_ahead(self, prestarted: Prestarted) -> None:
+        if not gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.STARTED):
+            log.info("the gang stopped before its next attempt could be started ahead here; stopping it")
+            self._drop_ahead(prestarted)
+            return
+        waits = prestarted.wait_in_restore(gang_prestart.READY_SECONDS,
+                                           lambda: self.cancelled.is_set() or self.shutdown.is_set()
+                                           or self.prestarted is not prestarted)
+        if self.prestarted is not prestarted:
+            return
+        self._report_ahead(prestarted, waits)
+        # Not adopted for long: the notice proved false, or the gang moved without this node; it is stopped
+        given_up_at = time.monotonic() + gang_prestart.UNADOPTED_SECONDS
+        while self.prestarted is prestarted and not self.shutdown.wait(1.0):
+            if time.monotonic() > given_up_at:
+                log.warning("the process started ahead was not adopted in time; stopping it",
+                            attempt=prestarted.attempt, seconds=gang_prestart.UNADOPTED_SECONDS)
+                self._drop_ahead(prestarted)
+                return
+
+    def _report_ahead(self, prestarted: Prestarted, waits: bool) -> None:
+        """Say whether this node's ranks of the next attempt wait; one that does not is stopped now (the gang's
+        next attempt then starts anew on every node, on another port)."""
+        if waits:
+            gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.WAITING)
+            return
+        self._drop_ahead(prestarted)
+        gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.FAILED,
+                             "the process started ahead exited or did not wait in restore() in time")
+
+    def _drop_ahead(self, prestarted: Prestarted) -> None:
+        """Stop a process started ahead, unless an attempt has adopted it meanwhile."""
+        with self._ahead_lock:
+            if self.prestarted is not prestarted:
+                return
+            self.prestarted = None
+        prestarted.discard(self.config.stop_grace_seconds)
+
+    def _discard_ahead(self) -> None:
+        with self._ahead_lock:
+            prestarted, self.prestarted = self.prestarted, None
+        if prestarted is not None:
+            prestarted.discard(self.config.stop_grace_seconds)
 
     def _adopt_prestarted(self) -> bool:
         """The process started ahead becomes this attempt's, or is stopped (then False: start one now)."""
-        prestarted, self.prestarted = self.prestarted, None
+        with self._ahead_lock:
+            prestarted, self.prestarted = self.prestarted, None
+        self.adopted = None
         if prestarted is None:
             return False
-        if not prestarted.adopt(self.assignment, self.shipper, self.send_control, resume_step(self.assignment)):
+        # (a kept gang node's process started ahead listens on a channel of its own: its ``resume`` goes there)
+        send = prestarted.control.send if prestarted.control is not None else self.send_control
+        if not prestarted.adopt(self.assignment, self.shipper, send, resume_step(self.assignment)):
+            log.info("the process started ahead is not this attempt's; starting the job anew",
+                     attempt=self.assignment.get("attempt"))
             prestarted.discard(self.config.stop_grace_seconds)
             return False
+        if prestarted.control is not None:  # a kept gang node's: its channel is the node's from now on
+            old, self.control = self.control, prestarted.control
+            self.control.on_message = self.on_control
+            if old is not None:
+                old.close()
+        for hello in prestarted.hellos:  # said before this attempt began: what a stop's progress names
+            self.stop_progress.on_message(hello)
+            if isinstance(hello.get("pid"), int):
+                self._trainee_pids.add(hello["pid"])
         self.current, self.output_tail = prestarted.supervisor, prestarted.tail
         self.adopted = prestarted  # still told what its process says: ``waiting`` may come later (slow imports)
         self.training_pid = prestarted.pid
@@ -229,6 +351,7 @@ class Agent(AgentCore):
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
+            self._trainee_pids = set()
             self.elastic.reset()
             self.stop_progress.reset()
             reason, code, message, drill = self._run_job_or_why_not(with_setup=first)
@@ -398,14 +521,16 @@ class Agent(AgentCore):
                 raise JobCannotStart(f"the workdir could not be unpacked on the node: {exc}") from None
         return workdir
 
-    def _environment(self) -> dict[str, str]:
+    def _environment(self, assignment: dict | None = None, control_path: str | None = None) -> dict[str, str]:
         """The node's environment less the agent's own RUNNER_* variables, the job file's ``env``, then the job's
-        RUNNER_* variables (runner/protocol/environment.py)."""
+        RUNNER_* variables (runner/protocol/environment.py); of ``assignment`` (default: this attempt's)."""
+        assignment = assignment or self.assignment
         env = {k: v for k, v in os.environ.items() if not k.startswith(environment.PREFIX)}
-        env.update(self.assignment.get("env") or {})
-        local_dir = self.assignment["checkpoint"]["local_dir"] or str(self.config.scratch_dir / "checkpoints")
-        env.update(environment.job_environment(self.assignment, local_dir,
-                                               str(self.control.path) if self.control is not None else None))
+        env.update(assignment.get("env") or {})
+        local_dir = assignment["checkpoint"]["local_dir"] or str(self.config.scratch_dir / "checkpoints")
+        if control_path is None and self.control is not None:
+            control_path = str(self.control.path)
+        env.update(environment.job_environment(assignment, local_dir, control_path))
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -427,7 +552,8 @@ class Agent(AgentCore):
         (agents/elastic.py)."""
         if self.control is None:
             return None
-        hellos_before, closed_before = self.control.counts()
+        adopted = self.adopted
+        hellos_before, closed_before = adopted.counts_before if adopted is not None else self.control.counts()
 
         def trainees_left() -> bool:
             hellos, closed = self.control.counts()
@@ -437,8 +563,19 @@ class Agent(AgentCore):
         # Nothing of the training is left to save, and torchrun blocked at its exit barrier (a wait on its store, in
         # C++) does not act on SIGTERM until the wait ends: a short grace before SIGKILL, not a checkpoint's.
         grace = min(self.config.stop_grace_seconds, LEFTOVER_GRACE_SECONDS)
-        return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere, trainees_left,
-                             lambda: supervisor.stop(grace)).start()
+
+        def stopped_together() -> bool:
+            """The gang stopped at one step for a notice (this node's, its checkpoint acknowledged, or a peer's) and
+            every training process here has exited: nothing is left for its launcher but its exit barrier, which
+            holds up the gang's next attempt (a process that lingers after close() is left its own exit)."""
+            return (self.gang_node and (self.gang.peer_stop is not None or self.emergency.ack is not None)
+                    and not any(process_tree.running(pid) for pid in list(self._trainee_pids)))
+
+        return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere or stopped_together(),
+                             trainees_left,
+                             lambda: supervisor.stop(STOPPED_TOGETHER_LINGER_SECONDS if stopped_together() else grace),
+                             linger=lambda: STOPPED_TOGETHER_LINGER_SECONDS if stopped_together()
+                             else LAUNCHER_LINGER_SECONDS).start()
 
     def _child(self) -> ChildProcess:
         """The job's current process, as a stop with a checkpoint reaches it."""
@@ -485,7 +622,8 @@ class Agent(AgentCore):
 
     def on_control(self, message: dict) -> None:
         for ahead in (self.prestarted, self.adopted):  # a process started ahead of its attempt hears it all
-            if ahead is not None:
+            # (one on a channel of its own, a kept gang node's, hears only that channel until it is adopted)
+            if ahead is not None and (ahead.control is None or ahead is self.adopted):
                 ahead.on_control(message)
         super().on_control(message)
 
@@ -497,6 +635,8 @@ class Agent(AgentCore):
             self.reporter.beat_now()
         self.elastic.on_hello(message)
         self.training_pid = message.get("pid")
+        if isinstance(message.get("pid"), int):
+            self._trainee_pids.add(message["pid"])
         if self.drill is not None:
             self.drill.on_hello()
 

@@ -165,8 +165,10 @@ class CheckpointPrefetch:
         for name in sorted(wanted):
             if self._stop.is_set():
                 return
-            if "/" in name or name.startswith(".") or name not in sizes:
-                continue  # not (yet) on the durable tier; a name outside the folder is never copied
+            if "/" in name or (name.startswith(".") and manifest is None) or name not in sizes:
+                # not (yet) on the durable tier; a name outside the folder is never copied, nor a hidden one
+                # before the commit (an upload's temporary), but a committed one is (a gang's ``.metadata``)
+                continue
             target = folder / name
             if target.is_file() and target.stat().st_size == wanted[name]:
                 continue

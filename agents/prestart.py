@@ -11,6 +11,11 @@ node ready, so the node on notice trains on through this process's start. At the
 process as the attempt's (its output, buffered until then, goes to the attempt's log) and sends ``resume``
 with the step handed over. A process that exits before, an attempt of another number, or a node that is not
 needed after all: the process is stopped and, where there is an attempt, the job is started as usual.
+
+A gang's next attempt is started ahead on every node (agents/gang_prestart.py has the kept nodes' side): under
+``torchrun`` every local rank says ``waiting``, and the node counts as waiting once all of them have (as many as
+their ``local_ranks`` says); the process is adopted only by the attempt whose gang (ranks, addresses, rendezvous
+port) is the one it was started with.
 """
 
 from __future__ import annotations
@@ -70,18 +75,36 @@ class DeferredOutput:
             self._target = shipper
 
 
-class Prestarted:
-    """The job's process started ahead of its attempt (see the module)."""
+GANG_KEYS = ("num_nodes", "node_rank", "node_ips", "master_addr", "master_port")  # what a gang's launcher was given
 
-    def __init__(self, supervisor, attempt: int, output: DeferredOutput, tail: OutputTail):
+
+def same_gang(started_with: dict | None, assignment: dict) -> bool:
+    """Whether the attempt's gang is the one a process was started ahead for (no gang: a single node)."""
+    now = assignment.get("gang") or {}
+    return all((started_with or {}).get(k) == now.get(k) for k in GANG_KEYS) if started_with else True
+
+
+class Prestarted:
+    """The job's process started ahead of its attempt (see the module). ``control``: the control channel of its own
+    where it has one (a kept gang node, whose running attempt has the node's), ``counts_before`` that channel's
+    counts when it started (agents/control.py)."""
+
+    def __init__(self, supervisor, attempt: int, output: DeferredOutput, tail: OutputTail, gang: dict | None = None,
+                 control=None, counts_before: tuple[int, int] = (0, 0)):
         self.supervisor = supervisor
         self.attempt = attempt
         self.output = output
         self.tail = tail
-        self.waiting = threading.Event()  # the library said ``waiting``
+        self.gang = gang
+        self.control = control
+        self.counts_before = counts_before
+        self.waiting = threading.Event()  # the library said ``waiting``, every local rank of it
         self.hello = False
+        self.hellos: list[dict] = []
         self.pid: int | None = None  # the training process that said hello (torchrun's worker, say)
         self._lock = threading.Lock()
+        self._waiting_pids: set = set()
+        self._local_ranks = 1
         self._resume: dict | None = None
         self._send: Callable[[dict], int] | None = None
 
@@ -89,10 +112,18 @@ class Prestarted:
         op = message.get("op")
         if op == "hello":
             self.hello = True
+            self.hellos.append(message)
             self.pid = message.get("pid")
         elif op == "waiting":
             with self._lock:
-                self.waiting.set()
+                self._waiting_pids.add(message.get("pid"))
+                ranks = message.get("local_ranks")
+                if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0:
+                    self._local_ranks = max(self._local_ranks, ranks)
+                if len(self._waiting_pids) >= self._local_ranks and not self.waiting.is_set():
+                    self.waiting.set()
+                    log.info("the process started ahead waits in restore()", attempt=self.attempt,
+                             local_ranks=len(self._waiting_pids))
                 resume, send = self._resume, self._send
             if resume is not None:
                 send(resume)
@@ -116,7 +147,7 @@ class Prestarted:
     def adopt(self, assignment: dict, shipper, send: Callable[[dict], int], step: int | None) -> bool:
         """Make it the attempt's process: its output to ``shipper``, and the word to resume from ``step`` (sent
         now, or as soon as it says ``waiting``). False when it cannot be (exited, another attempt)."""
-        if not self.running() or assignment.get("attempt") != self.attempt:
+        if not self.running() or assignment.get("attempt") != self.attempt or not same_gang(self.gang, assignment):
             return False
         self.output.switch_to(shipper)
         message = Resume(step, self.attempt).to_json()
@@ -133,3 +164,5 @@ class Prestarted:
         if self.running():
             log.info("stopping the process started ahead: it is not needed", attempt=self.attempt)
         self.supervisor.stop(grace)
+        if self.control is not None:
+            self.control.close()

@@ -54,6 +54,11 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[19])
 
 
+def running(pid: int) -> bool:
+    """Whether the process is alive (not gone, not a zombie)."""
+    return _stat(pid) is not None
+
+
 def _carries(pid: int, mark: bytes) -> bool:
     try:
         environ = (PROC / str(pid) / "environ").read_bytes()

@@ -141,9 +141,10 @@ class Reporter:
 
     def heartbeats(self, every: float | Callable[[], float], status: Callable[[], dict],
                    on_action: Callable[[str], None], stop: threading.Event,
-                   on_world: Callable[[dict], None] | None = None) -> None:
+                   on_world: Callable[[dict], None] | None = None,
+                   on_prestart: Callable[[dict], None] | None = None) -> None:
         """Post ``status()`` every ``every`` seconds (a number, or asked before each wait) until ``stop``, in a
-        thread; hand each reply's action on."""
+        thread; hand each reply's action on (and an elastic gang's ``world``, a gang's ``prestart``)."""
         if self.client is None:
             return
         interval = every if callable(every) else (lambda: every)
@@ -160,6 +161,8 @@ class Reporter:
                     action, reply = Action.CONTINUE, {}
                 if on_world is not None and isinstance(reply.get("world"), dict):  # an elastic gang's new world
                     on_world(reply["world"])
+                if on_prestart is not None and isinstance(reply.get("prestart"), dict):  # agents/gang_prestart.py
+                    on_prestart(reply["prestart"])
                 on_action(action)
                 self._wait_for_beat(interval(), stop)
 

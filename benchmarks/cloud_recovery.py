@@ -31,7 +31,14 @@ A third measure, ``--goodput N``: one job on the AWS profile (trained through) p
 node-seconds between the first notice and the end of the last cycle (the job's first boot and setup, paid once
 per job, are left out), beside the job's whole-life ratio.
 
-    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1] [--goodput 0] [--root DIR] [--keep]
+A fourth, ``--gang N``: the AWS profile's two paths again for an N-node ``torchrun`` gang (one process per node,
+DDP on gloo), node 1 noticed. Its gap is split into phases read off the job's own output: each node's launcher and
+each rank print when they started, imported torch, formed the process group, built the model and restored (the
+trainee below), so every milestone of the next attempt is given in seconds after the old attempt's last step (a
+negative figure: done ahead, while the old attempt still trained).
+
+    python benchmarks/cloud_recovery.py [--profiles aws,gcp] [--count 1] [--scale 1] [--goodput 0] [--gang 0]
+                                        [--root DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -91,6 +98,55 @@ ckpt.close()
 """
 STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
 
+# The gang's trainee: every rank holds the profile's state (replicated, as a DDP model's is) and prints when it
+# started, imported torch, formed the process group, built the model and restored; rank 0 prints the steps.
+GANG_TRAINEE = """
+import time
+STARTED = time.time()
+import os
+import torch
+import torch.distributed as dist
+from runner.checkpoint import Checkpointer
+IMPORTED = time.time()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+GROUP = time.time()
+torch.manual_seed(0)
+inner = torch.nn.Linear(8, 1)
+state_mb = float(os.environ["BENCH_STATE_MB"])
+for i in range(8):
+    inner.register_buffer(f"ballast{i}", torch.rand(max(1, int(state_mb * 1e6 / 4 / 8))))
+model = torch.nn.parallel.DistributedDataParallel(inner, broadcast_buffers=False)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+ckpt = Checkpointer(model=model, optimizer=optimizer)
+BUILT = time.time()
+step = ckpt.restore()
+RESTORED = time.time()
+print(f"rank {rank} started {STARTED:.3f} imported {IMPORTED:.3f} group {GROUP:.3f} built {BUILT:.3f} "
+      f"restored {RESTORED:.3f} from {step}", flush=True)
+while True:
+    optimizer.zero_grad()
+    model(torch.randn(16, 8)).pow(2).mean().backward()
+    optimizer.step()
+    step += 1
+    if rank == 0:
+        print(f"step {step} at {time.time():.3f}", flush=True)
+    ckpt.step(step)
+    if ckpt.should_stop:
+        break
+    time.sleep(0.1)
+ckpt.close()
+"""
+GANG_RUN = ('echo "launcher at $(date +%s.%N)"; exec torchrun --nnodes=$RUNNER_NUM_NODES '
+            "--node-rank=$RUNNER_NODE_RANK --nproc-per-node=1 --master-addr=$RUNNER_MASTER_ADDR "
+            "--master-port=$RUNNER_MASTER_PORT train.py")
+LAUNCHER = re.compile(r"^launcher at ([0-9.]+)$", re.M)
+RANK_TIMES = re.compile(r"^rank (\d+) started ([0-9.]+) imported ([0-9.]+) group ([0-9.]+) built ([0-9.]+) "
+                        r"restored ([0-9.]+) from (\d+)$", re.M)
+# The next attempt's milestones, each the latest over its nodes or ranks, in seconds after the old last step.
+GANG_PHASES = ("launchers started", "workers started", "torch imported", "group formed", "model built",
+               "restored", "first step")
+
 
 def scaled(profile: dict, scale: float) -> dict:
     return {**profile, **{key: profile[key] * scale for key in ("notice_s", "boot_s", "setup_s", "checkpoint_mb")}}
@@ -133,6 +189,53 @@ def trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict) -
         "boot": second.get("boot_seconds"), "setup": second.get("setup_seconds"),
         "restore": second.get("restore_seconds"),
         "goodput": (status.get("goodput") or {}).get("ratio"),
+    }
+
+
+def gang_trial(bench: Bench, root: Path, name: str, prepare_on: str, profile: dict, nodes: int) -> dict:
+    """One gang job, node 1 noticed; the gap and the next attempt's milestones (GANG_PHASES)."""
+    folder = root / name
+    folder.mkdir()
+    (folder / "train.py").write_text(GANG_TRAINEE)
+    (folder / "job.yaml").write_text(yaml.safe_dump({
+        "name": name, "setup": f"sleep {profile['setup_s']:.2f}", "run": GANG_RUN,
+        "env": {"BENCH_STATE_MB": str(profile["checkpoint_mb"])},
+        "resources": {"cloud": ["local"], "num_nodes": nodes},
+        "checkpoint": {"interval": "60s", "keep": 2},
+        "recovery": {"resume_drill": "off", "prepare_on": yaml.safe_load(prepare_on)},
+    }))
+    job_id = bench.cli_json("submit", str(folder / "job.yaml"))["id"]
+    wait_until(lambda: re.search(r"^step 20 at", bench.cli("logs", job_id, "--node", "0").stdout, re.M), 1800,
+               "step 20", poll=0.5)
+    sent = time.time()
+    bench.cli("preempt", job_id, "--node", "1", "--notice", profile["notice"])
+    wait_until(lambda: len(STEP.findall(bench.cli("logs", job_id, "--attempt", "2", "--node", "0",
+                                                  check=False).stdout)) >= 5,
+               1800, "the next attempt's steps", poll=0.5)
+
+    def ledger_row():
+        rows = bench.cli_json("restarts", job_id)
+        return rows if len(rows) > 1 and rows[1].get("gap_seconds") is not None else None
+
+    rows = wait_until(ledger_row, 300, "the ledger's gap", poll=0.5)
+    bench.cli("cancel", job_id)
+    old_output = bench.cli("logs", job_id, "--attempt", "1", "--node", "0").stdout
+    outputs = [bench.cli("logs", job_id, "--attempt", "2", "--node", str(rank)).stdout for rank in range(nodes)]
+    old = [(int(s), float(t)) for s, t in STEP.findall(old_output)]
+    new = [(int(s), float(t)) for s, t in STEP.findall(outputs[0])]
+    last = old[-1][1]
+    launchers = [float(t) for out in outputs for t in LAUNCHER.findall(out)]
+    ranks = [tuple(float(x) for x in m[1:6]) for out in outputs for m in RANK_TIMES.findall(out)]
+    milestones = [max(launchers, default=None)] + [max((r[i] for r in ranks), default=None) for i in range(5)]
+    milestones.append(new[0][1])
+    second = rows[1]
+    return {
+        "gap": new[0][1] - last,
+        "redone": old[-1][0] - second["resumed_from_step"],
+        "after_notice": sum(1 for _, t in old if t > sent),
+        "ledger_gap": second.get("gap_seconds"), "restore": second.get("restore_seconds"),
+        "standby": (rows[0].get("standby") or {}).get("outcome"),
+        **{phase: (None if at is None else round(at - last, 2)) for phase, at in zip(GANG_PHASES, milestones)},
     }
 
 
@@ -198,6 +301,32 @@ def _discard(root: Path, keep: bool) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _gang_table(args, base: dict) -> None:
+    profile = scaled(base, args.scale)
+    root, bench = _bench("gang", profile, args.scale, args.root)
+    results: dict[str, list[dict]] = {path: [] for path in PATHS}
+    try:
+        bench.start()
+        for i in range(args.count):
+            for path, prepare_on in PATHS.items():
+                job = f"gang-{'through' if prepare_on == '[notice]' else 'baseline'}-{i}"
+                results[path].append(gang_trial(bench, root, job, prepare_on, profile, args.gang))
+                print(f"gang of {args.gang} / {path}: {results[path][-1]}", flush=True)
+    finally:
+        bench.shutdown()
+        _discard(root, args.keep)
+    base_gap = _median(results["stop at once"], "gap")
+    print(f"\n| {args.gang}-node gang, AWS profile at {args.scale:g}x | gap s | gap / stop at once | steps after the "
+          f"notice | steps redone | ledger gap s | " + " | ".join(f"{p} (s after the last step)" for p in GANG_PHASES)
+          + " |")
+    print("| --- |" + " ---: |" * (5 + len(GANG_PHASES)))
+    for path, rows in results.items():
+        gap = _median(rows, "gap")
+        print(f"| {path} | {_fmt(gap)} | {_fmt(gap / base_gap if base_gap else None, 2)} | "
+              f"{_fmt(_median(rows, 'after_notice'), 0)} | {_fmt(_median(rows, 'redone'), 0)} | "
+              f"{_fmt(_median(rows, 'ledger_gap'))} | " + " | ".join(_fmt(_median(rows, p)) for p in GANG_PHASES) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", default="aws,gcp")
@@ -205,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every duration and the checkpoint size")
     parser.add_argument("--goodput", type=int, default=0, metavar="N",
                         help="also: an AWS-profile job preempted every 10 minutes (times --scale), N times")
+    parser.add_argument("--gang", type=int, default=0, metavar="N",
+                        help="also: the AWS profile's two paths for an N-node torchrun gang (node 1 noticed)")
     parser.add_argument("--root", default=None, metavar="DIR",
                         help="where the controller's home, the nodes' local tiers and the durable tier live (default: "
                              "the temporary folder). A cloud GPU node's local disk writes GB/s: where this machine's "
@@ -214,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [p for p in args.profiles.split(",") if p and p != "none"]
     unknown = [p for p in names if p not in PROFILES]
-    if unknown or args.count < 1 or args.scale <= 0:
-        parser.error(f"profiles are {', '.join(PROFILES)}; --count >= 1; --scale > 0")
+    if unknown or args.count < 1 or args.scale <= 0 or args.gang == 1 or args.gang < 0:
+        parser.error(f"profiles are {', '.join(PROFILES)}; --count >= 1; --scale > 0; --gang 0 or >= 2")
     print(f"machine: {machine()}; scale {args.scale:g}; files under {args.root or tempfile.gettempdir()}", flush=True)
     table = []
     if args.goodput > 0:
@@ -247,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         for path, rows in results.items():
             gap = _median(rows, "gap")
             table.append((name, profile, path, gap, gap / base if base else None, rows))
+    if args.gang:
+        _gang_table(args, PROFILES["aws"])
     print(f"\n| profile (notice / boot / setup / checkpoint at {args.scale:g}x) | path | gap s | gap / stop at once "
           f"| steps after the notice | steps redone | ledger gap s | boot s | setup s | restore s | goodput |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -11,6 +11,11 @@ from . import ledger
 from .protocol.events import EndReason
 
 
+# What a standby record keeps for the controller alone, not shown in the restart log: a gang's next attempt started
+# ahead (runner/scheduler/gang_prestart.py), its rendezvous port and its nodes' progress.
+CONTROLLER_ONLY_STANDBY_FIELDS = frozenset({"prestart"})
+
+
 def iso(ts: float | None) -> str | None:
     """Unix seconds as ISO-8601 UTC with a trailing Z."""
     if ts is None:
@@ -128,7 +133,7 @@ def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float |
         row["drill"] = attempt.drill
     if attempt.standby is not None:  # the replacement prepared while this attempt trained (its times in ISO)
         row["standby"] = {k: _iso_ms(v) if k.endswith("_at") or k == "deadline" else v
-                          for k, v in attempt.standby.items()}
+                          for k, v in attempt.standby.items() if k not in CONTROLLER_ONLY_STANDBY_FIELDS}
     if attempt.num_nodes > 1:
         row["num_nodes"] = attempt.num_nodes
         row["nodes"] = node_rows(attempt)

@@ -44,7 +44,8 @@ class ResumeWait:
 
     def wait(self, send) -> int | None:
         """Say ``waiting`` and block until the word; the step handed over (None when there is none)."""
-        send(Waiting(os.getpid()).to_json())
+        local_ranks = os.environ.get("LOCAL_WORLD_SIZE", "")  # torchrun's: the agent waits for every local rank
+        send(Waiting(os.getpid(), int(local_ranks) if local_ranks.isdigit() else None).to_json())
         self._word.wait()
         if self._lost and self._step is None:
             raise CheckpointError("the node agent went away before this process's attempt started; nothing to "

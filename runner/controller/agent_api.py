@@ -28,7 +28,10 @@ from ..state.store import NODE_LAUNCHING, NODE_RUNNING
 from ..scheduler.transitions import InvalidTransition, transition
 from ..protocol.actions import Action, RegisterStatus
 from ..protocol.events import AGENT_EXIT_REASONS, EndReason
+from ..scheduler import gang_prestart
+from ..scheduler.gang import gpus_per_node
 from . import gang_agent, reports
+from .gang_agent import node_accelerators
 from .agent_wheel import WheelUnavailable
 from .auth import Principal, require_node
 
@@ -81,7 +84,7 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     state = _state(request)
     address = body.address if body else None
     if who.node.attempt == PREPARED and who.node.prepared_for is not None:
-        return _prepared_registration(state, who.node)
+        return _prepared_registration(state, who.node, address)
     if state.store.job(who.node.job_id).num_nodes > 1:
         attempt, wait = gang_agent.register(state, who.node, address or "127.0.0.1")
         return wait or _assignment(state, who.node.job_id, attempt, who.node, address)
@@ -101,7 +104,7 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     return _assignment(state, job.id, attempt.attempt, who.node, address)
 
 
-def _prepared_registration(state, node: Node) -> dict:
+def _prepared_registration(state, node: Node, address: str | None = None) -> dict:
     """A replacement prepared while the job still trains (runner/scheduler/standby.py): before it is ready, what
     to set up (the job as its next attempt will run it); once ready, to wait for the handover."""
     job = state.store.job(node.job_id)
@@ -116,20 +119,30 @@ def _prepared_registration(state, node: Node) -> dict:
         # Its process may start before the handover and wait in restore() (agents/prestart.py) where the job is
         # known to restore through runner.checkpoint: the running attempt reported a restore.
         running = next((a for a in state.store.attempts(job.id) if a.attempt == node.prepared_for), None)
-        # Not a gang's: its launcher needs the next attempt's rendezvous, which exists only once the gang stops.
         assignment["prestart"] = running is not None and running.restore_seconds is not None and job.num_nodes == 1
+        if job.num_nodes > 1:  # a gang's: only with the next attempt's gang, where it is started ahead on every node
+            restored = state.store.last_event(job.id, "restored")  # (a gang's restore time comes later, batched)
+            restores = running is not None and (running.restore_seconds is not None or (
+                restored is not None and restored.attempt == running.attempt))
+            prestart = gang_prestart.note_address(state.store, node, address, restores)
+            gang = prestart and gang_prestart.gang_for(state.store, job, node.prepared_for, prestart, node.rank,
+                                                       gpus_per_node(node_accelerators(node, job.spec.resources)))
+            assignment["gang"], assignment["prestart"] = gang or None, bool(gang)
         return {"status": RegisterStatus.PREPARE, "assignment": assignment}
     return {"status": RegisterStatus.WAITING, "retry_seconds": 0.2,
             "message": "ready; waiting for the job's node on notice to hand over"}
 
 
-def _assignment(state, job_id: str, attempt: int, node: Node, address: str | None = None) -> dict:
-    """What an attempt runs, where it checkpoints, what it resumes from, whether it drills, its gang."""
+def _assignment(state, job_id: str, attempt: int, node: Node, address: str | None = None,
+                gang: dict | None = None) -> dict:
+    """What an attempt runs, where it checkpoints, what it resumes from, whether it drills, its gang (``gang``: an
+    attempt not created yet, whose processes start ahead: runner/scheduler/gang_prestart.py)."""
     job = state.store.job(job_id)
     spec = job.spec
     drill_seconds = spec.recovery.resume_drill_seconds()
     prepared = node.attempt == PREPARED  # setting up for an attempt not created yet: no gang fields, no port
-    gang = None if prepared else gang_agent.gang_fields(state, job, attempt, node, address)
+    if gang is None and not prepared:
+        gang = gang_agent.gang_fields(state, job, attempt, node, address)
     if gang is not None and (gang["node_rank"] != 0 or gang.get("elastic_join")):
         drill_seconds = None  # the drill runs once for the whole gang: node 0 drives it
     extra = {}
@@ -284,3 +297,21 @@ def drill_result(body: DrillResult, request: Request, who: Principal = Depends(r
         new_state = record_drill_result(state.store, who.node, body.model_dump(exclude={"ranks"}))
     state.scheduler.nudge.set()
     return {"state": new_state, "action": Action.SHUTDOWN if new_state == FAILED else Action.CONTINUE}
+
+
+def peer_prestart(state, node: dict) -> dict | None:
+    """The next attempt's assignment for a kept node of a gang on notice, once it is to start that attempt ahead
+    (runner/scheduler/gang_prestart.py); None otherwise. ``node``: the heartbeat's view of it."""
+    if node.get("rank") is None:
+        return None
+    prestart = gang_prestart.peer_may_start(state.store, node["job_id"], node["attempt"], node["rank"])
+    if prestart is None:
+        return None
+    job, row = state.store.job(node["job_id"]), state.store.node(node["id"])
+    if job is None or row is None:
+        return None
+    gang = gang_prestart.gang_for(state.store, job, node["attempt"], prestart, node["rank"],
+                                  gpus_per_node(node_accelerators(row, job.spec.resources)))
+    if gang is None:
+        return None
+    return {**_assignment(state, job.id, node["attempt"] + 1, row, gang=gang), "prestart": True}

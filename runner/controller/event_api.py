@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import structlog
 from fastapi import HTTPException
 
-from ..scheduler import elastic, standby
+from ..scheduler import elastic, gang_prestart, standby
 from ..scheduler.attempts import hand_over
 from ..protocol.events import NOTICE_KINDS, EventKind
 from ..state.standbys import PREPARED
@@ -56,6 +56,8 @@ def own_transaction_report(state, authorization: str, body: bytes) -> dict:
     kind, data = _event(json_object(body))
     if kind == EventKind.READY:  # a prepared replacement has run setup: the node on notice may stop now
         return {"accepted": standby.mark_ready(state.store, node)}
+    if kind == EventKind.PRESTART:  # a gang node's next attempt started ahead: how far it got
+        return {"accepted": gang_prestart.record_report(state.store, node, data, time.time())}
     reports.step(data.get("step"), "data.step")
     new_state = hand_over(state.store, node, data["step"])
     if new_state is not None:
@@ -68,7 +70,7 @@ def _takes_its_own_transaction(body: bytes) -> bool:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return False
-    return isinstance(value, dict) and value.get("kind") in (EventKind.HANDOVER, EventKind.READY)
+    return isinstance(value, dict) and value.get("kind") in (EventKind.HANDOVER, EventKind.READY, EventKind.PRESTART)
 
 
 def report_alone(state, authorization: str, body: bytes) -> dict:

@@ -75,7 +75,7 @@ def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) 
     if joining is not None:  # a replacement joining a running elastic attempt: its launcher is a gang of one
         provider = state.scheduler.providers.get(row.cloud)
         return {**joining, "master_port": provider.rendezvous_port(row.master_port) if provider else 29500,
-                "gpus_per_node": gpus_per_node(_node_accelerators(node, resources)), "elastic": True,
+                "gpus_per_node": gpus_per_node(node_accelerators(node, resources)), "elastic": True,
                 "min_nodes": resources.min_nodes, "job_num_nodes": resources.num_nodes}
     port = row.master_port
     if port is None:  # a single-node attempt: its port is chosen when its node first registers
@@ -90,12 +90,12 @@ def gang_fields(state, job: Job, attempt: int, node: Node, address: str | None) 
     else:
         ips, rank = [address or "127.0.0.1"], 0
     return {"num_nodes": row.num_nodes, "node_rank": rank, "node_ips": ips, "master_addr": ips[0],
-            "master_port": port, "gpus_per_node": gpus_per_node(_node_accelerators(node, resources)),
+            "master_port": port, "gpus_per_node": gpus_per_node(node_accelerators(node, resources)),
             **({"elastic": True, "min_nodes": resources.min_nodes, "job_num_nodes": resources.num_nodes}
                if resources.elastic else {})}
 
 
-def _node_accelerators(node: Node, resources: Resources) -> tuple[str, int] | None:
+def node_accelerators(node: Node, resources: Resources) -> tuple[str, int] | None:
     """The accelerators of the node's own offer (which of the job's alternatives it got), else the job's first."""
     if node.offer.accelerator:
         return node.offer.accelerator, int(node.offer.accelerator_count or 1)

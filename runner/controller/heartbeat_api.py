@@ -15,14 +15,14 @@ import time
 from fastapi import HTTPException
 
 from ..costpolicy import observe
-from ..scheduler import elastic, standby
+from ..scheduler import elastic, gang_prestart, standby
 from ..scheduler.spot_return import move_request
 from ..scheduler.states import TERMINAL
 from ..spec.stored import StoredJob
 from ..state.standbys import PREPARED
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING
 from ..protocol.actions import Action
-from . import gang_agent, reports
+from . import agent_api, gang_agent, reports
 from .auth import heartbeat_caller
 from .front_door import AWAITED, LeanRoute, json_object
 
@@ -37,6 +37,9 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
     phase, progress, generation = _beat(body)
     state.heartbeats.record(node["id"], time.time(), {"phase": phase, **(progress or {})})
     action = _action_from_view(node)
+    if action == Action.STANDBY_WAIT and _spec_flags(node["spec"])[0]:  # a gang's replacement starting ahead
+        if await _off_the_loop(state, gang_prestart.abandoned, state.store, node["job_id"], node["prepared_for"]):
+            return {"action": action, "prestart": {"abandoned": True}}
     if action == Action.CONTINUE and node["attempt_current"] and _is_elastic(node["spec"]):  # its world may have changed
         if (progress or {}).get("joining") and state.is_leader():  # a replacement's training waits: let it in now
             await _off_the_loop(state, elastic.admit_at_once, state.scheduler, node["job_id"], node["id"])
@@ -45,6 +48,13 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
             return {"action": told[0], **({"world": told[1]} if told[1] is not None else {})}
     if action is None:  # a move to spot or a kept gang node: answered from further reads, off the loop if remote
         action = await _off_the_loop(state, _action_with_reads, state, node)
+        if action == Action.CONTINUE and (not node["attempt_current"] or node["attempt_on_notice"]) \
+                and _spec_flags(node["spec"])[0] and not _is_elastic(node["spec"]):
+            # A gang node trained through a peer's notice, or kept after it, may be told to start the next attempt
+            # ahead (runner/scheduler/gang_prestart.py)
+            ahead = await _off_the_loop(state, agent_api.peer_prestart, state, node)
+            if ahead is not None:
+                return {"action": action, "prestart": ahead}
     return {"action": action}
 
 

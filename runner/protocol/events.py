@@ -19,6 +19,7 @@ class EventKind(StrEnum):
     SETUP = "setup"                          # the job's setup on the node: at its start and at its end
     HANDOVER = "handover"                    # the emergency checkpoint is durable: launch the next attempt now
     READY = "ready"                          # a prepared replacement has run setup
+    PRESTART = "prestart"                    # a gang node's next attempt started ahead: started, waiting, failed
     MESSAGE = "message"
 
 

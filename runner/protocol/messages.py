@@ -225,7 +225,9 @@ class Waiting(Message):
     """A process started ahead of its attempt waits in ``restore()`` for the agent's ``resume``."""
 
     op: ClassVar[Op] = Op.WAITING
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"local_ranks"})
     pid: int | None = None
+    local_ranks: int | None = None  # the processes of this node's launcher (torchrun's LOCAL_WORLD_SIZE), if any
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import time
 
 import structlog
 
-from ..providers.base import free_slots as provider_free_slots, rendezvous_port
+from ..providers.base import free_slots as provider_free_slots
 from ..providers.errors import ProviderError
 from ..providers.offers import Offer
 from ..spec import Resources
@@ -29,7 +29,7 @@ from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
 from . import placement
 from . import elastic
-from . import gang_standby
+from . import gang_prestart, gang_standby
 from .attempts import end_attempt
 from .gang import KeptNode, plan_gang, unregistered_ranks
 from .states import PENDING, PROVISIONING, RECOVERING, RUNNING
@@ -49,10 +49,17 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
     if released:
         return []
     prepared = gang_standby.prepared_node(live)
+    attempts = store.attempts(job.id)
+    if prepared is not None and attempts and gang_prestart.defers_the_plan(
+            attempts[-1].standby, job.num_nodes, time.time()):
+        why = "the gang stopped; its next attempt, started ahead on every node, is getting ready"
+        if job.message != why:
+            with store.db.transaction() as tx:
+                store.set_job_message(tx, job.id, why)
+        return []
     resources = job.spec.resources
     num_nodes = resources.num_nodes
     kept = [KeptNode(n.rank, n.id, n.offer, n.spot) for n in live]
-    attempts = store.attempts(job.id)
     offers = [o for p in ctx.providers.values() for o in p.offers()]
     avoid = placement.recent_preempted_zones(attempts)
     speed_of = placement.speeds(job, attempts, offers)
@@ -94,8 +101,10 @@ def plan_gang_attempt(ctx, job: Job) -> list[str]:
         rank0 = plan.keep.get(0)
         offer0 = rank0.offer if rank0 else plan.candidate.offer
         spot0 = rank0.spot if rank0 else plan.candidate.spot
-        previous = attempts[-1].master_port if attempts else None
-        port = rendezvous_port(ctx.providers[offer0.cloud], previous)
+        # The port the processes started ahead wait on, where every node has them (gang_prestart.py)
+        port = gang_prestart.port_for_next(ctx.providers[offer0.cloud], store, job.id, attempts[-1] if attempts else None,
+                                           {rank: k.node_id for rank, k in plan.keep.items()}, bool(plan.launch),
+                                           prepared)
         attempt = store.insert_attempt(tx, job.id, rank0.node_id if rank0 else new_ids[0], offer0,
                                        spot0, resumed, now, num_nodes=num_nodes, master_port=port)
         for node_id in plan.release:

@@ -29,7 +29,7 @@ from ..state.rows import Node
 from ..state.standbys import StandbyStore
 from ..state.store import NODE_RUNNING
 from ..protocol.actions import Action
-from . import gang_standby, placement
+from . import gang_prestart, gang_standby, placement
 from .states import PROVISIONING, RECOVERING, TERMINAL
 from .transitions import transition
 
@@ -80,6 +80,9 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
         record["placement"] = figures
     if gang:
         record.update(rank=node.rank, replaces=node.id)
+        prestart = gang_prestart.plan(ctx.providers, job, current)  # the next attempt started ahead, where safe
+        if prestart is not None:
+            record[gang_prestart.KEY] = prestart
     if signal == NOTICE:
         record["notice_at"] = now
     with store.db.transaction() as tx:
@@ -129,6 +132,11 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
     if standby.ready_at is None:
         return Action.CONTINUE
     record = StandbyStore(store).record(None, node["job_id"], node["attempt"]) or {}
+    prestart = record.get(gang_prestart.KEY)
+    if prestart is not None:
+        num_nodes = spec.resources.num_nodes if spec is not None else store.job(node["job_id"]).num_nodes
+        if gang_prestart.holds_the_handover(prestart, num_nodes, standby.ready_at, now):
+            return Action.CONTINUE  # the gang's other nodes are still starting the next attempt ahead
     deadline = record.get("deadline")
     if deadline is not None and now > deadline:
         return Action.CONTINUE  # past its deadline and still beating: reclaimed any moment, or the notice was false

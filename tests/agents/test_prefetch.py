@@ -116,6 +116,28 @@ def test_a_complete_checkpoint_is_kept_while_a_newer_upload_is_followed_and_is_h
             assert (tmp_path / "new-node" / folder_name(5) / path.name).read_bytes() == path.read_bytes()
 
 
+def test_a_gang_checkpoint_with_a_hidden_file_in_its_manifest_is_fetched_whole(tmp_path):
+    """A gang's checkpoint (torch.distributed.checkpoint's format) lists ``.metadata``: it is fetched once the
+    manifest commits it, and the step is complete (it was never fetched, and the handover waited for the stall
+    limit, 30 s, then the restore read it from the durable tier)."""
+    import json
+
+    committed = tmp_path / "durable" / folder_name(4)
+    committed.mkdir(parents=True)
+    files = {"__0_0.distcp": b"rank 0 shard", "__1_0.distcp": b"rank 1 shard", ".metadata": b"the plan"}
+    for name, data in files.items():
+        (committed / name).write_bytes(data)
+    (committed / "manifest.json").write_text(json.dumps(
+        {"step": 4, "files": [{"name": n, "bytes": len(d)} for n, d in files.items()]}))
+    prefetch = CheckpointPrefetch(f"file://{tmp_path / 'durable'}", tmp_path / "new-node", poll_seconds=0.05).start()
+    try:
+        assert prefetch.wait_for(4, timeout=120)
+    finally:
+        prefetch.stop()
+    for name, data in files.items():
+        assert (tmp_path / "new-node" / folder_name(4) / name).read_bytes() == data
+
+
 def test_a_step_the_durable_tier_lacks_is_not_waited_for(tmp_path):
     (tmp_path / "durable").mkdir()
     prefetch = CheckpointPrefetch(f"file://{tmp_path / 'durable'}", tmp_path / "new-node", poll_seconds=0.05).start()

@@ -55,3 +55,38 @@ def test_the_wait_is_bounded(tmp_path):
         assert ahead.wait_in_restore(0.2, lambda: False) is False
     finally:
         ahead.discard(1)
+
+
+def test_a_gang_node_waits_for_every_local_rank(tmp_path):
+    """Under torchrun each local rank says ``waiting``: the node waits once all of them do, not at the first."""
+    ahead = _prestarted(tmp_path, "sleep 600")
+    try:
+        ahead.on_control({"op": "waiting", "pid": 11, "local_ranks": 2})
+        assert not ahead.waiting.is_set()
+        ahead.on_control({"op": "waiting", "pid": 11, "local_ranks": 2})  # the same rank again counts once
+        assert not ahead.waiting.is_set()
+        ahead.on_control({"op": "waiting", "pid": 12, "local_ranks": 2})
+        assert ahead.waiting.is_set()
+    finally:
+        ahead.discard(1)
+
+
+def test_a_process_started_for_another_gang_is_not_adopted(tmp_path):
+    """Started ahead on a rendezvous port the attempt did not keep (a node's start ahead failed): not adopted, so
+    the job starts anew on every node of the gang."""
+    gang = {"num_nodes": 2, "node_rank": 0, "node_ips": ["10.0.0.1", "10.0.0.2"], "master_addr": "10.0.0.1",
+            "master_port": 29600, "gpus_per_node": 1}
+    output = DeferredOutput(io.BytesIO())
+    tail = OutputTail(output)
+    supervisor = Supervisor("sleep 600", str(tmp_path), dict(os.environ), tail)
+    supervisor.start()
+    ahead = Prestarted(supervisor, 2, output, tail, gang=gang)
+    sent = []
+    try:
+        other_port = {"attempt": 2, "gang": {**gang, "master_port": 29601}, "checkpoint": {}}
+        assert ahead.adopt(other_port, io.BytesIO(), sent.append, 7) is False
+        assert ahead.adopt({"attempt": 2, "gang": gang, "checkpoint": {}}, io.BytesIO(), sent.append, 7) is True
+        ahead.on_control({"op": "waiting", "pid": 5})
+        assert sent and sent[-1]["op"] == "resume" and sent[-1]["step"] == 7
+    finally:
+        ahead.discard(1)

@@ -6,13 +6,20 @@ request reaches every rank through the process group, and all four stop at one s
 checkpoint. The next attempt keeps node 0, runs rank 1 on the prepared replacement, and every rank resumes
 from that step; the final weights are those of the same run never interrupted.
 
-The local market's clock runs at 1.0 (AWS's full 120 s): the replacement gets ready long before the
-deadline even on a busy machine. Its boot is 1 s and its setup a shell builtin, so the test lasts as long as
-the processes take to start.
+The next attempt is started ahead on both nodes (a job without accelerators): once the replacement's setup is
+done, it and then node 0 start torchrun with the next attempt's rendezvous port, and every rank of it waits in
+restore() before node 1 is told to checkpoint; the old attempt stops only then, and the waiting ranks resume.
+A start ahead that dies (node 0's, here) leaves the old attempt training until the controller hears of it; the
+next attempt then starts anew on every node, on another port, as it did before, with nothing lost.
+
+The local market's clock runs at 2.0 (twice AWS's 120 s): the replacement, and the next attempt's six processes
+started ahead beside the four training, get ready long before the deadline even on a busy machine. Its boot is
+1 s and its setup a shell builtin, so the test lasts as long as the processes take to start.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -26,7 +33,7 @@ import yaml
 from conftest import REPO, Controller, Runner, kill_nodes, write_job
 
 BOOT_SECONDS = 1.0
-STEPS = 900  # still training when the replacement is ready, on a busy machine too
+STEPS = 2000  # still training when the next attempt is ready, on a busy machine too
 ARGS = f"--steps {STEPS} --step-time 0.03 --log-every 1 --interval 1h --bit-exact"
 TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
             "--master-addr={addr} --master-port={port}")
@@ -42,13 +49,22 @@ recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 'off'}}
 """
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
+BUILT = re.compile(r"^rank (\d): built at ([0-9.]+)$", re.M)
+DIE_AHEAD = "die-ahead"  # in the workdir: node 0's process started ahead exits before its restore()
 
 
 def _trainee() -> str:
     """examples/multinode/train.py, its progress lines stamped with the time (rank 0 prints them)."""
     source = (REPO / "examples" / "multinode" / "train.py").read_text()
     line = 'print(f"step {step} loss {loss.item():.4f}", flush=True)'
-    assert line in source
+    restore = "    step = ckpt.restore()\n"
+    parse = "    args = parser.parse_args()\n"
+    assert line in source and restore in source and parse in source
+    source = source.replace(parse, parse + (
+        '    if os.environ.get("RUNNER_RESUME_WAIT") == "1" and os.environ.get("RUNNER_NODE_RANK") == "0" \\\n'
+        f'            and os.path.exists("{DIE_AHEAD}"):\n'
+        '        sys.exit(3)\n'))
+    source = source.replace(restore, '    print(f"rank {rank}: built at {time.time():.3f}", flush=True)\n' + restore)
     return source.replace(line, 'print(f"step {step} at {time.time():.3f}", flush=True)')
 
 
@@ -77,19 +93,35 @@ def _uninterrupted(folder: Path) -> str:
     return FINAL.search(outputs[0]).group(1)
 
 
-@pytest.mark.timeout(900)
-def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_noticed_rank(tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted"))
+
+
+def _agent_log(home: Path, node: str) -> list[dict]:
+    lines = (home / "nodes" / node / "agent.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _logged_at(home: Path, node: str, event: str) -> list[float]:
+    """When the node's agent logged ``event`` (unix seconds)."""
+    return [_unix(e["timestamp"]) for e in _agent_log(home, node) if e.get("event") == event]
+
+
+def _train_through(tmp_path, files: dict) -> tuple[Path, dict, dict, dict, str, str, str]:
+    """The job through node 1's notice: (home, job, first and second restart-log rows, the old attempt's output,
+    the new attempt's, the job's)."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump(
-        {"clouds": {"local": {"time_scale": 1.0, "boot_seconds": BOOT_SECONDS}}}))
+        {"clouds": {"local": {"time_scale": 2.0, "boot_seconds": BOOT_SECONDS}}}))
     controller = Controller(home).start()
     runner = Runner(home)
     runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
     try:
         folder = tmp_path / "job"
         folder.mkdir()
-        job_id = runner.json("submit", str(write_job(folder, JOB, {"train.py": _trainee()})))["id"]
+        job_id = runner.json("submit", str(write_job(folder, JOB, {"train.py": _trainee(), **files})))["id"]
         runner.wait_for_output(job_id, r"^step 30 at ", timeout=400)
         preempted = runner("preempt", job_id, "--node", "1", "--notice", "aws")
         assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
@@ -101,6 +133,26 @@ def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_n
     finally:
         controller.stop()
         kill_nodes(home)
+    return home, job, first, second, old_output, new_output, logs
+
+
+def _stopped_at(first: dict, second: dict, old_output: str, new_output: str, launched: float) -> tuple[int, float]:
+    """Every rank stopped at one step, the emergency checkpoint's, and every rank resumed from it; that step and
+    the time of the old attempt's last step."""
+    steps = [(int(s), float(t)) for s, t in STEP.findall(old_output)]
+    after_notice = [s for s, t in steps if t > launched]
+    assert after_notice, "no step was trained after the replacement's launch"
+    stops = re.findall(r"^rank \d: stopping at step (\d+)", old_output, re.M)
+    assert len(stops) == 4 and len(set(stops)) == 1
+    stopped_at = int(stops[0])
+    assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] == max(after_notice)
+    assert len(re.findall(rf"^rank \d/4: resumed from step {stopped_at}$", new_output, re.M)) == 4
+    return stopped_at, max(t for s, t in steps)
+
+
+@pytest.mark.timeout(1200)
+def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_noticed_rank(tmp_path, uninterrupted):
+    home, job, first, second, old_output, new_output, logs = _train_through(tmp_path, {})
 
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 2
     standby = first["standby"]
@@ -114,16 +166,19 @@ def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_n
     # The next attempt: node 0 kept, rank 1 on the prepared replacement, in the gang's zone.
     assert [n["node"] for n in second["nodes"]] == [first["nodes"][0]["node"], standby["node"]]
     assert second["nodes"][1]["zone"] == first["zone"] == second["zone"]
-    # The whole gang trained on after the notice (rank 0 is on node 0, which no notice reached).
-    after_notice = [int(s) for s, t in STEP.findall(old_output) if float(t) > launched]
-    assert after_notice, "no step was trained after the replacement's launch"
-    # Every rank stopped at one step, the emergency checkpoint's, and every rank resumed from it.
-    stops = re.findall(r"^rank \d: stopping at step (\d+)", old_output, re.M)
-    assert len(stops) == 4 and len(set(stops)) == 1
-    stopped_at = int(stops[0])
-    assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] == max(after_notice)
-    assert len(re.findall(rf"^rank \d/4: resumed from step {stopped_at}$", new_output, re.M)) == 4
-    assert FINAL.search(logs).group(1) == _uninterrupted(tmp_path)
+    # The whole gang trained on after the notice (rank 0 is on node 0, which no notice reached), every rank
+    # stopped at the emergency checkpoint's step and resumed from it, ending with the uninterrupted run's weights.
+    stopped_at, last_step_at = _stopped_at(first, second, old_output, new_output, launched)
+    assert FINAL.search(logs).group(1) == uninterrupted
+    # The next attempt was started ahead on both nodes: each of its four ranks had built its model, and each
+    # node's ranks all waited in restore(), before the old attempt's last step; those processes resumed.
+    built = BUILT.findall(new_output)
+    assert sorted(rank for rank, _ in built) == ["0", "1", "2", "3"]
+    assert all(float(at) < last_step_at for _, at in built)
+    for node in (first["nodes"][0]["node"], standby["node"]):
+        waited = _logged_at(home, node, "the process started ahead waits in restore()")
+        assert len(waited) == 1 and waited[0] < last_step_at, node
+        assert _logged_at(home, node, "the process started ahead is this attempt's"), node
     # The ledger: the gap, the replacement's boot and setup (before its attempt existed), every rank's restore.
     assert second["gap_seconds"] is not None and second["gap_seconds"] > 0
     boots = [n["boot_seconds"] for n in second["nodes"]]
@@ -133,3 +188,27 @@ def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_n
     restores = [n["restore_seconds"] for n in second["nodes"]]
     assert all(r is not None and r >= 0 for r in restores) and second["restore_seconds"] == max(restores)
     assert first["lost_seconds"] == 0.0 and job["goodput"]["redone_seconds"] == 0
+
+
+@pytest.mark.timeout(1200)
+def test_a_start_ahead_that_dies_leaves_the_gang_to_start_anew_with_nothing_lost(tmp_path, uninterrupted):
+    """Node 0's process started ahead exits before its restore(): the old attempt trains on until the controller
+    hears of it, then stops with the emergency checkpoint; the next attempt starts anew on both nodes (the
+    replacement's process started ahead is stopped too) and ends with the uninterrupted run's weights."""
+    home, job, first, second, old_output, new_output, logs = _train_through(tmp_path, {DIE_AHEAD: "node 0\n"})
+
+    assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 2
+    standby = first["standby"]
+    assert standby["outcome"] == "took over" and standby["rank"] == 1
+    assert [n["node"] for n in second["nodes"]] == [first["nodes"][0]["node"], standby["node"]]
+    stopped_at, last_step_at = _stopped_at(first, second, old_output, new_output, _unix(standby["launched_at"]))
+    assert FINAL.search(logs).group(1) == uninterrupted
+    assert first["lost_seconds"] == 0.0 and job["goodput"]["redone_seconds"] == 0
+    # Node 0 started the next attempt ahead and its process died; every rank of the next attempt was started
+    # anew after the old attempt's last step.
+    kept = first["nodes"][0]["node"]
+    assert _logged_at(home, kept, "the gang's next attempt started ahead on this kept node")
+    assert not _logged_at(home, kept, "the process started ahead waits in restore()")
+    built = BUILT.findall(new_output)
+    assert sorted(rank for rank, _ in built) == ["0", "1", "2", "3"]
+    assert all(float(at) > last_step_at for _, at in built)
