@@ -36,10 +36,12 @@ FLUSH_SECONDS = 30.0  # the least the exit report waits for reliable events stil
 
 
 class Reporter:
-    def __init__(self, client: Client | None, patience: float = REGISTER_PATIENCE_SECONDS, retry_every: float = 2.0):
+    def __init__(self, client: Client | None, patience: float = REGISTER_PATIENCE_SECONDS, retry_every: float = 2.0,
+                 least_flush: float = FLUSH_SECONDS):
         self.client = client
         self.patience = patience
         self.retry_every = retry_every
+        self.least_flush = least_flush  # the exit report waits this long at least for reliable events
         # (kind, data, on_delivered, when queued): each is retried until ``patience`` after it was queued
         self._outbox: queue.Queue[tuple[str, dict, Callable[[dict], None] | None, float]] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -190,7 +192,7 @@ class Reporter:
         # The checkpoints, the notice and the final telemetry of this attempt first: the exit ends the attempt,
         # and a report that arrives after it is refused. So while the controller (or its database) is away the
         # exit waits for them, as long as they are retried at all (``patience`` from when each was queued).
-        self.flush(max(FLUSH_SECONDS, self.patience))
+        self.flush(max(self.least_flush, self.patience))
         body = {"reason": reason, "exit_code": code, "message": message, "drill": drill}
         if failure_kind:  # only when known (a controller without failure kinds ignores the field)
             body["failure_kind"] = failure_kind

@@ -18,9 +18,9 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
-from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
-from conftest import REPO, write_job
+from conftest import REPO, Controller, Runner, kill_nodes, write_job
 
 TRAIN = REPO / "examples" / "quickstart" / "train.py"
 STEPS = 160
@@ -46,18 +46,45 @@ def uninterrupted_sha(tmp_path_factory) -> str:
     return FINAL.search(out.stdout).group(1)
 
 
+@pytest.fixture(scope="module")
+def market(tmp_path_factory) -> Runner:
+    """One controller for the module's jobs, on the e2e tests' less compressed clock (tests/e2e/e2e_fixtures.py)."""
+    home = tmp_path_factory.mktemp("home")
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    yield runner
+    controller.stop()
+    kill_nodes(home)
+
+
+@pytest.fixture(scope="module")
+def preempted(market, tmp_path_factory):
+    """``preempted(cloud)``: the id and final status of the job preempted once through ``cloud``'s notice at step 20
+    or later, run once per cloud for the module (every test about that run reads the same job)."""
+    runs: dict[str, tuple[str, dict]] = {}
+
+    def run(cloud: str) -> tuple[str, dict]:
+        if cloud not in runs:
+            folder = tmp_path_factory.mktemp(f"job-{cloud}")
+            shutil.copy(TRAIN, folder / "train.py")
+            job_id = market.json("submit", str(write_job(folder, JOB)))["id"]
+            market.wait_for_output(job_id, r"^step 20 ")
+            assert market("preempt", job_id, "--notice", cloud).returncode == 0
+            runs[cloud] = job_id, market.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"),
+                                                  timeout=120, what="the end")
+        return runs[cloud]
+
+    return run
+
+
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
 def test_a_notice_checkpoints_at_the_current_step_and_resumes_bit_exact_in_another_zone(
-        tmp_path, runner, controller, uninterrupted_sha, cloud):
+        market, preempted, uninterrupted_sha, cloud):
     """Preempted through each protocol: the step it stopped at is the step saved and resumed; weights match."""
-    folder = tmp_path / "job"
-    folder.mkdir()
-    shutil.copy(TRAIN, folder / "train.py")
-    job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
-    runner.wait_for_output(job_id, r"^step 20 ")
-    assert runner("preempt", job_id, "--notice", cloud).returncode == 0
-
-    job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=120, what="the end")
+    runner = market
+    job_id, job = preempted(cloud)
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1
 
     first, second = runner.restarts(job_id)
@@ -74,15 +101,11 @@ def test_a_notice_checkpoints_at_the_current_step_and_resumes_bit_exact_in_anoth
     assert FINAL.search(logs).group(1) == uninterrupted_sha
 
 
-def test_every_attempts_output_is_kept_under_its_own_separator(tmp_path, runner, controller):
-    """After a preemption, `logs` shows both attempts' output in order, each under its separator."""
-    folder = tmp_path / "job"
-    folder.mkdir()
-    shutil.copy(TRAIN, folder / "train.py")
-    job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
-    runner.wait_for_output(job_id, r"^step 10 ")
-    assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
-    runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=120, what="success")
+def test_every_attempts_output_is_kept_under_its_own_separator(market, preempted):
+    """After a preemption (GCP's run above), `logs` shows both attempts' output in order, each under its separator."""
+    runner = market
+    job_id, job = preempted("gcp")
+    assert job["state"] == "SUCCEEDED"
 
     logs = runner.output(job_id)
     one, two = logs.index("attempt 1"), logs.index("attempt 2")
