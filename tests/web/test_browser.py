@@ -70,6 +70,16 @@ def _until(driver, condition, what: str, timeout: float = WAIT):
                              f"{driver.find_element('tag name', 'body').text[-3000:]}") from None
 
 
+def _timeline_lanes(driver) -> list[tuple[str, str, bool]]:
+    """Each lane of the job's timeline: (its end reason, its label, whether it marks a notice); [] until drawn."""
+    from selenium.webdriver.common.by import By
+
+    return [(lane.get_attribute("data-reason"),
+             lane.find_element(By.CSS_SELECTOR, "text.lane-label").get_attribute("textContent"),
+             bool(lane.find_elements(By.CSS_SELECTOR, "path.mark.notice")))
+            for lane in driver.find_elements(By.CSS_SELECTOR, "svg.timeline g.lane")]
+
+
 def _pane_text(driver, attempt: int) -> str:
     from selenium.webdriver.common.by import By
 
@@ -98,9 +108,9 @@ def test_sign_in_see_the_preempted_job_on_a_timeline_and_follow_its_logs(tmp_pat
     shutil.copy(TRAIN, folder / "train.py")
     job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
     try:
-        row = _until(signed_in, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"]'),
-                     "the job's row")[0]
-        assert "web-e2e" in row.text
+        row_text = _until(signed_in, lambda d: d.find_element(By.CSS_SELECTOR, f'tr[data-job="{job_id}"]').text,
+                          "the job's row")
+        assert "web-e2e" in row_text
         signed_in.save_screenshot(str(tmp_path / "jobs.png"))
 
         # Preempted once: a notice through the node's metadata server, then the job resumes elsewhere.
@@ -112,15 +122,16 @@ def test_sign_in_see_the_preempted_job_on_a_timeline_and_follow_its_logs(tmp_pat
         assert first["end_reason"] == "preempted"
 
         # The job's page: one bar per attempt, labelled with its zone, coloured by how it ended.
-        _until(signed_in, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"] a'), "the link")
-        signed_in.find_element(By.CSS_SELECTOR, f'tr[data-job="{job_id}"] a').click()
-        lanes = _until(signed_in, lambda d: d.find_elements(By.CSS_SELECTOR, "svg.timeline g.lane"), "the timeline")
-        assert [lane.get_attribute("data-reason") for lane in lanes] == ["preempted", "running"]
-        labels = [lane.find_element(By.CSS_SELECTOR, "text.lane-label").get_attribute("textContent") for lane in lanes]
-        assert labels == [f"#1 {first['zone']} · {first['instance_type']}",
-                          f"#2 {second['zone']} · {second['instance_type']}"]
+        # (the list re-renders as the job's state changes: an element found a moment ago may be gone, so the
+        # click and the timeline's reading are retried whole until they run on one rendering)
+        _until(signed_in, lambda d: d.find_element(By.CSS_SELECTOR, f'tr[data-job="{job_id}"] a').click() or True,
+               "the job's link clicked")
+        lanes = _until(signed_in, _timeline_lanes, "the timeline")
+        assert [reason for reason, _, _ in lanes] == ["preempted", "running"]
+        assert [label for _, label, _ in lanes] == [f"#1 {first['zone']} · {first['instance_type']}",
+                                                   f"#2 {second['zone']} · {second['instance_type']}"]
         assert first["zone"] != second["zone"]
-        assert lanes[0].find_elements(By.CSS_SELECTOR, "path.mark.notice")  # where the notice came
+        assert lanes[0][2]  # a mark where the notice came
 
         # Every attempt's logs; following shows new output as it comes, without reloading the page.
         _until(signed_in, lambda d: "stopping at step" in _pane_text(d, 1), "attempt 1's output")
