@@ -494,7 +494,10 @@ class Checkpointer:
         self._retention.emergency(step)  # what this attempt's handover names: retention keeps it
         remaining = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
         estimate = self._policy.commit_s
-        if self.durable is not None and estimate and deadline is not None and estimate > remaining():
+        if self.durable is not None and _durable(job):
+            # A hold's step (hold.py): committed on the durable tier before the stop came; nothing to wait for.
+            log.info("this step is already durable: nothing more to save", step=step, url=job.durable_manifest)
+        elif self.durable is not None and estimate and deadline is not None and estimate > remaining():
             log.warning("the durable tier will likely miss the deadline; the local checkpoint is kept",
                         step=step, estimate_s=round(estimate, 2), left_s=round(remaining(), 2),
                         path=str(self.local.folder(step)))
@@ -560,3 +563,8 @@ class Checkpointer:
     def _send(self, message: dict) -> None:
         if self._control is not None:
             self._control.send(message)
+
+
+def _durable(job: SaveJob | None) -> bool:
+    """Is this save already committed on the durable tier?"""
+    return job is not None and job.durable_done.is_set() and job.durable_manifest is not None
