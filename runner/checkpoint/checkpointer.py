@@ -38,7 +38,7 @@ from .resume_wait import ResumeWait
 from .retention import Retention
 from .schedule import SaveSchedule, check_step
 from .signals import SignalNotices
-from .telemetry import StepTelemetry
+from .telemetry import MANIFEST_AT_CLOSE_S, StepTelemetry
 from .warm_pool import WarmPool
 
 log = get_logger()
@@ -150,6 +150,9 @@ class Checkpointer:
                                       on_world=self._mode.on_world) if control_path else None
         self.telemetry = StepTelemetry(self._control, rank=None if self._mode.ranks is None else self._mode.rank,
                                        attempt=self.attempt)
+        # The run manifest, sent after the first restore(), is worked out now beside the model's building and the
+        # restore, not in the restore's pause (telemetry.py).
+        self.telemetry.prepare_manifest()
 
     # ------------------------------------------------------------------ public API
 
@@ -199,7 +202,7 @@ class Checkpointer:
                                 pool=pool)
         del pool  # what the restore did not take is freed now
         self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
-        self.telemetry.send_manifest()  # once per process: what this attempt runs with
+        self.telemetry.send_manifest_when_ready()  # once per process: what this attempt runs with
         self._retention.restored(restored.step if restored is not None else None)
         self._report_restored(restored, handed_over)
         return restored.step if restored is not None else 0
@@ -279,7 +282,7 @@ class Checkpointer:
             return None
         log.info("started ahead of this attempt: waiting for the handover")
         pool = WarmPool().start(self.local) if warm and self._mode.ranks is None else None
-        self.telemetry.prepare_manifest()  # sent at restore(); worked out now
+        self.telemetry.prepare_manifest()  # under way since the construction: finished before ``waiting``
         prepared_by = time.monotonic() + PREPARE_AHEAD_SECONDS
         if pool is not None:
             pool.join(PREPARE_AHEAD_SECONDS)
@@ -339,6 +342,7 @@ class Checkpointer:
         # Our threads are given what is left, and at most 10 s (an upload to a stalled store may hang).
         self._persister.stop(min(10.0, left()))
         self._signals.uninstall()
+        self.telemetry.wait_manifest_sent(min(MANIFEST_AT_CLOSE_S, left()))  # the agent hears it before ``closed``
         self.telemetry.close()
         self._send(msg.Closed(self._last_job.step if self._last_job else None, _error).to_json())
         if self._control is not None:
