@@ -432,7 +432,9 @@ class Checkpointer:
                 self._emergency(step, request, origin=decision.origin)
                 return
         if not self._saved_at(step):
-            self._save(step, emergency=False)
+            # A timing checkpoint is saved as the emergency one would be (from the staged buffer), so its time
+            # to durable predicts the emergency's (agents/train_through.py).
+            self._save(step, emergency=False, from_buffer=request is not None and request.timing)
 
     def _saved_at(self, step: int) -> bool:
         return self._last_job is not None and self._last_job.step == step and self._last_job.error is None
@@ -443,15 +445,18 @@ class Checkpointer:
             control, self._control_request = self._control_request, None
         return request.merge(control) if request else control
 
-    def _save(self, step: int, emergency: bool, folder: Path | None = None, payload: dict | None = None) -> SaveJob:
-        """Stage the registered objects' state, or (``payload`` given) hand in a framework's folder, and submit it."""
+    def _save(self, step: int, emergency: bool, folder: Path | None = None, payload: dict | None = None,
+              from_buffer: bool = False) -> SaveJob:
+        """Stage the registered objects' state, or (``payload`` given) hand in a framework's folder, and submit it
+        (``from_buffer``: uploaded the way an emergency checkpoint is, as a timing checkpoint asks)."""
         started = time.monotonic()
         self._persister.buffer_free.wait()  # the previous save is still writing out of the reused buffer
         self._seq += 1
         staged = folder if payload is not None else self._mode.stager.stage(
             self._mode.capture(step, self.objects, self.extra))
         job = SaveJob(step, staged, emergency, self.attempt, self.job_id, seq=self._seq, started=started,
-                      format=self._folder_format if payload is not None else None, payload=payload)
+                      format=self._folder_format if payload is not None else None, payload=payload,
+                      upload_from_buffer=from_buffer)
         self._persister.submit(job)
         self._schedule.saved(cost_s=time.monotonic() - started)
         self._jobs = [j for j in self._jobs if not j.finished] + [job]
@@ -562,7 +567,8 @@ class Checkpointer:
         if first:
             self._policy.record(commit_s=seconds)
         self._send(msg.Committed(job.step, job.durable_manifest, True, job.emergency, round(seconds, 4),
-                             job.manifest.bytes, staged_seconds=job.staged_seconds, timing_only=not first).to_json())
+                             job.manifest.bytes, staged_seconds=job.staged_seconds, from_buffer=job.from_buffer,
+                             timing_only=not first).to_json())
 
     def _send(self, message: dict) -> None:
         if self._control is not None:

@@ -294,6 +294,25 @@ def test_a_stop_after_a_hold_says_the_held_step_is_durable_and_saves_nothing_mor
     ckpt.close()
 
 
+def test_a_timing_checkpoint_is_saved_the_emergency_way_and_training_goes_on(setup, tmp_path, agent):
+    """A notice's timing checkpoint: uploaded from the staged buffer as an emergency one is (its durable commit
+    says so, and its time is what the agent sizes the emergency's lead on), not an emergency, no stop."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"file://{tmp_path / 'durable'}", interval="1h")
+    agent.wait_for("hello")
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": None, "stop": False, "timing": True})
+    step = 0
+    while not [m for m in agent.messages if m["op"] == "committed" and m["durable"]] and step < 100000:
+        step += 1
+        ckpt.step(step)
+        time.sleep(0.01)
+    durable = next(m for m in agent.messages if m["op"] == "committed" and m["durable"])
+    assert durable["from_buffer"] is True and durable["emergency"] is False and durable["seconds"] > 0
+    ckpt.step(step + 1)
+    assert not ckpt.should_stop
+    ckpt.close()
+    assert all(not m["from_buffer"] for m in agent.messages if m["op"] == "committed" and m["step"] != durable["step"])
+
+
 def test_a_released_hold_trains_on(setup, tmp_path, agent):
     """A false notice: the agent releases the hold and training goes on, with no stop."""
     ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"file://{tmp_path / 'durable'}", interval="1h")

@@ -7,6 +7,7 @@ tiers verified afterwards; an upload that fails mid-way leaves the previous chec
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -136,4 +137,91 @@ def test_an_emergency_upload_that_fails_mid_way_leaves_the_previous_checkpoint_t
     assert emergency.durable_manifest is None and isinstance(emergency.durable_error, ConnectionError)
     assert durable.committed() == [10] and failures == ["durable"]
     assert emergency.local_done.wait(30) and [s for s, _ in local.committed()][0] == 11  # kept locally
+    persister.stop()
+
+
+def test_a_timing_checkpoint_is_uploaded_from_the_buffer_as_the_emergency_one_is(tiers):
+    """A notice's timing checkpoint (training goes on) takes the emergency's path, so its time to durable is the
+    emergency's: durable while the local write is still held back."""
+    local, bucket = tiers
+    durable = DurableTier(f"file://{bucket}")
+    fmt = BlockedLocalWrite()
+    persister = Persister(local, durable, 3, lambda j: None, lambda j: None, fmt=fmt)
+    job = SaveJob(9, _staged(9), emergency=False, attempt=1, job_id="job", upload_from_buffer=True)
+    persister.submit(job)
+    assert fmt.writing.wait(30)
+    assert job.durable_done.wait(30), "the timing checkpoint's upload waited for the local write"
+    assert job.from_buffer and durable.committed() == [9] and not durable.read_manifest(9).emergency
+    fmt.go.set()
+    assert job.local_done.wait(30) and persister.buffer_free.wait(30)
+    persister.stop()
+
+
+class PriorityStore(LocalFileSystem):
+    """A local filesystem that notes the scheduling priority (nice) of each thread writing a file to it."""
+
+    protocol = "prioritytest"
+    seen: list[int] = []
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "w" in mode:
+            PriorityStore.seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return super()._open(path, mode, **kwargs)
+
+
+fsspec.register_implementation("prioritytest", PriorityStore, clobber=True)
+
+
+def test_the_upload_from_the_buffer_runs_at_the_priority_of_the_thread_that_saves(tiers):
+    """The training waits for an emergency's upload: on a loaded node a niced upload (as the local write and a
+    periodic upload are, so that training wins the CPU) lost to every other process and missed the deadline."""
+    local, bucket = tiers
+    durable = DurableTier(f"prioritytest://{bucket}")
+    PriorityStore.seen.clear()
+    persister = Persister(local, durable, 3, lambda j: None, lambda j: None)
+    job = SaveJob(3, _staged(3), emergency=True, attempt=1, job_id="job")
+    persister.submit(job)
+    assert job.durable_done.wait(30) and job.durable_manifest is not None
+    training = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert PriorityStore.seen and set(PriorityStore.seen) == {training}
+    persister.stop()
+
+
+def test_a_periodic_upload_abandoned_for_an_emergency_sends_no_further_file(tiers, tmp_path, monkeypatch):
+    """On a tier held to one bandwidth per node, an abandoned upload that went on sending its files shared it
+    with the emergency's: it stops at its next file, and the periodic step is left uncommitted."""
+    from structlog.testing import capture_logs
+
+    from runner.local_durable import throttle_environment
+
+    for key, value in throttle_environment(2.0, tmp_path / "bandwidth").items():  # 2 MB/s
+        monkeypatch.setenv(key, value)
+    local, bucket = tiers
+    durable = DurableTier(f"local-durable://{bucket}")
+    torch.manual_seed(0)
+    stager = Stager(part_bytes=256 * 1024)  # kept: the staged parts are views of its buffer
+    big = stager.stage({"step": 5, "objects": {f"w{i}": torch.randn(256, 512) for i in range(8)}, "extra": {},
+                        "rng": None})  # 4 MB in 8 files: 2 s at 2 MB/s
+    with capture_logs() as logs:
+        persister = Persister(local, durable, 3, lambda j: None, lambda j: None)
+        periodic = SaveJob(5, big, emergency=False, attempt=1, job_id="job")
+        persister.submit(periodic)
+        assert periodic.local_done.wait(30) and persister.buffer_free.wait(30)
+        folder = bucket / "step-00000005"
+        while not (folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir())):
+            assert not periodic.durable_done.is_set(), "the periodic upload ended before the emergency came"
+            threading.Event().wait(0.01)  # its first file is up: the upload is under way
+        emergency = SaveJob(6, _staged(6), emergency=True, attempt=1, job_id="job")
+        persister.submit(emergency)
+        assert emergency.durable_done.wait(60) and emergency.durable_manifest is not None
+        assert periodic.durable_done.wait(60) and periodic.durable_manifest is None  # abandoned
+        abandoned = []
+        for _ in range(6000):  # the abandoned upload's thread stops at its next file: an event, not a time
+            abandoned = [entry for entry in logs if entry["event"].startswith("upload abandoned")]
+            if abandoned:
+                break
+            threading.Event().wait(0.01)
+    assert abandoned and abandoned[0]["not_sent"] > 0
+    uploaded = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    assert len(uploaded) < len(big.parts) + 1 and durable.committed() == [6]
     persister.stop()
