@@ -154,6 +154,7 @@ class Persister:
         self._last_bytes = 0
         self._queue: queue.Queue[SaveJob | None] = queue.Queue()
         self._pending: list[SaveJob] = []  # locally done, waiting for the uploader, oldest first
+        self._uploading: int | None = None  # the step whose local folder the uploader is reading now
         self._pending_cond = threading.Condition()
         self._stopping = False
         self._from_buffer: list[threading.Thread] = []  # emergency uploads from the staged buffer
@@ -291,6 +292,8 @@ class Persister:
             try:
                 committed = self._upload(job)
             finally:
+                with self._pending_cond:
+                    self._uploading = None
                 job.durable_done.set()
             if committed and self.uploader.rank == 0:  # housekeeping, after the commit is announced: a store
                 self._safely(self._prune_durable, job)  # that hangs here holds up no wait() and no close()
@@ -310,6 +313,7 @@ class Persister:
             chosen = next(j for j in self._pending if j.seq == target)
             superseded = [j for j in self._pending if j.seq < target]
             self._pending = [j for j in self._pending if j.seq > target]
+            self._uploading = chosen.step
         for job in superseded:
             job.superseded = True
             log.info("upload superseded by a newer checkpoint", step=job.step, newer=chosen.step)
@@ -418,7 +422,11 @@ class Persister:
                            stale_above=self.retention.stale_above(), job_id=job.job_id)
 
     def _prune_local(self, job: SaveJob) -> None:
-        self.local.prune(self.keep, protect=self.retention.protected())
+        # Never the folder an upload reads (now, or next): on a durable tier slower than the checkpoints come,
+        # pruning it made every periodic upload fail (its files gone), so none reached the durable tier.
+        with self._pending_cond:
+            uploading = {j.step for j in self._pending} | {self._uploading}
+        self.local.prune(self.keep, protect=self.retention.protected() | (uploading - {None}))
 
     def _fenced(self, job: SaveJob) -> SupersededError | None:
         """A SupersededError when a newer attempt of the job has started on the durable tier (rank 0 asks)."""

@@ -225,3 +225,47 @@ def test_a_periodic_upload_abandoned_for_an_emergency_sends_no_further_file(tier
     uploaded = [p for p in folder.iterdir() if not p.name.startswith(".")]
     assert len(uploaded) < len(big.parts) + 1 and durable.committed() == [6]
     persister.stop()
+
+
+class HeldUpload(LocalFileSystem):
+    """A local filesystem whose uploads stop after their first file until the test lets them go (a slow store)."""
+
+    protocol = "heldtest"
+    first_file = threading.Event()
+    go = threading.Event()
+
+    def put_file(self, path1, path2, *args, **kwargs):
+        if HeldUpload.first_file.is_set():
+            assert HeldUpload.go.wait(60), "the test never let the upload go"
+        result = super().put_file(path1, path2, *args, **kwargs)
+        HeldUpload.first_file.set()
+        return result
+
+
+fsspec.register_implementation("heldtest", HeldUpload, clobber=True)
+
+
+def test_the_local_folder_an_upload_reads_is_not_pruned_under_it(tiers):
+    """A durable tier slower than the checkpoints come (keep 1 here): the next local commit must not prune the
+    folder whose upload is under way, or that upload fails and no periodic checkpoint ever becomes durable."""
+    local, bucket = tiers
+    HeldUpload.first_file.clear()
+    HeldUpload.go.clear()
+    durable = DurableTier(f"heldtest://{bucket}")
+    persister = Persister(local, durable, 1, lambda j: None, lambda j: None)
+    stagers = [Stager(part_bytes=64 * 1024) for _ in range(2)]  # kept: the parts are views of their buffers
+    first = SaveJob(10, stagers[0].stage({"step": 10, "objects": {f"w{i}": torch.randn(64, 64) for i in range(4)},
+                                           "extra": {}, "rng": None}), emergency=False, attempt=1, job_id="job")
+    persister.submit(first)
+    assert HeldUpload.first_file.wait(30)  # its upload is under way, held after one file
+    assert persister.buffer_free.wait(30)
+    second = SaveJob(20, stagers[1].stage({"step": 20, "objects": {f"w{i}": torch.randn(64, 64) for i in range(4)},
+                                            "extra": {}, "rng": None}), emergency=False, attempt=1, job_id="job")
+    persister.submit(second)
+    assert second.local_done.wait(30) and second.local_manifest is not None  # committed, then the prune
+    assert [step for step, _ in local.committed()] == [20, 10]  # kept while its upload reads it
+    HeldUpload.go.set()
+    assert first.durable_done.wait(30) and second.durable_done.wait(30)
+    assert first.durable_error is None and first.durable_manifest is not None  # committed, not failed
+    assert second.durable_manifest is not None and durable.committed()[0] == 20
+    persister.stop()
