@@ -431,10 +431,16 @@ class Checkpointer:
             if request.stop:
                 self._emergency(step, request, origin=decision.origin)
                 return
-        if not self._saved_at(step):
-            # A timing checkpoint is saved as the emergency one would be (from the staged buffer), so its time
-            # to durable predicts the emergency's (agents/train_through.py).
-            self._save(step, emergency=False, from_buffer=request is not None and request.timing)
+        if self._saved_at(step):
+            return
+        if request is None and self._persister.buffer_held_by_upload():
+            # A periodic save would block the training until a timing checkpoint's upload from the staged
+            # buffer ends (seconds for a large state): the next due step takes it.
+            log.debug("periodic checkpoint deferred: the staged buffer is still being uploaded", step=step)
+            return
+        # A timing checkpoint is saved as the emergency one would be (from the staged buffer), so its time to
+        # durable predicts the emergency's (agents/train_through.py).
+        self._save(step, emergency=False, from_buffer=request is not None and request.timing)
 
     def _saved_at(self, step: int) -> bool:
         return self._last_job is not None and self._last_job.step == step and self._last_job.error is None

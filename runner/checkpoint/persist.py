@@ -173,6 +173,11 @@ class Persister:
         job.readers = self._start_upload_from_buffer(job)
         self._queue.put(job)
 
+    def buffer_held_by_upload(self) -> bool:
+        """Is the staged buffer still read by an upload from it (an emergency's or a timing checkpoint's)? A
+        save now would wait for that upload's end."""
+        return not self.buffer_free.is_set() and any(t.is_alive() for t in self._from_buffer)
+
     def stop(self, timeout: float = 10.0) -> None:
         """Let the writer and the uploader finish what they hold and end; wait for them (``timeout`` in all), so
         that no thread of ours is inside a collective when the process goes on to leave its process group."""

@@ -23,6 +23,8 @@ from runner.checkpoint.local import LocalTier
 from runner.checkpoint.persist import Persister, SaveJob
 from runner.checkpoint.staging import Stager
 
+from .test_control import agent  # noqa: F401 - the fake agent on the control socket
+
 
 class BlockedLocalWrite(persist.FlatFormat):
     """The local tier's write waits until the test lets it go (a slow disk)."""
@@ -269,3 +271,57 @@ def test_the_local_folder_an_upload_reads_is_not_pruned_under_it(tiers):
     assert first.durable_error is None and first.durable_manifest is not None  # committed, not failed
     assert second.durable_manifest is not None and durable.committed()[0] == 20
     persister.stop()
+
+
+class HeldWrites(LocalFileSystem):
+    """A local filesystem whose file writes wait, after the first, until the test lets them go (a slow store)."""
+
+    protocol = "heldwritetest"
+    first_file = threading.Event()
+    go = threading.Event()
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "w" in mode and not str(path).endswith("attempt-00000002"):
+            if HeldWrites.first_file.is_set():
+                assert HeldWrites.go.wait(60), "the test never let the upload go"
+            HeldWrites.first_file.set()
+        return super()._open(path, mode, **kwargs)
+
+
+fsspec.register_implementation("heldwritetest", HeldWrites, clobber=True)
+
+
+def test_a_periodic_save_does_not_block_the_training_behind_a_timing_checkpoints_upload(setup, tmp_path, agent):
+    """A timing checkpoint's upload reads the staged buffer until it ends; a periodic save due meanwhile would
+    wait for that buffer, stalling the training for as long as the upload: it is deferred to the next due step."""
+    HeldWrites.first_file.clear()
+    HeldWrites.go.clear()
+    ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"heldwritetest://{tmp_path / 'durable'}",
+                              every_steps=2)
+    agent.wait_for("hello")
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": None, "stop": False, "timing": True})
+    trained = []
+
+    def train() -> None:
+        for step in range(1, 11):
+            ckpt.step(step)  # the timing checkpoint at step 1 once its request is in; periodic ones at 2, 4, ...
+            trained.append(step)
+            if step == 1:
+                assert HeldWrites.first_file.wait(30)  # the timing checkpoint's upload is under way, held
+
+    for _ in range(1000):  # the request reaches the library
+        if ckpt._control_request is not None:
+            break
+        threading.Event().wait(0.01)
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    thread.join(60)
+    try:
+        assert trained == list(range(1, 11)), "a periodic save waited for the timing checkpoint's upload"
+    finally:
+        HeldWrites.go.set()
+    thread.join(60)
+    assert ckpt.wait(60)
+    durable = [m for m in agent.messages if m["op"] == "committed" and m["durable"]]
+    assert durable and durable[0]["step"] == 1 and durable[0]["from_buffer"] is True
+    ckpt.close()
