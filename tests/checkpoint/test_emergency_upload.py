@@ -229,18 +229,41 @@ def test_a_periodic_upload_abandoned_for_an_emergency_sends_no_further_file(tier
     persister.stop()
 
 
+class Gate:
+    """Lets the first file through, holds every later one until ``go`` (files may be sent in parallel)."""
+
+    def __init__(self) -> None:
+        self.first_file = threading.Event()
+        self.go = threading.Event()
+        self._lock = threading.Lock()
+        self._passed = False
+
+    def reset(self) -> None:
+        with self._lock:
+            self._passed = False
+        self.first_file.clear()
+        self.go.clear()
+
+    def enter(self) -> bool:
+        """True for the first file (let through); later ones wait here for ``go``."""
+        with self._lock:
+            first, self._passed = not self._passed, True
+        if not first:
+            assert self.go.wait(60), "the test never let the upload go"
+        return first
+
+
 class HeldUpload(LocalFileSystem):
     """A local filesystem whose uploads stop after their first file until the test lets them go (a slow store)."""
 
     protocol = "heldtest"
-    first_file = threading.Event()
-    go = threading.Event()
+    gate = Gate()
 
     def put_file(self, path1, path2, *args, **kwargs):
-        if HeldUpload.first_file.is_set():
-            assert HeldUpload.go.wait(60), "the test never let the upload go"
+        first = HeldUpload.gate.enter()
         result = super().put_file(path1, path2, *args, **kwargs)
-        HeldUpload.first_file.set()
+        if first:
+            HeldUpload.gate.first_file.set()
         return result
 
 
@@ -251,22 +274,21 @@ def test_the_local_folder_an_upload_reads_is_not_pruned_under_it(tiers):
     """A durable tier slower than the checkpoints come (keep 1 here): the next local commit must not prune the
     folder whose upload is under way, or that upload fails and no periodic checkpoint ever becomes durable."""
     local, bucket = tiers
-    HeldUpload.first_file.clear()
-    HeldUpload.go.clear()
+    HeldUpload.gate.reset()
     durable = DurableTier(f"heldtest://{bucket}")
     persister = Persister(local, durable, 1, lambda j: None, lambda j: None)
     stagers = [Stager(part_bytes=64 * 1024) for _ in range(2)]  # kept: the parts are views of their buffers
     first = SaveJob(10, stagers[0].stage({"step": 10, "objects": {f"w{i}": torch.randn(64, 64) for i in range(4)},
                                            "extra": {}, "rng": None}), emergency=False, attempt=1, job_id="job")
     persister.submit(first)
-    assert HeldUpload.first_file.wait(30)  # its upload is under way, held after one file
+    assert HeldUpload.gate.first_file.wait(30)  # its upload is under way, held after one file
     assert persister.buffer_free.wait(30)
     second = SaveJob(20, stagers[1].stage({"step": 20, "objects": {f"w{i}": torch.randn(64, 64) for i in range(4)},
                                             "extra": {}, "rng": None}), emergency=False, attempt=1, job_id="job")
     persister.submit(second)
     assert second.local_done.wait(30) and second.local_manifest is not None  # committed, then the prune
     assert [step for step, _ in local.committed()] == [20, 10]  # kept while its upload reads it
-    HeldUpload.go.set()
+    HeldUpload.gate.go.set()
     assert first.durable_done.wait(30) and second.durable_done.wait(30)
     assert first.durable_error is None and first.durable_manifest is not None  # committed, not failed
     assert second.durable_manifest is not None and durable.committed()[0] == 20
@@ -277,14 +299,12 @@ class HeldWrites(LocalFileSystem):
     """A local filesystem whose file writes wait, after the first, until the test lets them go (a slow store)."""
 
     protocol = "heldwritetest"
-    first_file = threading.Event()
-    go = threading.Event()
+    gate = Gate()
 
     def _open(self, path, mode="rb", **kwargs):
         if "w" in mode and not str(path).endswith("attempt-00000002"):
-            if HeldWrites.first_file.is_set():
-                assert HeldWrites.go.wait(60), "the test never let the upload go"
-            HeldWrites.first_file.set()
+            if HeldWrites.gate.enter():
+                HeldWrites.gate.first_file.set()
         return super()._open(path, mode, **kwargs)
 
 
@@ -294,8 +314,7 @@ fsspec.register_implementation("heldwritetest", HeldWrites, clobber=True)
 def test_a_periodic_save_does_not_block_the_training_behind_a_timing_checkpoints_upload(setup, tmp_path, agent):
     """A timing checkpoint's upload reads the staged buffer until it ends; a periodic save due meanwhile would
     wait for that buffer, stalling the training for as long as the upload: it is deferred to the next due step."""
-    HeldWrites.first_file.clear()
-    HeldWrites.go.clear()
+    HeldWrites.gate.reset()
     ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"heldwritetest://{tmp_path / 'durable'}",
                               every_steps=2)
     agent.wait_for("hello")
@@ -307,7 +326,7 @@ def test_a_periodic_save_does_not_block_the_training_behind_a_timing_checkpoints
             ckpt.step(step)  # the timing checkpoint at step 1 once its request is in; periodic ones at 2, 4, ...
             trained.append(step)
             if step == 1:
-                assert HeldWrites.first_file.wait(30)  # the timing checkpoint's upload is under way, held
+                assert HeldWrites.gate.first_file.wait(30)  # the timing checkpoint's upload is under way, held
 
     for _ in range(1000):  # the request reaches the library
         if ckpt._control_request is not None:
@@ -319,9 +338,14 @@ def test_a_periodic_save_does_not_block_the_training_behind_a_timing_checkpoints
     try:
         assert trained == list(range(1, 11)), "a periodic save waited for the timing checkpoint's upload"
     finally:
-        HeldWrites.go.set()
+        HeldWrites.gate.go.set()
     thread.join(60)
     assert ckpt.wait(60)
-    durable = [m for m in agent.messages if m["op"] == "committed" and m["durable"]]
+    durable = []
+    for _ in range(6000):  # the library's durable commit message reaches the test's agent
+        durable = [m for m in agent.messages if m["op"] == "committed" and m["durable"]]
+        if durable:
+            break
+        threading.Event().wait(0.01)
     assert durable and durable[0]["step"] == 1 and durable[0]["from_buffer"] is True
     ckpt.close()
