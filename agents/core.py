@@ -101,7 +101,10 @@ class AgentCore:
             self.reporter.event(EventKind.NOTICE, {**data, "prepare": through,
                                                    "checkpoint_seconds": round(expected, 3)})
             if through:
-                measure = None if self.checkpoint_clock.measured else lambda: self._measure_a_checkpoint_now(notice)
+                # One process times a checkpoint saved the emergency way at each notice, under the node's load of
+                # the moment; a gang's ranks only before any timed commit (see agents/train_through.py).
+                measure = (lambda: self._measure_a_checkpoint_now(notice)) if (
+                    self.checkpoint_clock.from_buffer or not self.checkpoint_clock.measured) else None
                 self.train_through = TrainThrough(notice, self.checkpoint_clock.expected, self.emergency.start,
                                                   self.send_control, measure=measure,
                                                   hold=not self.gang_node).start()
@@ -114,11 +117,12 @@ class AgentCore:
             log.info("opportunistic checkpoint requested", source=notice.source, kind=notice.kind, delivered_to=sent)
 
     def _measure_a_checkpoint_now(self, notice: Notice) -> None:
-        """No durable commit timed yet (the notice came before the first periodic checkpoint): a checkpoint,
-        training on, times one, so the emergency checkpoint starts early enough for a state of any size, and
+        """A timing checkpoint, training on: saved the way the emergency one is, under the node's load of the
+        moment, so the emergency checkpoint starts early enough for a state of any size on a busy node; it also
         leaves a durable step from the notice's start should the last one miss the reclaim."""
-        sent = self.send_control(CheckpointRequest(StopReason.NOTICE, stop=False).to_json())
-        log.info("notice before any timed checkpoint: one now, to time it", source=notice.source, delivered_to=sent)
+        sent = self.send_control(CheckpointRequest(StopReason.NOTICE, stop=False, timing=True).to_json())
+        log.info("notice: a timing checkpoint now, saved the emergency way", source=notice.source,
+                 delivered_to=sent)
 
     # --- what the training library says -------------------------------------------
     def _recorded_by_controller(self, fields: dict):

@@ -27,8 +27,14 @@ notice then prove false, the node on notice was given up for nothing; the gang l
 
 The expected duration is the library's own measure (:class:`CheckpointClock`): from its recent commits, the
 staging and upload an emergency checkpoint takes, or a default before the first durable commit. A notice
-before any timed commit asks for a checkpoint (training on) to time one, two seconds in unless the
-controller's word came, and the timer re-reads the expected duration while it waits.
+asks for a *timing* checkpoint (training on), two seconds in unless the controller's word came: one process
+saves it the emergency way (uploaded from the staged buffer beside the local write, at the training's
+priority: runner/checkpoint/persist.py), under the node's load of the moment, so its time to durable is what
+the emergency checkpoint will take (a periodic commit, written locally first and uploaded after, leaves out
+the local write that runs beside the emergency's upload: on a loaded node that one measured 6.8 s where the
+emergency checkpoint took more than 11.4 s). A gang's ranks do so only before any timed commit (their
+emergency checkpoint is written locally first, like a periodic one). The timer re-reads the expected
+duration while it waits.
 """
 
 from __future__ import annotations
@@ -61,11 +67,14 @@ class CheckpointClock:
 
     One process's emergency checkpoint is uploaded from the staged buffer, beside its local write
     (runner/checkpoint/persist.py): it takes its staging and its upload, and the local disk is out of its path.
-    A periodic commit is written locally first, and reports both tiers' times from the start of the save (the
-    durable one also its staging): its upload is the durable time less the local one, so the expected time is
-    the slowest recent staging plus upload (an emergency commit's own time counts as measured). A gang's
-    checkpoint is written locally first, emergency or not (``from_buffer`` false): there it is the slowest
-    recent durable commit, and the slowest local commit, which comes first, a floor."""
+    A commit saved that way (an emergency or a timing checkpoint: ``from_buffer``) is timed as such. A
+    periodic commit is written locally first, and reports both tiers' times from the start of the save (the
+    durable one also its staging): its upload is the durable time less the local one, a lower bound (the
+    emergency's local write runs beside its upload). The expected time is the slowest recent one, plus how
+    far the recent ones spread (the slowest less the quickest): saves on a loaded node vary, and the moment
+    the emergency checkpoint must start is sized on what they do at worst. A gang's checkpoint is written
+    locally first, emergency or not (``from_buffer`` false): there it is the slowest recent durable commit,
+    and the slowest local commit, which comes first, a floor."""
 
     def __init__(self, keep: int = 5, from_buffer: bool = True):
         self.from_buffer = from_buffer
@@ -79,7 +88,7 @@ class CheckpointClock:
         if message.get("durable"):
             self._durable.append({"step": message.get("step"), "seconds": seconds,
                                   "staged": _seconds(message.get("staged_seconds")),
-                                  "emergency": bool(message.get("emergency"))})
+                                  "emergency": bool(message.get("emergency") or message.get("from_buffer"))})
         else:
             self._local.append((message.get("step"), seconds))
 
@@ -90,7 +99,8 @@ class CheckpointClock:
         if not self._durable:
             return DEFAULT_CHECKPOINT_SECONDS
         local = dict(self._local)
-        return max(self._from_buffer(commit, local.get(commit["step"])) for commit in self._durable)
+        times = [self._from_buffer(commit, local.get(commit["step"])) for commit in self._durable]
+        return max(times) + (max(times) - min(times))
 
     @property
     def measured(self) -> bool:

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
@@ -278,6 +279,27 @@ def empty_db_url(request, backend: str, tmp_path: Path) -> Iterator[str]:
         return
     with postgres_database(request, migrated=False) as url:
         yield url
+
+
+# A thread a test started may still be finishing its last piece of work when the test ends: it gets this long.
+THREAD_GRACE_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left_running():
+    """A test must not leave a non-daemon thread of its own running: such a thread goes on into the next tests
+    (one drawing from Python's global ``random`` once changed another test's reference run) and keeps the
+    interpreter from exiting. Threads that end within THREAD_GRACE_S of the test's end are waited for."""
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()]
+    deadline = time.monotonic() + THREAD_GRACE_S
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    running = [thread.name for thread in left if thread.is_alive()]
+    if running:
+        pytest.fail(f"the test left non-daemon threads running: {', '.join(running)}; join them, or make them "
+                    "daemons that end with the test", pytrace=False)
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from .resume_wait import ResumeWait
 from .retention import Retention
 from .schedule import SaveSchedule, check_step
 from .signals import SignalNotices
-from .telemetry import StepTelemetry
+from .telemetry import MANIFEST_AT_CLOSE_S, StepTelemetry
 from .warm_pool import WarmPool
 
 log = get_logger()
@@ -150,6 +150,9 @@ class Checkpointer:
                                       on_world=self._mode.on_world) if control_path else None
         self.telemetry = StepTelemetry(self._control, rank=None if self._mode.ranks is None else self._mode.rank,
                                        attempt=self.attempt)
+        # The run manifest, sent after the first restore(), is worked out now beside the model's building and the
+        # restore, not in the restore's pause (telemetry.py).
+        self.telemetry.prepare_manifest()
 
     # ------------------------------------------------------------------ public API
 
@@ -199,7 +202,7 @@ class Checkpointer:
                                 pool=pool)
         del pool  # what the restore did not take is freed now
         self.telemetry.restore_seconds = round(time.monotonic() - started, 4)
-        self.telemetry.send_manifest()  # once per process: what this attempt runs with
+        self.telemetry.send_manifest_when_ready()  # once per process: what this attempt runs with
         self._retention.restored(restored.step if restored is not None else None)
         self._report_restored(restored, handed_over)
         return restored.step if restored is not None else 0
@@ -279,7 +282,7 @@ class Checkpointer:
             return None
         log.info("started ahead of this attempt: waiting for the handover")
         pool = WarmPool().start(self.local) if warm and self._mode.ranks is None else None
-        self.telemetry.prepare_manifest()  # sent at restore(); worked out now
+        self.telemetry.prepare_manifest()  # under way since the construction: finished before ``waiting``
         prepared_by = time.monotonic() + PREPARE_AHEAD_SECONDS
         if pool is not None:
             pool.join(PREPARE_AHEAD_SECONDS)
@@ -339,6 +342,7 @@ class Checkpointer:
         # Our threads are given what is left, and at most 10 s (an upload to a stalled store may hang).
         self._persister.stop(min(10.0, left()))
         self._signals.uninstall()
+        self.telemetry.wait_manifest_sent(min(MANIFEST_AT_CLOSE_S, left()))  # the agent hears it before ``closed``
         self.telemetry.close()
         self._send(msg.Closed(self._last_job.step if self._last_job else None, _error).to_json())
         if self._control is not None:
@@ -427,8 +431,16 @@ class Checkpointer:
             if request.stop:
                 self._emergency(step, request, origin=decision.origin)
                 return
-        if not self._saved_at(step):
-            self._save(step, emergency=False)
+        if self._saved_at(step):
+            return
+        if request is None and self._persister.buffer_held_by_upload():
+            # A periodic save would block the training until a timing checkpoint's upload from the staged
+            # buffer ends (seconds for a large state): the next due step takes it.
+            log.debug("periodic checkpoint deferred: the staged buffer is still being uploaded", step=step)
+            return
+        # A timing checkpoint is saved as the emergency one would be (from the staged buffer), so its time to
+        # durable predicts the emergency's (agents/train_through.py).
+        self._save(step, emergency=False, from_buffer=request is not None and request.timing)
 
     def _saved_at(self, step: int) -> bool:
         return self._last_job is not None and self._last_job.step == step and self._last_job.error is None
@@ -439,15 +451,18 @@ class Checkpointer:
             control, self._control_request = self._control_request, None
         return request.merge(control) if request else control
 
-    def _save(self, step: int, emergency: bool, folder: Path | None = None, payload: dict | None = None) -> SaveJob:
-        """Stage the registered objects' state, or (``payload`` given) hand in a framework's folder, and submit it."""
+    def _save(self, step: int, emergency: bool, folder: Path | None = None, payload: dict | None = None,
+              from_buffer: bool = False) -> SaveJob:
+        """Stage the registered objects' state, or (``payload`` given) hand in a framework's folder, and submit it
+        (``from_buffer``: uploaded the way an emergency checkpoint is, as a timing checkpoint asks)."""
         started = time.monotonic()
         self._persister.buffer_free.wait()  # the previous save is still writing out of the reused buffer
         self._seq += 1
         staged = folder if payload is not None else self._mode.stager.stage(
             self._mode.capture(step, self.objects, self.extra))
         job = SaveJob(step, staged, emergency, self.attempt, self.job_id, seq=self._seq, started=started,
-                      format=self._folder_format if payload is not None else None, payload=payload)
+                      format=self._folder_format if payload is not None else None, payload=payload,
+                      upload_from_buffer=from_buffer)
         self._persister.submit(job)
         self._schedule.saved(cost_s=time.monotonic() - started)
         self._jobs = [j for j in self._jobs if not j.finished] + [job]
@@ -494,7 +509,10 @@ class Checkpointer:
         self._retention.emergency(step)  # what this attempt's handover names: retention keeps it
         remaining = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
         estimate = self._policy.commit_s
-        if self.durable is not None and estimate and deadline is not None and estimate > remaining():
+        if self.durable is not None and _durable(job):
+            # A hold's step (hold.py): committed on the durable tier before the stop came; nothing to wait for.
+            log.info("this step is already durable: nothing more to save", step=step, url=job.durable_manifest)
+        elif self.durable is not None and estimate and deadline is not None and estimate > remaining():
             log.warning("the durable tier will likely miss the deadline; the local checkpoint is kept",
                         step=step, estimate_s=round(estimate, 2), left_s=round(remaining(), 2),
                         path=str(self.local.folder(step)))
@@ -555,8 +573,14 @@ class Checkpointer:
         if first:
             self._policy.record(commit_s=seconds)
         self._send(msg.Committed(job.step, job.durable_manifest, True, job.emergency, round(seconds, 4),
-                             job.manifest.bytes, staged_seconds=job.staged_seconds, timing_only=not first).to_json())
+                             job.manifest.bytes, staged_seconds=job.staged_seconds, from_buffer=job.from_buffer,
+                             timing_only=not first).to_json())
 
     def _send(self, message: dict) -> None:
         if self._control is not None:
             self._control.send(message)
+
+
+def _durable(job: SaveJob | None) -> bool:
+    """Is this save already committed on the durable tier?"""
+    return job is not None and job.durable_done.is_set() and job.durable_manifest is not None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,13 +23,20 @@ import fsspec
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
 from .checksum import DEFAULT_ALGORITHM, new_hasher
 from .errors import CheckpointConfigError, CorruptCheckpointError
+from .log import get_logger
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
+
+log = get_logger()
 
 UPLOAD_THREADS = 16
 BUFFER_CHUNK = 8 << 20  # bytes of a buffer handed to the store's file object at a time
 ATTEMPTS_FOLDER = "attempts"  # the attempt markers, beside the step folders (whose names it never matches)
 _ATTEMPT_MARKER = re.compile(r"^attempt-(\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class UploadAbandoned(Exception):
+    """The caller gave up on an upload (an emergency checkpoint needs the bandwidth): no further file is sent."""
 
 
 def _job_folder(job_id: str | None) -> str:
@@ -120,15 +128,29 @@ class DurableTier:
         self.put_files(manifest.step, folder, [f["name"] for f in manifest.files])
         return self.write_manifest(manifest)
 
-    def put_files(self, step: int, folder: Path, names: list[str]) -> None:
+    def put_files(self, step: int, folder: Path, names: list[str], abandoned: threading.Event | None = None) -> None:
         """Upload some files of a local checkpoint folder in parallel (no manifest), in order: a store that says
         how many streams pay (``upload_streams``: one, for a tier held to one bandwidth) gets that many, so
-        files complete one after another and a reader can follow them (agents/prefetch.py)."""
+        files complete one after another and a reader can follow them (agents/prefetch.py). Once ``abandoned``
+        is set, no further file is started (UploadAbandoned): the caller gave up on this upload."""
         self.fs.makedirs(self._path(step), exist_ok=True)
         streams = getattr(self.fs, "upload_streams", None) or UPLOAD_THREADS
+
+        def put(name: str) -> None:
+            if abandoned is not None and abandoned.is_set():
+                raise UploadAbandoned(f"{self.location(step)}: upload abandoned before {name}")
+            self.fs.put_file(str(folder / name), self._path(step, name))
+
         with ThreadPoolExecutor(min(streams, max(len(names), 1))) as pool:
-            for future in [pool.submit(self.fs.put_file, str(folder / n), self._path(step, n)) for n in names]:
-                future.result()
+            futures = [pool.submit(put, n) for n in names]
+            try:
+                for future in futures:
+                    future.result()
+            except UploadAbandoned:
+                sent = sum(1 for f in futures if f.done() and f.exception() is None)
+                log.info("upload abandoned: its remaining files are not sent", step=step, sent=sent,
+                         not_sent=len(names) - sent)
+                raise
 
     def put_bytes(self, step: int, files: dict[str, bytes]) -> None:
         """Upload files held in memory (the local tier could not take them), in parallel (no manifest)."""

@@ -13,6 +13,10 @@ Two threads, so that the durable tier can never hold up the training or the loca
 An **emergency** checkpoint of one process does not wait for the local tier: its upload starts from the
 staged buffer as soon as the state is staged, beside the local write (``_upload_from_buffer``). The time to
 durable is what a short notice allows, and the local disk (its write and fsync) is then out of that path.
+That upload runs at the training thread's priority (the training waits for it; the local write beside it
+is the one to yield), and a notice's *timing* checkpoint takes the same path, so that its time predicts
+the emergency's (agents/train_through.py). An upload abandoned for it stops at its next file, so that it
+does not share the node's bandwidth with the emergency's.
 It is as atomic as any upload (the manifest, with every file's checksum taken from the bytes as they are
 sent, written last, so a crash mid-way leaves the previous checkpoint the newest) and is fenced the same way; the buffer
 is handed back to staging once both the local write and the upload have read it.
@@ -71,7 +75,10 @@ class SaveJob:
     superseded: bool = False
     format: object = None  # overrides the Persister's format (a framework's folder: folder_format.py)
     payload: dict | None = None  # the manifest's payload (who wrote a folder checkpoint)
-    from_buffer: bool = False  # uploaded straight from the staged buffer, beside the local write (an emergency)
+    upload_from_buffer: bool = False  # a timing checkpoint: uploaded as an emergency one is (``emergency`` is too)
+    from_buffer: bool = False  # uploaded straight from the staged buffer, beside the local write
+    readers: object = None  # _BufferReaders: the local write and that upload, both reading the staged buffer
+    abandoned: threading.Event = field(default_factory=threading.Event)  # its upload was given up: stop sending
     staged_at: float | None = None  # monotonic: the state was staged and handed to the persister
 
     @property
@@ -147,6 +154,7 @@ class Persister:
         self._last_bytes = 0
         self._queue: queue.Queue[SaveJob | None] = queue.Queue()
         self._pending: list[SaveJob] = []  # locally done, waiting for the uploader, oldest first
+        self._uploading: int | None = None  # the step whose local folder the uploader is reading now
         self._pending_cond = threading.Condition()
         self._stopping = False
         self._from_buffer: list[threading.Thread] = []  # emergency uploads from the staged buffer
@@ -160,7 +168,15 @@ class Persister:
     def submit(self, job: SaveJob) -> None:
         job.staged_at = time.monotonic()
         self.buffer_free.clear()
+        # Started from the caller's thread (the training's), not from the writer's: a thread inherits its
+        # creator's priority, and the writer runs niced (see the module).
+        job.readers = self._start_upload_from_buffer(job)
         self._queue.put(job)
+
+    def buffer_held_by_upload(self) -> bool:
+        """Is the staged buffer still read by an upload from it (an emergency's or a timing checkpoint's)? A
+        save now would wait for that upload's end."""
+        return not self.buffer_free.is_set() and any(t.is_alive() for t in self._from_buffer)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Let the writer and the uploader finish what they hold and end; wait for them (``timeout`` in all), so
@@ -176,7 +192,7 @@ class Persister:
     def _write_loop(self) -> None:
         _lower_priority()
         while (job := self._queue.get()) is not None:
-            readers = self._start_upload_from_buffer(job)
+            readers, job.readers = job.readers, None
             try:
                 self._write_local(job)
             finally:
@@ -281,6 +297,8 @@ class Persister:
             try:
                 committed = self._upload(job)
             finally:
+                with self._pending_cond:
+                    self._uploading = None
                 job.durable_done.set()
             if committed and self.uploader.rank == 0:  # housekeeping, after the commit is announced: a store
                 self._safely(self._prune_durable, job)  # that hangs here holds up no wait() and no close()
@@ -300,6 +318,7 @@ class Persister:
             chosen = next(j for j in self._pending if j.seq == target)
             superseded = [j for j in self._pending if j.seq < target]
             self._pending = [j for j in self._pending if j.seq > target]
+            self._uploading = chosen.step
         for job in superseded:
             job.superseded = True
             log.info("upload superseded by a newer checkpoint", step=job.step, newer=chosen.step)
@@ -315,7 +334,7 @@ class Persister:
     def _start_upload_from_buffer(self, job: SaveJob) -> _BufferReaders | None:
         """Start the upload of an emergency checkpoint of one process from its staged buffer now, beside the local
         write; the readers of the buffer, or None when the job takes the usual path (after the local commit)."""
-        if not (job.emergency and self.durable is not None and self.uploader.world_size == 1
+        if not ((job.emergency or job.upload_from_buffer) and self.durable is not None and self.uploader.world_size == 1
                 and (job.format or self.format).layout == FLAT and job.staged is not None):
             return None
         job.from_buffer = True
@@ -328,7 +347,7 @@ class Persister:
         return readers
 
     def _upload_from_buffer(self, job: SaveJob, files: dict, readers: _BufferReaders) -> None:
-        _lower_priority()
+        # Not niced: an emergency's training waits for this upload (a timing checkpoint's measures that one).
         started = time.monotonic()
         error, manifest = self._fenced(job), None
         try:
@@ -408,7 +427,11 @@ class Persister:
                            stale_above=self.retention.stale_above(), job_id=job.job_id)
 
     def _prune_local(self, job: SaveJob) -> None:
-        self.local.prune(self.keep, protect=self.retention.protected())
+        # Never the folder an upload reads (now, or next): on a durable tier slower than the checkpoints come,
+        # pruning it made every periodic upload fail (its files gone), so none reached the durable tier.
+        with self._pending_cond:
+            uploading = {j.step for j in self._pending} | {self._uploading}
+        self.local.prune(self.keep, protect=self.retention.protected() | (uploading - {None}))
 
     def _fenced(self, job: SaveJob) -> SupersededError | None:
         """A SupersededError when a newer attempt of the job has started on the durable tier (rank 0 asks)."""
@@ -435,7 +458,8 @@ class Persister:
         if job.in_memory is not None:
             future = pool.submit(self.durable.put_bytes, job.step, job.in_memory)
         else:
-            future = pool.submit(self.durable.put_files, job.step, job.local_manifest.parent, job.own_files)
+            future = pool.submit(self.durable.put_files, job.step, job.local_manifest.parent, job.own_files,
+                                 abandoned=job.abandoned)
         deadline = time.monotonic() + self.upload_timeout_s
         try:
             while True:
@@ -445,13 +469,15 @@ class Persister:
                 except FutureTimeout:
                     pass
                 if time.monotonic() > deadline:
+                    job.abandoned.set()
                     return TimeoutError(f"the upload took longer than {self.upload_timeout_s:.0f} s; abandoned")
                 if not job.emergency and self._emergency_waiting():
+                    job.abandoned.set()  # its files still to go would share the node's bandwidth with the emergency
                     return TimeoutError("abandoned for an emergency checkpoint")
         except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the training
             return exc
         finally:
-            pool.shutdown(wait=False)  # an abandoned upload's thread is left to finish or fail on its own
+            pool.shutdown(wait=False)  # an abandoned upload's thread stops at its next file (``abandoned``)
 
     @staticmethod
     def _safely(fn, arg) -> None:

@@ -4,7 +4,9 @@ long ``restore()`` took.
 
 ``StepTelemetry`` is fed once per training step and reports to the agent over the control channel, batched:
 at most one ``telemetry`` message every ``report_every_s`` seconds, one soon after each checkpoint commit
-(``report_soon``), and an exact one at ``close()``. The run manifest goes once, at the first ``restore()``.
+(``report_soon``), and an exact one at ``close()``. The run manifest goes once, after the first ``restore()``: it
+is worked out in the background from the Checkpointer's construction (hashing the installed packages' list takes
+up to 2 s on a busy node), and sent once it is ready, so it never lengthens the restore's pause.
 
 A loss may be a Python float or a tensor on any device. Counting non-finite losses must not add a device sync
 to the step, so a tensor loss is folded into a counter tensor on its own device with asynchronous ops; on
@@ -31,6 +33,7 @@ from .log import get_logger
 log = get_logger()
 
 REPORT_EVERY_S = 5.0
+MANIFEST_AT_CLOSE_S = 10.0  # close() waits this long at most for a manifest still being worked out
 
 
 def _torch():
@@ -138,7 +141,7 @@ class StepTelemetry:
     process) sends the run manifest, every rank sends its own ``telemetry`` (the agent takes the steps from
     rank 0 and the peak memory over its ranks).
 
-    Call ``on_step(step, loss=None)`` once per training step, ``send_manifest()`` at the first restore,
+    Call ``on_step(step, loss=None)`` once per training step, ``send_manifest_when_ready()`` at the first restore,
     ``report_soon()`` when a checkpoint has committed (from any thread), ``report()`` before an emergency
     stop (so the last step's time is known before the attempt ends), and ``close()`` at the end.
     """
@@ -163,6 +166,7 @@ class StepTelemetry:
         self._report_soon = False
         self._manifest_sent = False
         self._manifest_ahead: Future | None = None  # prepare_manifest()
+        self._manifest_delivered = threading.Event()  # the manifest went (or could not be worked out)
         self._closed = False
 
     @property
@@ -215,7 +219,7 @@ class StepTelemetry:
         return message
 
     def send_manifest(self) -> dict | None:
-        """Send the run manifest once per process (rank 0 only); return it, or None when not sent."""
+        """Send the run manifest once per process (rank 0 only), waiting for it; return it, or None when not sent."""
         if self._manifest_sent or self.rank not in (None, 0):
             return None
         self._manifest_sent = True
@@ -228,12 +232,30 @@ class StepTelemetry:
 
             manifest = run_manifest()
         self._send(Manifest(manifest).to_json())
+        self._manifest_delivered.set()
         return manifest
 
+    def send_manifest_when_ready(self) -> None:
+        """Send the run manifest once per process (rank 0 only) as soon as it is worked out, without waiting for
+        it here (``restore()``: the manifest is not part of the restore's pause, which the ledger times)."""
+        if self._manifest_sent or self.rank not in (None, 0) or self.control is None:
+            return
+        self.prepare_manifest()
+        self._manifest_sent = True
+        self._manifest_ahead.add_done_callback(self._send_prepared)  # at once when already done
+
+    def _send_prepared(self, future: Future) -> None:
+        try:
+            self._send(Manifest(future.result()).to_json())
+        except Exception as exc:  # noqa: BLE001 - a manifest that could not be worked out must not stop training
+            log.warning("the run manifest could not be worked out", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._manifest_delivered.set()
+
     def prepare_manifest(self) -> None:
-        """Work out the run manifest in the background now, for ``send_manifest`` (a process started ahead
-        does it while it waits: hashing the installed packages' list takes a second or more, which would
-        otherwise come between the restore and the first training step)."""
+        """Work out the run manifest in the background now (the Checkpointer does at construction), for
+        ``send_manifest``: hashing the installed packages' list takes a second or more, which would otherwise
+        come between the restore and the first training step."""
         if self._manifest_sent or self._manifest_ahead is not None or self.rank not in (None, 0) \
                 or self.control is None:
             return
@@ -254,6 +276,12 @@ class StepTelemetry:
         """Wait, at most ``timeout`` seconds, for the manifest ``prepare_manifest`` is working out."""
         if self._manifest_ahead is not None:
             futures_wait([self._manifest_ahead], timeout)
+
+    def wait_manifest_sent(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until a manifest asked to be sent when ready has gone (close())."""
+        if not self._manifest_sent or self._manifest_ahead is None:
+            return True
+        return self._manifest_delivered.wait(timeout)
 
     def close(self) -> dict | None:
         """The final, exact report (waits for the device's NaN counter); idempotent. None when nothing trained."""

@@ -155,7 +155,7 @@ class FrameworkCheckpoints:
         if self.reported or self.ckpt is None:
             return
         self.reported = True
-        self.ckpt.telemetry.send_manifest()  # what this attempt runs with, once (docs/restart-log.md)
+        self.ckpt.telemetry.send_manifest_when_ready()  # what this attempt runs with, once (docs/restart-log.md)
         found = self.found if self.found is not None and self.found.step == step else None
         if step and found is None:
             log.warning(f"{self.framework} resumed at step {step} from a checkpoint that last_checkpoint() did not "

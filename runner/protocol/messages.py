@@ -132,6 +132,9 @@ class Committed(Message):
     seconds: float | None = None  # from the start of the save
     bytes: int | None = None
     staged_seconds: float | None = None  # of ``seconds``, the staging (the time the save blocked the training)
+    # Uploaded from the staged buffer beside the local write, as one process's emergency checkpoint is (an
+    # emergency or a timing checkpoint): the durable ``seconds`` is then what an emergency checkpoint takes.
+    from_buffer: bool = False
     # From another node's first process than the job's first rank: its agent only times the commit (a notice
     # on that node needs the checkpoint's expected time); the job's first rank's agent reports it.
     timing_only: bool = False
@@ -252,10 +255,17 @@ class CheckpointRequest(Message):
     stop: bool = False
     deadline: float | None = None  # unix seconds
     hold: bool = False  # checkpoint, then hold the training loop until stopped or released (never with stop)
+    # A timing checkpoint (a notice trained through): saved the way an emergency checkpoint is, its upload from
+    # the staged buffer beside the local write, so that its time predicts the emergency's; training goes on.
+    timing: bool = False
 
     def to_json(self) -> dict:
         data = {"op": self.op.value, "reason": str(self.reason), "deadline": self.deadline, "stop": self.stop}
-        return {**data, "hold": True} if self.hold else data
+        if self.hold:
+            data["hold"] = True
+        if self.timing:
+            data["timing"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "CheckpointRequest":
@@ -267,8 +277,10 @@ class CheckpointRequest(Message):
         if not isinstance(deadline, _NUMBER) or isinstance(deadline, bool):
             deadline = None
         stop = bool(data.get("stop"))
+        hold = bool(data.get("hold")) and not stop
         return cls(str(data.get("reason") or StopReason.NOTICE.value), stop,
-                   float(deadline) if deadline is not None else None, hold=bool(data.get("hold")) and not stop)
+                   float(deadline) if deadline is not None else None, hold=hold,
+                   timing=bool(data.get("timing")) and not stop and not hold)
 
     def merge(self, other: "CheckpointRequest | None") -> "CheckpointRequest":
         """The stronger of two pending requests: stop wins, and the earlier deadline."""
@@ -277,8 +289,9 @@ class CheckpointRequest(Message):
         deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
         stop = self.stop or other.stop
         reason = self.reason if self.stop or not other.stop else other.reason
-        return CheckpointRequest(reason, stop, min(deadlines) if deadlines else None,
-                                 hold=(self.hold or other.hold) and not stop)
+        hold = (self.hold or other.hold) and not stop
+        return CheckpointRequest(reason, stop, min(deadlines) if deadlines else None, hold=hold,
+                                 timing=(self.timing or other.timing) and not stop and not hold)
 
 
 @dataclass(frozen=True)

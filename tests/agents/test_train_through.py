@@ -26,15 +26,39 @@ def test_the_expected_checkpoint_time_is_the_slowest_recent_staging_and_upload()
     assert clock.expected() == 5.5
     clock.observe({"op": "committed", "step": 20, "durable": False, "seconds": 2.0})
     clock.observe({"op": "committed", "step": 20, "durable": True, "seconds": 9.0, "staged_seconds": 1.0})
-    assert clock.expected() == 8.0  # the slowest recent one
+    assert clock.expected() == 8.0 + (8.0 - 5.5)  # the slowest recent one, and how far they spread
     clock.observe({"op": "committed", "step": 25, "durable": True, "emergency": True, "seconds": 12.0,
                    "staged_seconds": 0.5})
-    assert clock.expected() == 12.0
+    assert clock.expected() == 12.0 + (12.0 - 5.5)
     # A library that does not say its staging time: the whole durable commit, as measured
     old = CheckpointClock()
     old.observe({"op": "committed", "step": 5, "durable": False, "seconds": 1.0})
     old.observe({"op": "committed", "step": 5, "durable": True, "seconds": 4.0})
     assert old.expected() == 4.0
+
+
+def test_a_timing_checkpoint_saved_the_emergency_way_counts_its_whole_time():
+    """A notice's timing checkpoint is uploaded from the staged buffer beside its local write, as the emergency
+    one will be: its time to durable is that of the emergency checkpoint, local write and all (on a loaded node
+    the two compete); nothing of it is taken off as a periodic commit's local write is."""
+    clock = CheckpointClock()
+    clock.observe({"op": "committed", "step": 30, "durable": False, "seconds": 4.0, "from_buffer": True})
+    clock.observe({"op": "committed", "step": 30, "durable": True, "seconds": 6.8, "staged_seconds": 0.4,
+                   "from_buffer": True})
+    assert clock.expected() == 6.8
+
+
+def test_saves_that_vary_widen_the_expected_time_by_their_spread():
+    """Two timing checkpoints of one state, 5 s and 8 s apart on a loaded node: the next may well be slower
+    still; the emergency checkpoint is given the slowest plus the spread."""
+    clock = CheckpointClock()
+    for step, seconds in ((10, 5.0), (20, 8.0)):
+        clock.observe({"op": "committed", "step": step, "durable": True, "seconds": seconds, "from_buffer": True})
+    assert clock.expected() == 11.0
+    steady = CheckpointClock()
+    for step in (10, 20, 30):
+        steady.observe({"op": "committed", "step": step, "durable": True, "seconds": 5.0, "from_buffer": True})
+    assert steady.expected() == 5.0
 
 
 def test_ranks_of_a_process_group_write_locally_first_so_their_clock_counts_the_whole_commit():
@@ -168,7 +192,8 @@ def test_a_notice_before_any_timed_checkpoint_asks_for_one_and_training_goes_on(
     deadline = time.monotonic() + 120
     while not control.sent and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [(m["op"], m["stop"], m.get("hold", False)) for m in control.sent] == [("checkpoint", False, False)]
+    assert [(m["op"], m["stop"], m.get("hold", False), m.get("timing")) for m in control.sent] == [
+        ("checkpoint", False, False, True)]  # saved the emergency way: it times the emergency checkpoint
     assert not core.emergency.stopped.is_set()
 
 
@@ -182,12 +207,29 @@ def test_the_controllers_word_before_the_timing_checkpoint_leaves_only_the_emerg
     assert control.sent == []
 
 
-def test_a_notice_after_a_timed_checkpoint_asks_for_none_until_the_timer(monkeypatch):
-    """A timing checkpoint would only hold up the training: none is asked for (asked at once here, were it)."""
+def test_a_notice_after_periodic_commits_still_times_a_checkpoint_saved_the_emergency_way(monkeypatch):
+    """One process: a periodic commit (local write first, upload after) does not say what the emergency
+    checkpoint (upload beside the local write) costs on the node as loaded now; a timing checkpoint does."""
     import agents.train_through
 
     monkeypatch.setattr(agents.train_through, "MEASURE_AFTER_SECONDS", 0.0)
     core, control = _core()
+    core.checkpoint_clock.observe({"op": "committed", "durable": True, "seconds": 0.5})
+    core.on_notice(_notice(120))
+    deadline = time.monotonic() + 120
+    while not control.sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [(m["op"], m["stop"], m.get("timing")) for m in control.sent] == [("checkpoint", False, True)]
+
+
+def test_a_gang_node_after_a_timed_checkpoint_asks_for_none_until_the_timer(monkeypatch):
+    """A gang's ranks write their emergency checkpoint locally first, as a periodic one: a commit timed is the
+    measure, and a timing checkpoint would only hold up the gang (asked at once here, were it)."""
+    import agents.train_through
+
+    monkeypatch.setattr(agents.train_through, "MEASURE_AFTER_SECONDS", 0.0)
+    core, control = _core()
+    core._world_size = lambda message: 2
     core.checkpoint_clock.observe({"op": "committed", "durable": True, "seconds": 0.5})
     core.on_notice(_notice(120))
     assert core.train_through is not None and core.train_through.measure is None
@@ -239,6 +281,7 @@ def test_another_nodes_commit_is_timed_here_and_reported_by_the_first_ranks_agen
     core.may_train_through = True
     core.emergency = Recorder()
     core.send_control = Control().send
+    core._world_size = lambda message: 2  # a gang's node
     core.on_control({"op": "committed", "step": 10, "durable": True, "seconds": 42.0, "timing_only": True})
     assert events.kinds == []
     assert core.checkpoint_clock.expected() >= 42.0

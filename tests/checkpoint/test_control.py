@@ -253,6 +253,66 @@ def test_a_hold_commits_durably_and_the_loop_waits_there_until_stopped(setup, tm
     ckpt.close()
 
 
+def test_a_stop_after_a_hold_says_the_held_step_is_durable_and_saves_nothing_more(tmp_path, agent, monkeypatch):
+    """The replacement gets ready during a hold: the stop that follows has a few seconds left, fewer than a
+    durable commit takes on this slow tier, but the held step is durable already. The library says so, warns
+    of no missed deadline and starts no second save."""
+    from runner.local_durable import throttle_environment
+
+    for key, value in throttle_environment(1.0, tmp_path / "bucket").items():  # 1 MB/s: 2 MB take 2 s
+        monkeypatch.setenv(key, value)
+    model = torch.nn.Linear(2, 2)
+    model.register_buffer("ballast", torch.zeros(500_000))  # 2 MB
+    from runner.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(local_dir=tmp_path / "ckpt", durable_url=f"local-durable://{tmp_path / 'durable'}",
+                        interval="1h", model=model)
+    agent.wait_for("hello")
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": time.time() + 60, "stop": False, "hold": True})
+    time.sleep(0.2)  # the request is in before the first step (as in the test above)
+    done = threading.Event()
+    with capture_logs() as logs:
+        def train() -> None:
+            step = 0
+            while step < 500 and not ckpt.should_stop:
+                step += 1
+                ckpt.step(step)
+            done.set()
+
+        threading.Thread(target=train, daemon=True).start()
+        held = agent.wait_for("holding", timeout=60)[0]
+        assert held["durable"] is True
+        # The deadline leaves 1.5 s, less than the 2 s the held step's commit took.
+        agent.send({"op": "checkpoint", "reason": "notice", "deadline": time.time() + 1.5, "stop": True})
+        assert done.wait(30)
+    assert agent.wait_for("stopping")[0]["step"] == held["step"]
+    assert agent.wait_for("stopping")[0]["durable"] is True
+    events = [entry["event"] for entry in logs]
+    assert not [e for e in events if "miss the deadline" in e or "did not reach the durable tier" in e], events
+    assert "this step is already durable: nothing more to save" in events
+    assert len(agent.wait_for("committed", count=2)) == 2  # the held step's local and durable commits, no more
+    ckpt.close()
+
+
+def test_a_timing_checkpoint_is_saved_the_emergency_way_and_training_goes_on(setup, tmp_path, agent):
+    """A notice's timing checkpoint: uploaded from the staged buffer as an emergency one is (its durable commit
+    says so, and its time is what the agent sizes the emergency's lead on), not an emergency, no stop."""
+    ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"file://{tmp_path / 'durable'}", interval="1h")
+    agent.wait_for("hello")
+    agent.send({"op": "checkpoint", "reason": "notice", "deadline": None, "stop": False, "timing": True})
+    step = 0
+    while not [m for m in agent.messages if m["op"] == "committed" and m["durable"]] and step < 100000:
+        step += 1
+        ckpt.step(step)
+        time.sleep(0.01)
+    durable = next(m for m in agent.messages if m["op"] == "committed" and m["durable"])
+    assert durable["from_buffer"] is True and durable["emergency"] is False and durable["seconds"] > 0
+    ckpt.step(step + 1)
+    assert not ckpt.should_stop
+    ckpt.close()
+    assert all(not m["from_buffer"] for m in agent.messages if m["op"] == "committed" and m["step"] != durable["step"])
+
+
 def test_a_released_hold_trains_on(setup, tmp_path, agent):
     """A false notice: the agent releases the hold and training goes on, with no stop."""
     ckpt = setup.checkpointer(tmp_path / "ckpt", durable_url=f"file://{tmp_path / 'durable'}", interval="1h")

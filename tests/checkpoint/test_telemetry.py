@@ -202,8 +202,43 @@ def test_the_checkpointer_reports_manifest_nan_steps_and_a_final_report_before_c
     # "gpu" once this worker's process has used CUDA (an earlier test on a GPU machine), as the library defines it
     assert final["peak_memory_bytes"] > 0 and final["memory"] == ("gpu" if torch.cuda.is_initialized() else "host")
     ops = [m["op"] for m in agent.messages]
-    assert ops.index("manifest") < ops.index("restored") and ops.index("telemetry") < ops.index("closed")
+    assert ops.count("manifest") == 1 and ops.index("manifest") < ops.index("closed")
+    assert ops.index("telemetry") < ops.index("closed")
     assert agent.wait_for("manifest")[0]["manifest"]["torch"] == torch.__version__
+
+
+def test_the_run_manifest_is_worked_out_outside_the_restores_pause(setup, tmp_path, agent, monkeypatch):
+    """Hashing the installed packages' list takes up to 2 s on a busy node: the manifest is worked out in the
+    background from the Checkpointer's construction, restore() does not wait for it (the ledger's
+    restore_seconds is the whole pause), and it is sent once it is ready, before ``closed``."""
+    import threading
+
+    from runner.checkpoint import run_manifest as module
+
+    release, started = threading.Event(), threading.Event()
+    real = module.run_manifest
+
+    def slow_manifest(*args, **kwargs):
+        started.set()
+        release.wait(120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "run_manifest", slow_manifest)
+    ckpt = setup.checkpointer(tmp_path / "ckpt", interval="1h")
+    assert started.wait(30)  # under way from the construction, before restore() is called
+    restored = []
+    restoring = threading.Thread(target=lambda: restored.append(ckpt.restore()), daemon=True)
+    restoring.start()
+    restoring.join(60)
+    try:
+        assert restored == [0], "restore() waited for the run manifest"
+        assert agent.wait_for("restored")[0]["step"] == 0
+        assert not [m for m in agent.messages if m["op"] == "manifest"]  # still being worked out
+    finally:
+        release.set()
+    assert agent.wait_for("manifest", timeout=60)[0]["manifest"]["torch"] == torch.__version__
+    ckpt.close()
+    assert [m["op"] for m in agent.messages].count("manifest") == 1
 
 
 def test_without_a_loss_nan_steps_is_null(setup, tmp_path, agent):

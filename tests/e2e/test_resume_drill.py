@@ -43,6 +43,8 @@ print("restored", step, flush=True)
 if not second and step == 0:
     ckpt.save(1)                           # an early periodic checkpoint, older than the drill's
     ckpt.wait()
+    step = 1                               # trained on from there: the drill's checkpoint is a later step,
+                                           # however soon its request comes (a busy machine: during the wait)
 while step < 400 and not ckpt.should_stop:
     step += 1
     time.sleep(0.02)

@@ -73,10 +73,19 @@ def time_scale() -> float:
 
 
 @pytest.fixture
-def home(tmp_path: Path, time_scale: float) -> Path:
+def durable_mb_per_s() -> float | None:
+    """The local market's durable bandwidth per node and direction (a test parametrizes it): unlimited."""
+    return None
+
+
+@pytest.fixture
+def home(tmp_path: Path, time_scale: float, durable_mb_per_s: float | None) -> Path:
     path = tmp_path / "home"
     path.mkdir()
-    (path / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": time_scale}}}))
+    local = {"time_scale": time_scale}
+    if durable_mb_per_s is not None:
+        local["durable_mb_per_s"] = durable_mb_per_s
+    (path / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": local}}))
     yield path
     kill_nodes(path)
 STEP = re.compile(r"^step (\d+) at ([0-9.]+)$", re.M)
@@ -249,6 +258,79 @@ def test_a_gcp_notice_trains_on_then_holds_at_a_durable_checkpoint_the_replaceme
     assert "stopping at step" not in old_output  # held, never stopped: the reclaim ended it
     assert old_steps[-1][0] == first["checkpoint_step"] == second["resumed_from_step"]  # nothing redone
     assert FINAL.search(runner.output(job_id)).group(1) == reference.sha()
+
+
+BUSY_TRAINEE = """
+import os, sys, threading, time
+import torch
+from runner.checkpoint import Checkpointer
+
+steps = int(sys.argv[1])
+first = os.environ.get("RUNNER_ATTEMPT", "1") == "1"
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+model.register_buffer("ballast", torch.rand(int(float(os.environ["STATE_MB"]) * 1e6 / 4)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+ckpt = Checkpointer(model=model, optimizer=optimizer, every_steps=10)
+step = ckpt.restore()
+print(f"resumed from step {step}" if step else "starting fresh", flush=True)
+
+
+def burn():  # a busy node: a thread of the job's own takes a core and the interpreter's lock, to the end
+    while True:
+        sum(i * i for i in range(10000))
+
+
+if first:
+    threading.Thread(target=burn, daemon=True).start()
+while step < steps:
+    optimizer.zero_grad()
+    model(torch.randn(16, 8)).pow(2).mean().backward()
+    optimizer.step()
+    step += 1
+    print(f"step {step} at {time.time():.3f}", flush=True)
+    ckpt.step(step)
+    if ckpt.should_stop:
+        print(f"stopping at step {step}", flush=True)
+        break
+    time.sleep(0.1 if first else 0)
+ckpt.close()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("time_scale, durable_mb_per_s", [(1.0, 10.0)])
+def test_on_a_busy_node_and_a_slow_durable_tier_the_held_step_is_durable_before_the_deadline(tmp_path, runner,
+                                                                                             controller):
+    """GCP's 30 s notice, a 40 MB state and a durable tier held to 10 MB/s (4 s an upload), a thread of the job
+    burning a core throughout, and a replacement not ready by the deadline: the timing checkpoint, saved the
+    emergency way on this busy node, sizes the moment the old node must start its durable checkpoint; that
+    checkpoint is durable before the reclaim, so the replacement resumes from the last step trained: nothing
+    is redone."""
+    setup, go = _replacement_setup_held(tmp_path)
+    text = (f"name: busy\nsetup: {setup!r}\nrun: python train.py 100000\nenv: {{STATE_MB: '40'}}\n"
+            "resources: {cloud: [local]}\nrecovery: {max_preemptions: 3, max_failures: 0, resume_drill: 'off'}\n")
+    path = write_job(tmp_path / "job", text, {"train.py": BUSY_TRAINEE})
+    job_id = runner.json("submit", str(path))["id"]
+    runner.wait_for_output(job_id, r"^step 30 at ")  # a few periodic commits, each 4 s to the durable tier
+    sent = time.time()
+    assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
+    _release_when_the_first_attempt_ends(runner, job_id, go)
+
+    def resumed(job) -> bool:
+        rows = runner.restarts(job_id)
+        return len(rows) > 1 and rows[1].get("resumed_from_step") is not None
+
+    runner.wait_for(job_id, resumed, timeout=600, what="the next attempt's restore")
+    first, second = runner.restarts(job_id)[:2]
+    assert first["end_reason"] == "preempted" and first["standby"]["outcome"] == "took over"
+    old_output = runner.output(job_id, 1)
+    old_steps = [(int(s), float(t)) for s, t in STEP.findall(old_output)]
+    assert [s for s, t in old_steps if t > sent + 1], "no step was trained on the old node after the notice"
+    assert "stopping at step" not in old_output  # held at a durable checkpoint until the reclaim
+    assert old_steps[-1][0] == first["checkpoint_step"] == second["resumed_from_step"]  # nothing redone
+    assert runner("cancel", job_id).returncode == 0
 
 
 @pytest.mark.timeout(900)
