@@ -22,7 +22,7 @@ import fsspec
 
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
 from .checksum import DEFAULT_ALGORITHM, new_hasher
-from .errors import CheckpointConfigError, CorruptCheckpointError
+from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from .log import get_logger
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
 
@@ -35,7 +35,7 @@ _ATTEMPT_MARKER = re.compile(r"^attempt-(\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class UploadAbandoned(Exception):
+class UploadAbandoned(CheckpointError):
     """The caller gave up on an upload (an emergency checkpoint needs the bandwidth): no further file is sent."""
 
 
