@@ -34,7 +34,7 @@ run: >-
                    port="$RUNNER_MASTER_PORT")} train.py {ARGS}
 resources: {{cloud: [local], num_nodes: 2}}
 checkpoint: {{interval: 1h}}
-recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 5s}}
+recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 5s, prepare_on: []}}
 """
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 
@@ -67,7 +67,8 @@ def uninterrupted_sha(tmp_path_factory) -> str:
 def preempted_gang(tmp_path_factory):
     """Runs the scenario once: submit; the drill ends attempt 1 and attempt 2 resumes; 20 steps later
     `runner preempt JOB --node 1`; the job ends. Returns the CLI driver, the job id, the preempt command's
-    output and the job's final status."""
+    output and the job's final status. The job stops at the notice (``prepare_on: []``): trained through, its
+    400 steps can end before the gang's next attempt is ready (tests/e2e/test_gang_train_through.py has that path)."""
     home = tmp_path_factory.mktemp("home")
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
     controller = Controller(home).start()
