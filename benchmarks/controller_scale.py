@@ -344,6 +344,9 @@ def main() -> None:
     if args.serve:
         serve_controller(args.serve, args.db)
         return
+    # A SIGTERM (a timeout, an operator) ends this script through its cleanup: the controller it started is
+    # stopped and the run's database dropped, instead of both outliving it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(machine())
     print(f"load average {os.getloadavg()[0]:.1f} at the start (other work on this machine takes CPU from both sides)")
     print(f"store: {args.db.split('@')[-1] if args.db else 'SQLite (WAL)'}; heartbeat 1 Hz, a log chunk every "
