@@ -34,6 +34,7 @@ from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
 from .gang import GangRanks, node_address, register_for_attempt
 from . import gang_prestart, process_tree
+from .gang_prestart import KeptNodeStartAhead
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
 from .prestart import DeferredOutput, Prestarted, prestart_environment
@@ -75,7 +76,7 @@ class JobCannotStart(RunnerError):
     """The job's workdir or command cannot be brought to life on this node: the attempt fails, saying why."""
 
 
-class Agent(AgentCore):
+class Agent(KeptNodeStartAhead, AgentCore):
     def __init__(self, config: AgentConfig):
         super().__init__(config)
         self.client = self.reporter.client
@@ -214,91 +215,6 @@ class Agent(AgentCore):
         self.prestarted = Prestarted(supervisor, self.assignment["attempt"], output, tail,
                                      gang=self.assignment.get("gang"),
                                      counts_before=self.control.counts() if self.control is not None else (0, 0))
-
-    def _on_prestart(self, assignment: dict) -> None:
-        """A kept gang node is told to start the gang's next attempt ahead (agents/gang_prestart.py): once per
-        attempt, beside the one it runs, on a control channel of its own."""
-        if assignment.get("abandoned"):  # a node failed, or the next attempt went on without the processes
-            self._ahead_abandoned.set()
-            return
-        attempt = assignment.get("attempt")
-        with self._ahead_lock:
-            if (not isinstance(attempt, int) or attempt <= self.assignment.get("attempt", 0)
-                    or self._ahead_for == attempt or self.prestarted is not None or self.cancelled.is_set()
-                    or self.control is None):
-                return
-            self._ahead_for = attempt
-            if gang_prestart.has_accelerator():  # its new ranks would share the GPUs the running attempt uses
-                why = "this node has an accelerator: the next attempt is not started beside the running one"
-                threading.Thread(target=gang_prestart.report, args=(self.reporter, attempt, gang_prestart.FAILED, why),
-                                 daemon=True).start()
-                return
-            path = gang_prestart.next_socket(self.control.path, self.config.control_socket)
-            try:
-                control = ControlServer(path, lambda message: None).start()
-            except OSError as exc:
-                log.warning("no control channel for the next attempt; it starts at the handover", error=str(exc))
-                return
-            output = DeferredOutput(self.local_log)
-            tail = OutputTail(output)
-            env = prestart_environment(self._environment(assignment, str(path)))
-            supervisor = Supervisor(assignment["run"], str(self.config.scratch_dir / "work"), env, tail)
-            try:
-                supervisor.start()
-            except (OSError, ValueError) as exc:
-                control.close()
-                log.warning("the next attempt could not be started ahead; it starts at the handover", error=str(exc))
-                return
-            prestarted = Prestarted(supervisor, attempt, output, tail, gang=assignment.get("gang"), control=control)
-            control.on_message = prestarted.on_control
-            self.prestarted = prestarted
-        log.info("the gang's next attempt started ahead on this kept node", attempt=attempt,
-                 port=(assignment.get("gang") or {}).get("master_port"))
-        threading.Thread(target=self._wait_ahead, args=(prestarted,), name="prestart", daemon=True).start()
-
-    def _wait_ahead(self, prestarted: Prestarted) -> None:
-        if not gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.STARTED):
-            log.info("the gang stopped before its next attempt could be started ahead here; stopping it")
-            self._drop_ahead(prestarted)
-            return
-        waits = prestarted.wait_in_restore(gang_prestart.READY_SECONDS,
-                                           lambda: self.cancelled.is_set() or self.shutdown.is_set()
-                                           or self.prestarted is not prestarted)
-        if self.prestarted is not prestarted:
-            return
-        self._report_ahead(prestarted, waits)
-        # Not adopted for long: the notice proved false, or the gang moved without this node; it is stopped
-        given_up_at = time.monotonic() + gang_prestart.UNADOPTED_SECONDS
-        while self.prestarted is prestarted and not self.shutdown.wait(1.0):
-            if time.monotonic() > given_up_at:
-                log.warning("the process started ahead was not adopted in time; stopping it",
-                            attempt=prestarted.attempt, seconds=gang_prestart.UNADOPTED_SECONDS)
-                self._drop_ahead(prestarted)
-                return
-
-    def _report_ahead(self, prestarted: Prestarted, waits: bool) -> None:
-        """Say whether this node's ranks of the next attempt wait; one that does not is stopped now (the gang's
-        next attempt then starts anew on every node, on another port)."""
-        if waits:
-            gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.WAITING)
-            return
-        self._drop_ahead(prestarted)
-        gang_prestart.report(self.reporter, prestarted.attempt, gang_prestart.FAILED,
-                             "the process started ahead exited or did not wait in restore() in time")
-
-    def _drop_ahead(self, prestarted: Prestarted) -> None:
-        """Stop a process started ahead, unless an attempt has adopted it meanwhile."""
-        with self._ahead_lock:
-            if self.prestarted is not prestarted:
-                return
-            self.prestarted = None
-        prestarted.discard(self.config.stop_grace_seconds)
-
-    def _discard_ahead(self) -> None:
-        with self._ahead_lock:
-            prestarted, self.prestarted = self.prestarted, None
-        if prestarted is not None:
-            prestarted.discard(self.config.stop_grace_seconds)
 
     def _adopt_prestarted(self) -> bool:
         """The process started ahead becomes this attempt's, or is stopped (then False: start one now)."""
