@@ -47,6 +47,21 @@ class _Tee:
             pass
 
 
+class CurrentStderr:
+    """``sys.stderr`` as it is at each write, not as it was when logging was set up.
+
+    A logger bound to the stream object of the moment keeps it after it is replaced and closed (a caller that
+    captured stderr for a while, a daemon that redirects it), and every later log line then raises
+    "I/O operation on closed file" in whatever code logged it.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def _log_thread_crash(args: threading.ExceptHookArgs) -> None:
     """A thread that dies of an exception: one JSON line with its traceback, not a bare traceback on stderr."""
     if args.exc_type is SystemExit:
@@ -75,12 +90,12 @@ def configure_logging(json_file: Path | None = None, level: str = "info", stream
             json_file.parent.mkdir(parents=True, exist_ok=True)
             handle = open(json_file, "a", buffering=1)
         except OSError as exc:
-            handle, problem = sys.stderr, exc
+            handle, problem = CurrentStderr(), exc
         else:
             if stderr_requested() if to_stderr is None else to_stderr:
-                handle = _Tee(handle, sys.stderr)
+                handle = _Tee(handle, CurrentStderr())
     else:
-        handle = stream or sys.stderr
+        handle = stream or CurrentStderr()
         renderer = structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[*processors, renderer],

@@ -7,7 +7,6 @@ stderr, so stdout holds only the JSON lines.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
@@ -15,6 +14,8 @@ from collections.abc import Mapping
 from typing import TextIO
 
 import structlog
+
+from runner.logconfig import configure_logging
 
 from .base import Notice
 from .detect import NoMetadataServer, detect, endpoint_for, watchers_for
@@ -27,8 +28,7 @@ def watch(cloud: str | None, out: TextIO = sys.stdout, *, env: Mapping[str, str]
           stop: threading.Event | None = None) -> int:
     """Watch until the first terminal notice (0), bad input (2), no metadata server (1) or ``stop`` (130)."""
     if not structlog.is_configured():
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-                            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+        configure_logging()
     env = os.environ if env is None else env
     try:
         endpoints = {cloud: endpoint_for(cloud, env)} if cloud else detect(env)

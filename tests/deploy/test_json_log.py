@@ -43,3 +43,27 @@ def test_a_thread_that_dies_is_logged_as_one_json_line(tmp_path: Path):
     (line,) = _log_lines(tmp_path, "thread")
     assert line["event"] == "thread crashed" and line["thread"] == "worker"
     assert "ZeroDivisionError" in line["exception"]
+
+
+LOG_AFTER_CAPTURE = r'''
+import io, sys
+import structlog
+from agents.watchers.watch import watch
+
+captured, real = io.StringIO(), sys.stderr
+sys.stderr = captured          # a caller captures stderr while watch() sets logging up
+assert watch("oracle", io.StringIO(), env={}) == 2
+sys.stderr = real
+captured.close()
+structlog.get_logger("later").warning("logged after the capture ended")
+'''
+
+
+def test_logging_set_up_while_stderr_was_captured_goes_on_to_the_stderr_of_the_moment():
+    """A logger set up while stderr was replaced writes to today's stderr, never to the closed stream.
+
+    Bound to the replaced stream, every later log line in the process raised "I/O operation on closed file".
+    """
+    done = subprocess.run([sys.executable, "-c", LOG_AFTER_CAPTURE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "logged after the capture ended" in done.stderr
