@@ -26,15 +26,14 @@ TIMEOUT = 240.0  # a busy machine's torch import can take a minute
 class Job:
     """The trainee started ahead (``RUNNER_RESUME_WAIT=1``, ``RUNNER_CUDA_GATE=1``) beside an agent's channel."""
 
-    def __init__(self, first_use: str, gate: bool = True):
+    def __init__(self, first_use: str, megabytes: int = 0):
         self.folder = tempfile.TemporaryDirectory(prefix="gate")  # short: an AF_UNIX path has 107 bytes
         self.messages: list[dict] = []
         self.control = ControlServer(Path(self.folder.name) / "c.sock", self.messages.append).start()
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
-        env.update({"RUNNER_CONTROL": str(self.control.path), "RUNNER_RESUME_WAIT": "1", "PYTHONUNBUFFERED": "1"})
-        if gate:
-            env["RUNNER_CUDA_GATE"] = "1"
-        self.process = subprocess.Popen([sys.executable, str(TRAINEE), first_use], env=env, stdin=subprocess.PIPE,
+        env.update({"RUNNER_CONTROL": str(self.control.path), "RUNNER_RESUME_WAIT": "1", "RUNNER_CUDA_GATE": "1",
+                    "PYTHONUNBUFFERED": "1"})
+        self.process = subprocess.Popen([sys.executable, str(TRAINEE), first_use, str(megabytes)], env=env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True).start()
