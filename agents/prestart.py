@@ -80,6 +80,10 @@ class DeferredOutput:
             self._target = shipper
 
 
+WAITS_AT = {WaitingAt.RESTORE: "the process started ahead waits in restore()",
+            WaitingAt.BEFORE_CUDA: "the process started ahead holds before its first CUDA use",
+            WaitingAt.AFTER_CUDA: "the process started ahead holds at its import of runner.checkpoint"}
+
 GANG_KEYS = ("num_nodes", "node_rank", "node_ips", "master_addr", "master_port")  # what a gang's launcher was given
 
 
@@ -132,7 +136,7 @@ class Prestarted:
                     self._local_ranks = max(self._local_ranks, ranks)
                 if len(self._waiting_pids) >= self._local_ranks and not self.waiting.is_set():
                     self.waiting.set()
-                    log.info("the process started ahead waits", attempt=self.attempt, at=str(self.held_at),
+                    log.info(WAITS_AT.get(self.held_at, WAITS_AT[WaitingAt.RESTORE]), attempt=self.attempt,
                              local_ranks=len(self._waiting_pids))
                 resume, send = self._resume, self._send
             if resume is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agents.control import ControlServer  # noqa: E402
+from agents.control import ControlServer
 
 SCRIPT = '''
 import torch, torch.nn as nn, torch.distributed, torch.utils.data

@@ -69,7 +69,7 @@ def kept_gpu_node(tmp_path, monkeypatch):
     monkeypatch.setattr(gang_prestart, "ACCELERATOR_DEVICES", (str(gpu),))
     agent = Agent(AgentConfig(scratch_dir=tmp_path / "scratch", node_id="n-gpu", stop_grace_seconds=5.0))
     (agent.config.scratch_dir / "work").mkdir(parents=True)
-    agent.local_log = open(agent.config.scratch_dir / "job.log", "ab")
+    agent.local_log = open(agent.config.scratch_dir / "job.log", "ab")  # noqa: SIM115 - closed at the end
     agent.reporter = Controller()
     agent.assignment = assignment(2, "sleep 600", tmp_path, 29500)  # the running attempt's
     agent.control = agent.open_control_channel()

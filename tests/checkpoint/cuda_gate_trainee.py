@@ -28,7 +28,7 @@ if first_use == "before_import":
         torch.cuda.init()
     else:
         torch.cuda._initialized = True
-import runner.checkpoint  # noqa: E402,F401 - where the gate is armed
+import runner.checkpoint  # noqa: F401 - where the gate is armed
 
 print("runner.checkpoint imported", flush=True)
 try:

@@ -26,8 +26,8 @@ def compute_pids() -> set[int] | None:
     """The PIDs nvidia-smi lists with a CUDA context; None where there is no nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
         return None
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
-                         text=True, timeout=30).stdout
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], check=False,
+                         capture_output=True, text=True, timeout=30).stdout
     return {int(line) for line in out.split() if line.strip().isdigit()}
 
 

@@ -51,7 +51,6 @@ def test_a_gpu_gang_is_started_ahead_too():
     accelerators gets a start ahead as a CPU one does; an elastic gang and a single node do not."""
     from runner.scheduler.gang_prestart import allowed
     from runner.state.rows import Job
-
     from tests.stored import job_spec
 
     def job(**resources) -> Job:
