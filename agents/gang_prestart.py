@@ -51,7 +51,7 @@ READY_SECONDS = 300.0  # at most, for every local rank of the next attempt to wa
 # false (the old attempt trains on), or the next attempt went elsewhere (a notice lasts 2 minutes at most).
 UNADOPTED_SECONDS = 900.0
 STARTED, WAITING, FAILED = "started", "waiting", "failed"  # a node's ``prestart`` report's ``state``
-HOLDS_BEFORE_CUDA = "before its first CUDA use (the node's GPUs are the running attempt's until the handover)"
+HOLDS_BEFORE_CUDA = "before its first CUDA use (its model goes on the GPU after the handover)"
 CUDA_TOO_EARLY = ("the job's script initialised CUDA before it imported runner.checkpoint, so its process started "
                   "ahead could not hold before its first CUDA use beside the running attempt; it starts at the "
                   "handover instead")

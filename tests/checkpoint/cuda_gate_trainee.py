@@ -1,8 +1,9 @@
 """A job's script started ahead of its attempt on a GPU node (runner/checkpoint/cuda_gate.py).
 
 ``argv[1]``: how it first uses CUDA: ``python`` (``torch.cuda.init()``, torch's Python path), ``tensor`` (a tensor
-created on the device: torch's C++ path), or ``before_import`` (CUDA initialised before runner.checkpoint is
-imported; on a CPU-only torch, which cannot initialise CUDA, the state such a script leaves is set by hand).
+created on the device: torch's C++ path), ``restore_first`` (a Checkpointer's ``restore()`` first, on the CPU, then
+a tensor on the device), or ``before_import`` (CUDA initialised before runner.checkpoint is imported; on a CPU-only
+torch, which cannot initialise CUDA, the state such a script leaves is set by hand).
 ``argv[2]`` (optional): megabytes to allocate on the device once CUDA is up. A line on stdin asks it to print
 whether CUDA is initialised, whatever its main thread is doing.
 """
@@ -31,6 +32,12 @@ if first_use == "before_import":
 import runner.checkpoint  # noqa: F401 - where the gate is armed
 
 print("runner.checkpoint imported", flush=True)
+if first_use == "restore_first":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        with runner.checkpoint.Checkpointer(local_dir=folder, model=torch.nn.Linear(2, 2), interval="1h") as ckpt:
+            print(f"restored step {ckpt.restore()}", flush=True)
 try:
     if first_use == "python":
         torch.cuda.init()

@@ -90,6 +90,21 @@ def test_a_process_started_ahead_holds_at_its_first_cuda_use_until_the_word(firs
         job.close()
 
 
+def test_a_word_received_in_restore_lets_the_later_cuda_use_through():
+    """A script that restores on the CPU before its first CUDA use waits in ``restore()``; the ``resume`` there
+    opens the hold too: the CUDA use after it goes on without a second ``waiting``."""
+    job = Job("restore_first")
+    try:
+        assert "at" not in job.waiting()  # in restore()
+        job.control.send({"op": "resume", "step": None, "attempt": 3})
+        job.wait_for(lambda: "past the first CUDA use" in job.output(), "the CUDA use after the restore")
+        assert job.process.wait(60) == 0
+        assert "restored step 0" in job.output()
+        assert [m.get("at") for m in job.messages if m["op"] == "waiting"] == [None]
+    finally:
+        job.close()
+
+
 def test_cuda_used_before_the_library_is_imported_is_said_and_held_at_the_import():
     """The hold cannot apply: one log line says why, ``waiting`` says ``after_cuda`` (a kept GPU node's agent
     stops such a process: tests/agents/test_gpu_start_ahead.py), and the process holds at the import."""
