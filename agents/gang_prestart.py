@@ -19,9 +19,14 @@ node starts the job anew, as without this).
 At the next attempt the agent adopts the process when the attempt and its gang are the ones it was started for
 (agents/prestart.py); its channel becomes the node's, and the old one, now unused, is closed.
 
-GPU memory: the new ranks build their model while the old attempt's ranks still train on the same node, which on
-a GPU can run either out of memory. So a kept node starts ahead only without accelerators: the controller asks
-only for a job without ``resources.accelerators``, and a node that has an accelerator device declines anyway.
+GPU memory: a kept node's new ranks must not build their model, nor NCCL its communicators, while the old
+attempt's ranks still train on the same GPUs (either could run out of memory). So on a node with an accelerator
+device every node's processes started ahead (the replacement's too: the first collective would wait for the kept
+ranks anyway) get ``RUNNER_CUDA_GATE=1`` and hold *before their first CUDA use* instead of in ``restore()``
+(runner/checkpoint/cuda_gate.py): interpreter, imports, launcher and rendezvous are done ahead; CUDA, the model on
+the GPU and NCCL wait for ``resume``, which a kept node sends at the adoption, after the old attempt's processes on
+it are gone. A rank that initialised CUDA before importing the library cannot hold there (it says so): a kept
+node stops its processes and reports ``failed``, and the gang's next attempt starts anew at the handover.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from runner.protocol.events import EventKind
 
 from .control import ControlServer
 from .failure_kind import OutputTail
-from .prestart import DeferredOutput, Prestarted, prestart_environment
+from .prestart import GATE_VARIABLE, DeferredOutput, Prestarted, prestart_environment
 from .supervisor import Supervisor
 
 log = structlog.get_logger(__name__)
@@ -46,12 +51,22 @@ READY_SECONDS = 300.0  # at most, for every local rank of the next attempt to wa
 # false (the old attempt trains on), or the next attempt went elsewhere (a notice lasts 2 minutes at most).
 UNADOPTED_SECONDS = 900.0
 STARTED, WAITING, FAILED = "started", "waiting", "failed"  # a node's ``prestart`` report's ``state``
+HOLDS_BEFORE_CUDA = "before its first CUDA use (its model goes on the GPU after the handover)"
+CUDA_TOO_EARLY = ("the job's script initialised CUDA before it imported runner.checkpoint, so its process started "
+                  "ahead could not hold before its first CUDA use beside the running attempt; it starts at the "
+                  "handover instead")
 # Device files of the accelerators a runner node may have (NVIDIA, AWS Neuron, a TPU's or Gaudi's accel driver).
 ACCELERATOR_DEVICES = ("/dev/nvidia0", "/dev/neuron0", "/dev/accel0", "/dev/accel/accel0")
 
 
-def has_accelerator(devices=ACCELERATOR_DEVICES) -> bool:
-    return any(Path(device).exists() for device in devices)
+def has_accelerator() -> bool:
+    return any(Path(device).exists() for device in ACCELERATOR_DEVICES)
+
+
+def holds_before_cuda(assignment: dict) -> bool:
+    """Whether a gang's processes started ahead on this node hold before their first CUDA use (see the module)."""
+    gang = assignment.get("gang") or {}
+    return gang.get("num_nodes", 1) > 1 and not gang.get("elastic") and has_accelerator()
 
 
 def next_socket(current: Path, configured: Path) -> Path:
@@ -90,11 +105,6 @@ class KeptNodeStartAhead:
                     or self.control is None):
                 return
             self._ahead_for = attempt
-            if has_accelerator():  # its new ranks would share the GPUs the running attempt uses
-                why = "this node has an accelerator: the next attempt is not started beside the running one"
-                threading.Thread(target=report, args=(self.reporter, attempt, FAILED, why),
-                                 daemon=True).start()
-                return
             path = next_socket(self.control.path, self.config.control_socket)
             try:
                 control = ControlServer(path, lambda message: None).start()
@@ -103,7 +113,8 @@ class KeptNodeStartAhead:
                 return
             output = DeferredOutput(self.local_log)
             tail = OutputTail(output)
-            env = prestart_environment(self._environment(assignment, str(path)))
+            # On a GPU node its ranks hold before their first CUDA use: the running attempt has the GPUs
+            env = prestart_environment(self._environment(assignment, str(path)), holds_before_cuda(assignment))
             supervisor = Supervisor(assignment["run"], str(self.config.scratch_dir / "work"), env, tail)
             try:
                 supervisor.start()
@@ -115,7 +126,7 @@ class KeptNodeStartAhead:
             control.on_message = prestarted.on_control
             self.prestarted = prestarted
         log.info("the gang's next attempt started ahead on this kept node", attempt=attempt,
-                 port=(assignment.get("gang") or {}).get("master_port"))
+                 port=(assignment.get("gang") or {}).get("master_port"), before_cuda=GATE_VARIABLE in env)
         threading.Thread(target=self._wait_ahead, args=(prestarted,), name="prestart", daemon=True).start()
 
     def _wait_ahead(self, prestarted: Prestarted) -> None:
@@ -123,9 +134,10 @@ class KeptNodeStartAhead:
             log.info("the gang stopped before its next attempt could be started ahead here; stopping it")
             self._drop_ahead(prestarted)
             return
+        # (a rank that used CUDA before the library cannot hold before it: given up at once, it is on the GPUs)
         waits = prestarted.wait_in_restore(READY_SECONDS,
                                            lambda: self.cancelled.is_set() or self.shutdown.is_set()
-                                           or self.prestarted is not prestarted)
+                                           or self.prestarted is not prestarted or prestarted.cuda_in_use.is_set())
         if self.prestarted is not prestarted:
             return
         self._report_ahead(prestarted, waits)
@@ -141,12 +153,14 @@ class KeptNodeStartAhead:
     def _report_ahead(self, prestarted: Prestarted, waits: bool) -> None:
         """Say whether this node's ranks of the next attempt wait; one that does not is stopped now (the gang's
         next attempt then starts anew on every node, on another port)."""
-        if waits:
-            report(self.reporter, prestarted.attempt, WAITING)
+        gated = GATE_VARIABLE in prestarted.supervisor.env
+        if waits and not (gated and prestarted.cuda_in_use.is_set()):
+            report(self.reporter, prestarted.attempt, WAITING, HOLDS_BEFORE_CUDA if gated else None)
             return
         self._drop_ahead(prestarted)
         report(self.reporter, prestarted.attempt, FAILED,
-                             "the process started ahead exited or did not wait in restore() in time")
+               CUDA_TOO_EARLY if gated and prestarted.cuda_in_use.is_set()
+               else "the process started ahead exited or did not wait in time")
 
     def _drop_ahead(self, prestarted: Prestarted) -> None:
         """Stop a process started ahead, unless an attempt has adopted it meanwhile."""

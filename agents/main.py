@@ -176,11 +176,14 @@ class Agent(KeptNodeStartAhead, AgentCore):
             self._drop_ahead(self.prestarted)
             gang_ahead = False
         if self.prestarted is not None:
-            # Ready to resume is once the process started ahead waits in restore(): the node on notice trains
-            # on through this one's interpreter start, imports and model building instead of pausing for them.
-            waits = self.prestarted.wait_in_restore(
+            # Ready to resume is once the process started ahead waits in restore() (a GPU gang's: before its first
+            # CUDA use): the node on notice trains on through this one's interpreter start, imports and model
+            # building instead of pausing for them.
+            prestarted = self.prestarted
+            waits = prestarted.wait_in_restore(
                 PRESTART_READY_SECONDS,
-                lambda: self.cancelled.is_set() or self.shutdown.is_set() or self._ahead_abandoned.is_set())
+                lambda: self.cancelled.is_set() or self.shutdown.is_set() or self._ahead_abandoned.is_set()
+                or (gang_ahead and prestarted.cuda_in_use.is_set()))
             if gang_ahead:
                 self._report_ahead(self.prestarted, waits)
         self.reporter.patiently(lambda: self.client.post("/v1/agent/events", {"kind": EventKind.READY, "data": {}}),
@@ -206,7 +209,9 @@ class Agent(KeptNodeStartAhead, AgentCore):
         """Start the job's process now; it waits in restore() until the handover (agents/prestart.py)."""
         output = DeferredOutput(self.local_log)
         tail = OutputTail(output)
-        supervisor = Supervisor(self.assignment["run"], str(workdir), prestart_environment(self._environment()), tail)
+        # A GPU gang's replacement holds before its first CUDA use, as its kept nodes do (agents/gang_prestart.py)
+        env = prestart_environment(self._environment(), gang_prestart.holds_before_cuda(self.assignment))
+        supervisor = Supervisor(self.assignment["run"], str(workdir), env, tail)
         try:
             supervisor.start()
         except (OSError, ValueError) as exc:

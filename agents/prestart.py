@@ -27,7 +27,7 @@ from typing import Callable
 import structlog
 
 from runner.protocol import environment
-from runner.protocol.messages import Resume
+from runner.protocol.messages import BadMessage, Resume, Waiting, WaitingAt
 
 from .failure_kind import OutputTail
 
@@ -35,13 +35,18 @@ log = structlog.get_logger(__name__)
 
 WAIT_VARIABLE = environment.RESUME_WAIT  # runner/checkpoint/resume_wait.py
 STEP_VARIABLE = environment.RESUME_STEP
+GATE_VARIABLE = environment.CUDA_GATE
 BUFFER_LIMIT = 4 << 20  # what the process prints before its attempt exists, kept for the attempt's log
 
 
-def prestart_environment(env: dict[str, str]) -> dict[str, str]:
-    """The run command's variables for a process started ahead: the step comes later, over the control channel."""
-    out = {k: v for k, v in env.items() if k != STEP_VARIABLE}
+def prestart_environment(env: dict[str, str], before_cuda: bool = False) -> dict[str, str]:
+    """The run command's variables for a process started ahead: the step comes later, over the control channel.
+    ``before_cuda``: it holds before its first CUDA use rather than in restore() (a GPU gang node's: the library's
+    runner/checkpoint/cuda_gate.py)."""
+    out = {k: v for k, v in env.items() if k not in (STEP_VARIABLE, GATE_VARIABLE)}
     out[WAIT_VARIABLE] = "1"
+    if before_cuda:
+        out[GATE_VARIABLE] = "1"
     return out
 
 
@@ -75,6 +80,10 @@ class DeferredOutput:
             self._target = shipper
 
 
+WAITS_AT = {WaitingAt.RESTORE: "the process started ahead waits in restore()",
+            WaitingAt.BEFORE_CUDA: "the process started ahead holds before its first CUDA use",
+            WaitingAt.AFTER_CUDA: "the process started ahead holds at its import of runner.checkpoint"}
+
 GANG_KEYS = ("num_nodes", "node_rank", "node_ips", "master_addr", "master_port")  # what a gang's launcher was given
 
 
@@ -99,6 +108,10 @@ class Prestarted:
         self.control = control
         self.counts_before = counts_before
         self.waiting = threading.Event()  # the library said ``waiting``, every local rank of it
+        self.held_at: WaitingAt | None = None  # where (the last ``waiting`` said): in restore(), or before CUDA
+        # A rank said it holds after CUDA was initialised (before the library was imported): it could not hold
+        # before its first CUDA use (a kept GPU node stops it: agents/gang_prestart.py)
+        self.cuda_in_use = threading.Event()
         self.hello = False
         self.hellos: list[dict] = []
         self.pid: int | None = None  # the training process that said hello (torchrun's worker, say)
@@ -115,6 +128,7 @@ class Prestarted:
             self.hellos.append(message)
             self.pid = message.get("pid")
         elif op == "waiting":
+            self._note_where(message)
             with self._lock:
                 self._waiting_pids.add(message.get("pid"))
                 ranks = message.get("local_ranks")
@@ -122,24 +136,36 @@ class Prestarted:
                     self._local_ranks = max(self._local_ranks, ranks)
                 if len(self._waiting_pids) >= self._local_ranks and not self.waiting.is_set():
                     self.waiting.set()
-                    log.info("the process started ahead waits in restore()", attempt=self.attempt,
+                    log.info(WAITS_AT.get(self.held_at, WAITS_AT[WaitingAt.RESTORE]), attempt=self.attempt,
                              local_ranks=len(self._waiting_pids))
                 resume, send = self._resume, self._send
             if resume is not None:
                 send(resume)
 
+    def _note_where(self, message: dict) -> None:
+        try:
+            where = Waiting.from_json(message).where
+        except BadMessage:
+            where = WaitingAt.RESTORE
+        self.held_at = where
+        if where == WaitingAt.AFTER_CUDA and not self.cuda_in_use.is_set():
+            log.warning("the process started ahead used CUDA before it imported runner.checkpoint: it cannot hold "
+                        "before its first CUDA use", attempt=self.attempt, pid=message.get("pid"))
+            self.cuda_in_use.set()
+
     def running(self) -> bool:
         return self.supervisor.process is not None and self.supervisor.process.poll() is None
 
     def wait_in_restore(self, bound: float, given_up: Callable[[], bool]) -> bool:
-        """Wait until the process says ``waiting`` (its interpreter, imports and model behind it), it exits,
-        ``given_up()`` is true, or ``bound`` seconds pass. True once it waits in restore()."""
+        """Wait until the process says ``waiting`` (its interpreter and imports behind it, and its model where it
+        waits in restore(); before its first CUDA use where it was started with the gate), it exits, ``given_up()``
+        is true, or ``bound`` seconds pass. True once it waits."""
         until = time.monotonic() + bound
         while not self.waiting.wait(0.05):
             if not self.running() or given_up():
                 return False
             if time.monotonic() > until:
-                log.warning("the process started ahead is not waiting in restore() yet; ready without it",
+                log.warning("the process started ahead is not waiting yet; ready without it",
                             seconds=bound)
                 return False
         return True

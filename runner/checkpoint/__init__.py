@@ -7,6 +7,9 @@ and structlog (logs) are used when importable. See docs/checkpointing.md.
 from .checkpointer import Checkpointer
 from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError, RestoreError
 from .sampler import ResumableSampler
+from . import cuda_gate
+
+cuda_gate.install()  # a process started ahead on a GPU node holds before its first CUDA use (cuda_gate.py)
 
 __all__ = [
     "CheckpointConfigError",

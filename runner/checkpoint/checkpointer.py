@@ -19,7 +19,7 @@ from pathlib import Path
 from runner.protocol import environment as env
 from runner.protocol import messages as msg
 
-from . import elastic, job_settings
+from . import cuda_gate, elastic, job_settings
 from .agent_loss import AgentLoss
 from .agent_loss import grace_from_env as agent_loss_grace
 from .agreement import Decision
@@ -286,7 +286,8 @@ class Checkpointer:
         prepared_by = time.monotonic() + PREPARE_AHEAD_SECONDS
         if pool is not None:
             pool.join(PREPARE_AHEAD_SECONDS)
-        self.telemetry.wait_manifest(max(0.0, prepared_by - time.monotonic()))
+        if not cuda_gate.holds():  # (else the manifest, which names the GPUs, is finished after the word)
+            self.telemetry.wait_manifest(max(0.0, prepared_by - time.monotonic()))
         try:
             self._handed_over = self._resume_wait.wait(self._send)
         finally:

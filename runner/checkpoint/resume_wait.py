@@ -19,6 +19,7 @@ import threading
 from runner.protocol import environment as env
 from runner.protocol.messages import Waiting
 
+from . import cuda_gate
 from .errors import CheckpointError
 
 WAIT_VARIABLE = env.RESUME_WAIT
@@ -54,4 +55,5 @@ class ResumeWait:
         if self._step is not None:
             os.environ[STEP_VARIABLE] = str(self._step)
         os.environ.pop(WAIT_VARIABLE, None)
+        cuda_gate.release()  # restore() came before any CUDA use: the word covers that hold too
         return self._step

@@ -13,6 +13,7 @@ import platform
 import sys
 
 from ..source import git_state, shipped_state
+from . import cuda_gate
 
 
 def packages_sha256() -> str | None:
@@ -32,6 +33,7 @@ def _torch_facts() -> tuple[str | None, str | None, list[str]]:
         return None, None, []
     cuda = getattr(torch.version, "cuda", None)
     gpus: list[str] = []
+    cuda_gate.wait_open()  # the names initialise CUDA: after a hold before CUDA, and without saying ``waiting``
     try:
         if torch.cuda.is_available():
             gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -17,6 +17,9 @@ CHECKPOINT_INTERVAL = "RUNNER_CHECKPOINT_INTERVAL"  # the job file's checkpoint.
 CHECKPOINT_KEEP = "RUNNER_CHECKPOINT_KEEP"
 RESUME_STEP = "RUNNER_RESUME_STEP"                # the checkpoint the controller handed this attempt; absent: fresh
 RESUME_WAIT = "RUNNER_RESUME_WAIT"  # "1": a process started ahead of its attempt waits in restore() for ``resume``
+# "1" beside RUNNER_RESUME_WAIT: that process holds before its first CUDA use too (a GPU gang node's; the library's
+# runner/checkpoint/cuda_gate.py)
+CUDA_GATE = "RUNNER_CUDA_GATE"
 CONTROL = "RUNNER_CONTROL"                        # the control socket's path (framing.py); absent without one
 # Supervise mode: how long the training process lives on once its agent is gone (runner/checkpoint/agent_loss.py).
 AGENT_LOSS_GRACE = "RUNNER_AGENT_LOSS_GRACE_SECONDS"

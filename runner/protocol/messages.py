@@ -49,6 +49,18 @@ class StopReason(StrEnum):
     MOVE = "move"
 
 
+class WaitingAt(StrEnum):
+    """Where a process started ahead of its attempt waits for ``resume`` (a ``waiting`` message's ``at``)."""
+
+    RESTORE = "restore"  # in ``restore()``: its model built (a node whose accelerators are free, or none)
+    # At its first CUDA use (runner/checkpoint/cuda_gate.py): imports done, no CUDA context yet, so a GPU node's
+    # running attempt keeps its GPUs' memory
+    BEFORE_CUDA = "before_cuda"
+    # Where the library was imported: CUDA was already initialised then, so the hold before CUDA could not apply
+    # (a kept GPU node stops such a process; the gang's next attempt starts anew at the handover)
+    AFTER_CUDA = "after_cuda"
+
+
 class BadMessage(RunnerError, ValueError):
     """A control message that cannot be read: its op is unknown, or a field is missing or of the wrong type."""
 
@@ -225,12 +237,21 @@ class Holding(Message):
 
 @dataclass(frozen=True)
 class Waiting(Message):
-    """A process started ahead of its attempt waits in ``restore()`` for the agent's ``resume``."""
+    """A process started ahead of its attempt waits for the agent's ``resume``: in ``restore()``, or (``at``) before
+    its first CUDA use."""
 
     op: ClassVar[Op] = Op.WAITING
-    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"local_ranks"})
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"local_ranks", "at"})
     pid: int | None = None
     local_ranks: int | None = None  # the processes of this node's launcher (torchrun's LOCAL_WORLD_SIZE), if any
+    at: WaitingAt | None = None  # None: in restore() (a library that predates ``at`` says none)
+
+    @property
+    def where(self) -> WaitingAt:
+        try:
+            return WaitingAt(self.at) if self.at is not None else WaitingAt.RESTORE
+        except ValueError:  # a newer library's place: it waits all the same
+            return WaitingAt.RESTORE
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,15 @@ safe, the controller has every node of the next attempt start the job's process 
 the handover holds no launcher's start, rendezvous, import or model building:
 
 - :func:`plan`: when the replacement is launched, the next attempt's rendezvous port is chosen (not the running
-  attempt's, which its launchers still hold) and kept in the standby record (``prestart``) where the job has no
-  accelerators (a kept node's new ranks build their model beside the old ones; on a GPU either could run out of
-  memory). :func:`note_address`: when the replacement registers, it is kept only where the running attempt
+  attempt's, which its launchers still hold) and kept in the standby record (``prestart``). A GPU gang's too: on a
+  node with GPUs the processes started ahead hold before their first CUDA use rather than in ``restore()`` (the
+  agents decide it, runner/checkpoint/cuda_gate.py), so a kept node's new ranks build nothing on the GPUs its old
+  ranks still use; ``waiting`` then means held there. :func:`note_address`: when the replacement registers, it is kept only where the running attempt
   restores through runner.checkpoint (it has reported a restore), as for a single node.
 - :func:`gang_for`: the next attempt's gang as a node's process started ahead sees it: every node's address (the
   replacement's in the rank it takes), the chosen port.
-- :func:`record_report`: each node says ``started``, ``waiting`` (every local rank waits in ``restore()``) or
-  ``failed``; the replacement starts first (after its setup), then the kept nodes are told to.
+- :func:`record_report`: each node says ``started``, ``waiting`` (every local rank waits in ``restore()``, or
+  on a GPU node before its first CUDA use) or ``failed``; the replacement starts first (after its setup), then the kept nodes are told to.
 - :func:`holds_the_handover`: the node on notice trains on after the replacement is ready until every node
   waits, one failed, or :data:`WAIT_SECONDS` have passed (the notice's own deadline comes first, as always).
 - :func:`defers_the_plan`: the gang stopped before every node's processes waited (the notice's deadline came
@@ -44,8 +45,7 @@ SETUP_WAIT_SECONDS = 900.0  # after the replacement's launch, at most, for it to
 
 
 def allowed(job: Job) -> bool:
-    resources = job.spec.resources
-    return job.num_nodes > 1 and not resources.elastic and resources.accelerator() is None
+    return job.num_nodes > 1 and not job.spec.resources.elastic
 
 
 def plan(providers: dict, job: Job, current: Attempt) -> dict | None:
@@ -132,7 +132,7 @@ def record_report(store, node: Node, data: dict, now: float) -> bool:
         if state != STARTED:
             store.add_event(tx, node.job_id, "standby",
                             f"node {node.id} (rank {node.rank}): the next attempt, started ahead, "
-                            + ("waits in restore()" if state == WAITING else
+                            + (f"waits {data.get('message') or 'in restore()'}" if state == WAITING else
                                f"did not get ready ({data.get('message') or 'no reason given'})"), attempt=running)
     return True
 

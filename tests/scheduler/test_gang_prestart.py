@@ -44,3 +44,19 @@ def test_a_gang_stopped_by_its_deadline_waits_for_processes_nearly_ready_but_not
     assert not defers_the_plan({"launched_at": 50.0}, 2, now=60.0)  # nothing started ahead: planned at once
     # ready without starting ahead (its process could not be started): planned at once
     assert not defers_the_plan({**setting_up, "ready_at": 100.0}, 2, now=110.0)
+
+
+def test_a_gpu_gang_is_started_ahead_too():
+    """Its nodes' processes hold before their first CUDA use (runner/checkpoint/cuda_gate.py), so a gang with
+    accelerators gets a start ahead as a CPU one does; an elastic gang and a single node do not."""
+    from runner.scheduler.gang_prestart import allowed
+    from runner.state.rows import Job
+    from tests.stored import job_spec
+
+    def job(**resources) -> Job:
+        return Job("j", "job", job_spec(resources=resources), "running", 0.0, 0.0, None, 0, 0, 0, None, None, None)
+
+    assert allowed(job(num_nodes=2, accelerators="A100:8"))
+    assert allowed(job(num_nodes=2))
+    assert not allowed(job(num_nodes=2, min_nodes=1, accelerators="A100:8"))
+    assert not allowed(job(accelerators="A100:8"))
