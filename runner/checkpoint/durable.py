@@ -142,7 +142,7 @@ class DurableTier:
             self.fs.put_file(str(folder / name), self._path(step, name))
 
         with DaemonPool(min(streams, max(len(names), 1)), "runner-checkpoint-upload") as pool:
-            futures = [pool.submit(put, n, what=f"upload of {folder / n} to {self._path(step, n)}") for n in names]
+            futures = [pool.submit(put, n, what=f"upload of {folder / n} to {self.location(step, n)}") for n in names]
             try:
                 for future in futures:
                     future.result()
@@ -156,8 +156,8 @@ class DurableTier:
         """Upload files held in memory (the local tier could not take them), in parallel (no manifest)."""
         self.fs.makedirs(self._path(step), exist_ok=True)
         with DaemonPool(min(UPLOAD_THREADS, max(len(files), 1)), "runner-checkpoint-upload") as pool:
-            for future in [pool.submit(self.fs.pipe_file, self._path(step, n), d, what=f"upload to {self._path(step, n)}")
-                           for n, d in files.items()]:
+            for future in [pool.submit(self.fs.pipe_file, self._path(step, n), d,
+                                       what=f"upload to {self.location(step, n)}") for n, d in files.items()]:
                 future.result()
 
     def put_buffers(self, step: int, files: dict[str, object], algorithm: str = DEFAULT_ALGORITHM) -> dict[str, str]:
@@ -168,7 +168,7 @@ class DurableTier:
         streams = getattr(self.fs, "upload_streams", None) or UPLOAD_THREADS
         with DaemonPool(min(streams, max(len(files), 1)), "runner-checkpoint-upload") as pool:
             futures = {n: pool.submit(self._put_buffer, self._path(step, n), d, algorithm,
-                                      what=f"upload to {self._path(step, n)}") for n, d in files.items()}
+                                      what=f"upload to {self.location(step, n)}") for n, d in files.items()}
             return {name: future.result() for name, future in futures.items()}
 
     def _put_buffer(self, path: str, data, algorithm: str) -> str:
@@ -222,7 +222,7 @@ class DurableTier:
         names = [f["name"] for f in manifest.files] if names is None else names
         with DaemonPool(min(UPLOAD_THREADS, max(len(names), 1)), "runner-checkpoint-download") as pool:
             futures = [pool.submit(self.fs.get_file, self._path(step, n), str(folder / n),
-                                   what=f"download of {self._path(step, n)}") for n in names]
+                                   what=f"download of {self.location(step, n)}") for n in names]
             for future in futures:
                 try:
                     future.result()
