@@ -39,6 +39,7 @@ checkpoint: {{interval: 1h}}
 recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 5s}}
 """
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
+pytestmark = pytest.mark.timeout(900)  # the module's job, run by its first test, takes minutes on a busy machine
 
 
 def _free_port() -> int:
