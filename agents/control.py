@@ -98,10 +98,10 @@ class ControlServer:
     def _received(self, conn: socket.socket, message: dict) -> None:
         if message["op"] == Op.HELLO:
             self._hello(conn, message)
-        elif message["op"] == Op.CLOSED:
-            with self._lock:
-                self._closed.add(conn)
         else:
+            if message["op"] == Op.CLOSED:
+                with self._lock:
+                    self._closed.add(conn)
             message = self._with_sender(conn, message)
         try:
             self.on_message(message)

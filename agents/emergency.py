@@ -8,7 +8,8 @@ started the training process:
 * :class:`ChildProcess` (supervise mode): the agent's own child. Without a control channel it gets
   SIGTERM (the library treats it as a notice), the training process alone, never the whole group, so
   DataLoader workers are not interrupted mid-batch; after the acknowledgement or the deadline it is
-  stopped: SIGTERM, a short grace, SIGKILL.
+  stopped: SIGTERM, a short grace, SIGKILL. A training that is over (every rank closed after its last step) is
+  neither asked nor signalled: the job ended during the notice, and its process is left to exit.
 * :class:`AttachedProcesses` (sidecar mode): processes in another container, known only by their
   connection. There is nothing to signal or stop; the platform stops their container.
 """
@@ -39,18 +40,23 @@ def safety_margin(seconds_left: float) -> float:
 class ChildProcess:
     """The job's process, started by this agent (supervise mode)."""
 
-    def __init__(self, supervisor: Callable[[], object], training_pid: Callable[[], int | None]):
+    def __init__(self, supervisor: Callable[[], object], training_pid: Callable[[], int | None],
+                 done_training: Callable[[], bool] = lambda: False):
         self.supervisor = supervisor        # the current Supervisor, or None
         self.training_pid = training_pid    # the pid that said hello on the control channel
+        self._done_training = done_training  # every local rank closed after its last step (StopProgress)
 
     def running(self) -> bool:
         supervisor = self.supervisor()
         return supervisor is not None and supervisor.process.poll() is None
 
+    def done_training(self) -> bool:
+        return self._done_training()
+
     def unreachable(self) -> None:
         supervisor = self.supervisor()
         pid = self.training_pid() or (supervisor.pid if supervisor else None)
-        if pid is None:
+        if pid is None or self.done_training():  # (it closed after its last step just as the request went out)
             return
         log.warning("no control channel: sending SIGTERM to the training process", pid=pid)
         try:
@@ -73,6 +79,9 @@ class AttachedProcesses:
 
     def running(self) -> bool:
         return bool(self.connected())
+
+    def done_training(self) -> bool:
+        return False  # the sidecar ends the attempt itself once every process closed (agents/sidecar.py)
 
     def unreachable(self) -> None:
         log.warning("no training process is connected to the control channel, so nothing takes an emergency "
@@ -147,7 +156,8 @@ def notice_plan(seconds_left: float) -> StopPlan:
     def exit_times(acked: bool, left: float) -> tuple[float, float]:
         grace = max(0.5, min(10.0, left - margin / 2)) if acked else max(0.2, min(2.0, left - margin / 2))
         return split_grace(grace)
-    return StopPlan(StopReason.NOTICE, seconds_left, margin=margin, exit_times=exit_times)
+    return StopPlan(StopReason.NOTICE, seconds_left, margin=margin, exit_times=exit_times,
+                    spares_finished_training=True)
 
 
 def rebalance_message(notice: Notice) -> dict:

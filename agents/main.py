@@ -99,7 +99,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         self._ahead_for: int | None = None  # the next attempt a kept gang node was told to start ahead
         self._ahead_abandoned = threading.Event()  # the controller says that next attempt will not adopt it
         self._trainee_pids: set[int] = set()  # the training processes that said hello in this attempt
-        for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING):
+        for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING, Op.CLOSED):
             self.on_op(op, self.stop_progress.on_message)
         self.on_op(Op.HELLO, self._on_hello)
         self.on_op(Op.WORLD_CHANGED, self._on_world_changed)
@@ -359,7 +359,11 @@ class Agent(KeptNodeStartAhead, AgentCore):
             log.warning("resume drill skipped", why=self.drill.skipped)
             self.reporter.drill({"passed": None, "message": self.drill.skipped})
         if self.emergency.active:
-            return EndReason.PREEMPTED, code, self._stop_summary(), None
+            over = self._training_over_at_the_stop(code)
+            if over is None:
+                return EndReason.PREEMPTED, code, self._stop_summary(), None
+            log.info("the job ended during the notice: its training was over before the stop", code=code)
+            return EndReason.SUCCEEDED, 0, over or None, None
         if self.cancelled.is_set():
             return self.stop_reason, code, None, None
         if self.drill.triggered:
@@ -375,6 +379,19 @@ class Agent(KeptNodeStartAhead, AgentCore):
         if failure:
             log.error("the job failed in a way no relaunch can fix", kind=failure[0], why=failure[1])
         return EndReason.FAILED, code, failure[1] if failure else None, None
+
+    def _training_over_at_the_stop(self, code: int | None) -> str | None:
+        """Whether the notice's stop found the training over (every local rank closed after its last step, none
+        answering the stop): "" when the job's process then exited 0 by itself, a sentence when the stop ended what
+        still ran at the deadline's margin; None when it was a stop (a preemption)."""
+        if self.emergency.ack is not None or not self.stop_progress.done_training():
+            return None
+        if code == 0:
+            return ""
+        if self.emergency.stop.training_was_over:
+            return ("every training process closed after its last step during the notice; the job's process, still "
+                    f"running at the deadline, was ended (its exit code {code})")
+        return None
 
     def _stop_summary(self) -> str:
         """The emergency's line for the restart log, naming the local ranks that never reached the stop step."""
@@ -500,7 +517,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
 
     def _child(self) -> ChildProcess:
         """The job's current process, as a stop with a checkpoint reaches it."""
-        return ChildProcess(lambda: self.current, lambda: self.training_pid)
+        return ChildProcess(lambda: self.current, lambda: self.training_pid, self.stop_progress.done_training)
 
     def _heartbeat_interval(self) -> float:
         """The configured interval; shorter while a notice is trained through and the controller's word (the

@@ -5,6 +5,10 @@ the last step it called ``step()`` with (its reader thread answers even while it
 and ``stopping`` once it has stopped. A rank that hangs outside ``step()`` holds every other rank at the next
 step's agreement, so at the deadline the ranks that got furthest are waiting for the others, and a rank
 behind them, or one that never answered, is the one that never reached the stop step.
+
+A rank that closes its Checkpointer (``closed``, without error) having never said ``stopping`` ended its training
+loop by itself: the job's last step. When every local rank did, a stop has nothing to save here
+(:meth:`StopProgress.done_training`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ class StopProgress:
         self.ranks: set[str] = set()             # every local rank that said hello in this attempt
         self.seen: dict[str, int | None] = {}    # rank -> its last step when the stop request arrived
         self.stopped: set[str] = set()           # ranks that said ``stopping``
+        self.closed: set[str] = set()            # ranks whose Checkpointer closed without error
 
     def reset(self) -> None:
         with self._lock:
-            self.ranks, self.seen, self.stopped = set(), {}, set()
+            self.ranks, self.seen, self.stopped, self.closed = set(), {}, set(), set()
 
     def on_message(self, message: dict) -> None:
         rank = message.get("rank")
@@ -36,6 +41,15 @@ class StopProgress:
                 self.seen[key] = message.get("step")
             elif op == Op.STOPPING:
                 self.stopped.add(key)
+            elif op == Op.CLOSED and not message.get("error"):
+                self.closed.add(key)
+
+    def done_training(self) -> bool:
+        """Every local rank of this attempt closed its Checkpointer after its last step, none having stopped for a
+        request: the training is over here, and whatever still runs (a rank's teardown, a launcher's exit barrier)
+        only has to exit."""
+        with self._lock:
+            return bool(self.ranks) and self.ranks <= self.closed and not self.stopped
 
     def laggards(self) -> str | None:
         """Which local ranks never reached the stop step, as a sentence; None when every rank stopped."""

@@ -17,6 +17,11 @@ The steps:
 3. the end: the process gets some time to exit by itself, then SIGTERM to its process tree, then SIGKILL
    (:meth:`Trainee.finish`; a process in another container is the platform's to stop);
 4. the summary: what was acknowledged (the step, whether it is durable), for the logs and the exit report.
+
+A notice's stop spares a training that is over (``spares_finished_training``): when every local rank has closed its
+Checkpointer after its last step, before the request or without answering it, there is nothing to save and no rank
+is signalled; the process is left to exit by itself until the deadline less the margin, and only what still runs
+then is ended. The job succeeded (agents/main.py reports it so).
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class Trainee(Protocol):
     def finish(self, own_exit: float, after_sigterm: float) -> None:
         """Let it exit by itself within ``own_exit`` seconds; then SIGTERM, and SIGKILL ``after_sigterm`` later."""
 
+    def done_training(self) -> bool:
+        """Has every training process closed after its last step, none stopped for a request?"""
+
 
 def split_grace(grace: float) -> tuple[float, float]:
     """``grace`` seconds in all: to exit by itself, then (the last part of it, up to 2 s) after SIGTERM."""
@@ -64,6 +72,8 @@ class StopPlan:
     wait_when_unreachable: bool = True
     # (acknowledged, seconds to the deadline now) -> (seconds to exit by itself, seconds from SIGTERM to SIGKILL)
     exit_times: Callable[[bool, float], tuple[float, float]] = lambda acked, left: split_grace(max(0.5, left))
+    # A training that is over (Trainee.done_training) is not asked, signalled or waited on: a notice's stop only.
+    spares_finished_training: bool = False
 
     def request(self) -> CheckpointRequest:
         return CheckpointRequest(self.reason, stop=True, deadline=time.time() + self.seconds)
@@ -82,6 +92,7 @@ class StopWithCheckpoint:
         self.ack: dict | None = None
         self.delivered = 0
         self.answer_seconds = 0.0  # from the request to the answer (or to the end of the wait)
+        self.training_was_over = False  # the plan spared a training that had ended by itself
 
     def on_ack(self, message: dict) -> None:
         """The library's ``stopping``: the checkpoint asked for is committed (or given up)."""
@@ -96,7 +107,12 @@ class StopWithCheckpoint:
         """Request, wait, end; returns once the process has been made to end (or is the platform's to end)."""
         started = time.monotonic()
         deadline = started + plan.seconds
-        if plan.reason is not None:
+        spare = plan.spares_finished_training and plan.reason is not None
+        if spare and self.trainee.done_training():
+            log.info(f"{self.what} not requested: every training process had closed after its last step; the job's "
+                     "process is left to exit by itself")
+            self._wait(deadline - plan.margin)
+        elif plan.reason is not None:
             self.delivered = self.send(plan.request().to_json())
             log.info(f"{self.what} requested", reason=plan.reason,
                      seconds_left=round(plan.seconds, 2), delivered_to=self.delivered)
@@ -106,7 +122,11 @@ class StopWithCheckpoint:
                 self._wait(deadline - plan.margin)
         self.answer_seconds = time.monotonic() - started
         acked = self.acknowledged.is_set()
-        if acked:
+        self.training_was_over = spare and not acked and self.trainee.done_training()
+        if self.training_was_over:
+            if self.trainee.running():
+                log.warning("the training is over, but its process still runs at the deadline's margin; ending it")
+        elif acked:
             log.info(f"{self.what} acknowledged", step=self.ack.get("step"), durable=self.durable)
             if self.on_acknowledged is not None:
                 self.on_acknowledged(self.ack)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import posixpath
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fsspec
@@ -23,6 +22,7 @@ import fsspec
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
 from .checksum import DEFAULT_ALGORITHM, new_hasher
 from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
+from .daemon_pool import DaemonPool
 from .log import get_logger
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
 
@@ -141,8 +141,8 @@ class DurableTier:
                 raise UploadAbandoned(f"{self.location(step)}: upload abandoned before {name}")
             self.fs.put_file(str(folder / name), self._path(step, name))
 
-        with ThreadPoolExecutor(min(streams, max(len(names), 1))) as pool:
-            futures = [pool.submit(put, n) for n in names]
+        with DaemonPool(min(streams, max(len(names), 1)), "runner-checkpoint-upload") as pool:
+            futures = [pool.submit(put, n, what=f"upload of {folder / n} to {self.location(step, n)}") for n in names]
             try:
                 for future in futures:
                     future.result()
@@ -155,8 +155,9 @@ class DurableTier:
     def put_bytes(self, step: int, files: dict[str, bytes]) -> None:
         """Upload files held in memory (the local tier could not take them), in parallel (no manifest)."""
         self.fs.makedirs(self._path(step), exist_ok=True)
-        with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(files), 1))) as pool:
-            for future in [pool.submit(self.fs.pipe_file, self._path(step, n), d) for n, d in files.items()]:
+        with DaemonPool(min(UPLOAD_THREADS, max(len(files), 1)), "runner-checkpoint-upload") as pool:
+            for future in [pool.submit(self.fs.pipe_file, self._path(step, n), d,
+                                       what=f"upload to {self.location(step, n)}") for n, d in files.items()]:
                 future.result()
 
     def put_buffers(self, step: int, files: dict[str, object], algorithm: str = DEFAULT_ALGORITHM) -> dict[str, str]:
@@ -165,8 +166,9 @@ class DurableTier:
         once as :meth:`put_files` (no manifest); return each file's checksum."""
         self.fs.makedirs(self._path(step), exist_ok=True)
         streams = getattr(self.fs, "upload_streams", None) or UPLOAD_THREADS
-        with ThreadPoolExecutor(min(streams, max(len(files), 1))) as pool:
-            futures = {n: pool.submit(self._put_buffer, self._path(step, n), d, algorithm) for n, d in files.items()}
+        with DaemonPool(min(streams, max(len(files), 1)), "runner-checkpoint-upload") as pool:
+            futures = {n: pool.submit(self._put_buffer, self._path(step, n), d, algorithm,
+                                      what=f"upload to {self.location(step, n)}") for n, d in files.items()}
             return {name: future.result() for name, future in futures.items()}
 
     def _put_buffer(self, path: str, data, algorithm: str) -> str:
@@ -218,8 +220,9 @@ class DurableTier:
     def download(self, step: int, manifest: Manifest, folder: Path, names: list[str] | None = None) -> None:
         """Copy a checkpoint's files (or the named ones) into a local folder (verified when loaded)."""
         names = [f["name"] for f in manifest.files] if names is None else names
-        with ThreadPoolExecutor(min(UPLOAD_THREADS, max(len(names), 1))) as pool:
-            futures = [pool.submit(self.fs.get_file, self._path(step, n), str(folder / n)) for n in names]
+        with DaemonPool(min(UPLOAD_THREADS, max(len(names), 1)), "runner-checkpoint-download") as pool:
+            futures = [pool.submit(self.fs.get_file, self._path(step, n), str(folder / n),
+                                   what=f"download of {self.location(step, n)}") for n in names]
             for future in futures:
                 try:
                     future.result()

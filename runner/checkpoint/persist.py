@@ -34,12 +34,12 @@ import queue
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checksum import DEFAULT_ALGORITHM, digest
+from .daemon_pool import DaemonPool
 from .durable import DurableTier
 from .errors import SupersededError
 from .local import LocalTier, fsync_file, write_file
@@ -454,12 +454,12 @@ class Persister:
 
     def _put_files(self, job: SaveJob) -> BaseException | None:
         """Upload this process's files; give up at the deadline, or for an emergency checkpoint waiting."""
-        pool = ThreadPoolExecutor(1, thread_name_prefix="runner-checkpoint-put")
+        pool = DaemonPool(1, "runner-checkpoint-put")
         if job.in_memory is not None:
-            future = pool.submit(self.durable.put_bytes, job.step, job.in_memory)
+            future = pool.submit(self.durable.put_bytes, job.step, job.in_memory, what=f"upload of step {job.step}")
         else:
             future = pool.submit(self.durable.put_files, job.step, job.local_manifest.parent, job.own_files,
-                                 abandoned=job.abandoned)
+                                 abandoned=job.abandoned, what=f"upload of step {job.step}")
         deadline = time.monotonic() + self.upload_timeout_s
         try:
             while True:

@@ -58,6 +58,8 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             drill=drill, message=message or why,
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)
+        if state in TERMINAL:  # a replacement prepared for a job that has ended goes too (before the job's nodes)
+            _release_standbys(store, tx, job_id, now)
         if current.num_nodes > 1:
             if notice and notice.node_rank is not None and reason == "preempted":
                 ranks = (notice.node_rank,)  # the node on notice ended it, whoever reported first
@@ -66,9 +68,17 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
             store.drain_node(tx, current.node_id, drain_until)
         else:
             release_nodes(store, tx, job_id, attempt)
-        if state in TERMINAL:  # a replacement prepared for a job that has ended goes too
-            StandbyStore(store).release_job(tx, job_id)
         return state
+
+
+def _release_standbys(store: Store, tx, job_id: str, now: float) -> None:
+    """The job has ended: its prepared replacement goes, and the attempt it stood by for says so (released, and
+    when: its cost runs until then)."""
+    standbys = StandbyStore(store)
+    for node in standbys.release_job(tx, job_id):
+        standbys.update_record(tx, job_id, node.prepared_for, outcome="released", released_at=now)
+        store.add_event(tx, job_id, "standby", f"replacement {node.id} released: the job has ended",
+                        attempt=node.prepared_for)
 
 
 def catch_up(tx, job_id: str, job_state: str, to_state: str, attempt: int, now: float) -> str:

@@ -97,6 +97,9 @@ class _Exited:
     def finish(self, own_exit: float, after_sigterm: float) -> None:
         pass
 
+    def done_training(self) -> bool:
+        return False
+
 
 def test_a_node_whose_notice_came_after_its_gang_stopped_says_the_checkpoint_was_taken():
     """Both nodes preempted, node 0's notice first: node 1's ranks stop with the gang (a peer's stop, step 40,

@@ -70,3 +70,19 @@ def test_a_training_process_that_leaves_is_no_longer_counted(tmp_path: Path):
         assert server.send({"op": "checkpoint", "reason": "notice", "deadline": None, "stop": True}) == 0
     finally:
         server.close()
+
+
+def test_a_closed_message_names_the_rank_that_said_hello_on_its_connection(tmp_path: Path):
+    """``closed`` carries no rank on the wire; the agent learns whose it is from the connection's hello."""
+    received: list[dict] = []
+    server = ControlServer(tmp_path / "control.sock", received.append).start()
+    trainee = _connect(server.path)
+    try:
+        trainee.sendall(b'{"op": "hello", "pid": 7, "rank": 3, "local_rank": 1}\n{"op": "closed", "step": 9}\n')
+        _wait(lambda: any(m["op"] == "closed" for m in received))
+        closed = next(m for m in received if m["op"] == "closed")
+        assert closed["rank"] == 3 and closed["pid"] == 7 and server.training() == []
+    finally:
+        trainee.close()
+        _wait(lambda: not server.trainees())
+        server.close()

@@ -32,3 +32,17 @@ def test_nothing_to_say_when_every_rank_stopped():
     assert progress.laggards() is None
     progress.reset()
     assert progress.laggards() is None
+
+
+def test_the_training_is_over_once_every_local_rank_closed_after_its_last_step_none_stopping():
+    """What lets a notice's stop spare a job that ended during the notice (agents/stop_with_checkpoint.py)."""
+    hellos = ({"op": "hello", "rank": 2}, {"op": "hello", "rank": 3})
+    assert not _progress().done_training()  # no rank yet
+    assert not _progress(*hellos, {"op": "closed", "rank": 2, "error": False}).done_training()  # rank 3 trains on
+    assert _progress(*hellos, {"op": "closed", "rank": 2, "error": False},
+                     {"op": "closed", "rank": 3, "error": False}).done_training()
+    # a rank that closed on an exception, or ranks that stopped for a request, did not end their training loop
+    assert not _progress(*hellos, {"op": "closed", "rank": 2, "error": False},
+                         {"op": "closed", "rank": 3, "error": True}).done_training()
+    assert not _progress(*hellos, {"op": "stopping", "rank": 2, "step": 9}, {"op": "stopping", "rank": 3, "step": 9},
+                         {"op": "closed", "rank": 2}, {"op": "closed", "rank": 3}).done_training()

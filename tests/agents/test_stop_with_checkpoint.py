@@ -14,11 +14,17 @@ from runner.protocol.messages import CheckpointRequest, parse
 
 
 class Trainee:
-    def __init__(self):
+    def __init__(self, done: bool = False):
         self.alive = threading.Event()
         self.alive.set()
         self.unreached = 0
         self.finished: tuple[float, float] | None = None
+        self.done = threading.Event()  # every training process closed after its last step
+        if done:
+            self.done.set()
+
+    def done_training(self) -> bool:
+        return self.done.is_set()
 
     def running(self) -> bool:
         return self.alive.is_set()
@@ -96,6 +102,41 @@ def test_an_answered_notice_says_which_step_is_durable_and_hands_it_on():
     assert trainee.finished == (8.0, 2.0)  # up to 10 s in all to exit by itself, the last 2 after SIGTERM
 
 
+def test_a_notice_after_the_training_ended_asks_nothing_signals_nothing_and_lets_the_process_exit():
+    """The job's last step came during the notice: every rank closed after it, and the launcher still runs (its exit
+    barrier, a rank's teardown). The notice's stop sends no request, signals no rank, and waits for the exit."""
+    channel, trainee = Channel(connected=0), Trainee(done=True)
+    threading.Timer(0.3, trainee.alive.clear).start()
+    stop = run(notice_plan(60.0), channel, trainee)
+    assert channel.sent == [] and trainee.unreached == 0 and stop.ack is None
+    assert stop.training_was_over and stop.answer_seconds >= 0.25  # it waited for the process to exit by itself
+
+
+def test_ranks_that_close_after_their_last_step_as_the_notices_request_arrives_are_left_to_exit():
+    """The handover's race: the request reaches ranks in their last step; they close without stopping (nothing to
+    answer), and the process exits 0 by itself: no rank is signalled, and the stop says the training was over."""
+    channel, trainee = Channel(connected=2), Trainee()
+    threading.Timer(0.2, trainee.done.set).start()
+    threading.Timer(0.4, trainee.alive.clear).start()
+    stop = run(notice_plan(60.0), channel, trainee)
+    assert len(channel.sent) == 1 and trainee.unreached == 0 and stop.ack is None
+    assert stop.training_was_over
+
+
+def test_a_training_over_whose_process_outlives_the_deadline_is_ended_then():
+    channel, trainee = Channel(connected=0), Trainee(done=True)
+    stop = run(notice_plan(1.0), channel, trainee)  # the process never exits by itself
+    assert channel.sent == [] and trainee.unreached == 0
+    assert stop.training_was_over and trainee.finished is not None  # ended at the deadline's margin
+
+
+def test_a_cancel_of_a_training_that_is_over_still_stops_its_process():
+    """Only a notice's stop spares a finished training (the node goes anyway); a cancel ends what runs at once."""
+    channel, trainee = Channel(connected=0), Trainee(done=True)
+    stop = run(cancel_plan("cancel", grace=30.0), channel, trainee)
+    assert len(channel.sent) == 1 and not stop.training_was_over and trainee.finished[0] == 0.0
+
+
 def test_a_drill_gives_an_answered_process_ten_seconds_and_measures_the_checkpoint():
     channel, trainee = Channel(answer={"op": "stopping", "step": 5, "durable": True}), Trainee()
     stop = run(drill_plan(120.0), channel, trainee)
@@ -128,3 +169,36 @@ def test_the_agent_routes_each_stopping_to_the_stops_it_answers(tmp_path):
     agent.on_control({"op": "stopping", "step": 8, "durable": True, "origin": "self", "rank": 0})
     assert agent.cancel_stop.ack["step"] == agent.emergency.ack["step"] == 8
     assert agent.stop_progress.laggards() is None  # the rank that said hello has stopped
+
+
+def test_the_agent_reports_a_job_that_ended_during_its_notice_as_succeeded(tmp_path):
+    """The notice's stop began after every local rank had closed after its last step: the job's exit 0 is its success,
+    not a preemption; a rank that stopped for the request makes it one."""
+    from agents.config import AgentConfig
+    from agents.emergency import EmergencyStop
+    from agents.main import Agent
+
+    agent = Agent(AgentConfig(scratch_dir=tmp_path / "scratch", node_id="n-ended"))
+    agent.emergency = EmergencyStop(send=lambda message: 0, trainee=Trainee())
+    for rank in (0, 1):
+        agent.on_control({"op": "hello", "pid": 100 + rank, "rank": rank})
+        agent.on_control({"op": "closed", "step": 400, "error": False, "rank": rank})
+    assert agent._training_over_at_the_stop(0) == ""
+    assert agent._training_over_at_the_stop(1) is None  # it exited by itself, failing: not a success
+    agent.emergency.stop.training_was_over = True  # the stop ended what still ran at the deadline's margin
+    assert "was ended (its exit code -15)" in agent._training_over_at_the_stop(-15)
+    agent.on_control({"op": "stopping", "step": 400, "durable": True, "origin": "self", "rank": 0})
+    assert agent._training_over_at_the_stop(0) is None
+
+
+def test_a_child_process_whose_training_is_over_is_never_signalled(monkeypatch):
+    import os
+
+    from agents.emergency import ChildProcess
+
+    signals = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signals.append((pid, sig)))
+    ChildProcess(lambda: None, lambda: 4242, done_training=lambda: True).unreachable()
+    assert signals == []
+    ChildProcess(lambda: None, lambda: 4242, done_training=lambda: False).unreachable()
+    assert [pid for pid, _ in signals] == [4242]

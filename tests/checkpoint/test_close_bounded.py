@@ -85,3 +85,40 @@ def test_close_timeout_is_checked(setup, tmp_path):
     with pytest.raises(ValueError, match="timeout=-1"):
         ckpt.close(timeout=-1)
     ckpt.close()
+
+
+EXITING = """
+import sys
+sys.path.insert(0, {tests!r})
+import torch
+from checkpoint.hanging_store import HangingStore
+from runner.checkpoint import Checkpointer
+
+model = torch.nn.Linear(4, 1)
+ckpt = Checkpointer(model=model, local_dir={local!r}, durable_url="hangtest://bucket/job")
+ckpt.save(1)
+assert ckpt.wait(timeout=60)
+HangingStore.hang_uploads()
+ckpt.save(2)
+assert HangingStore.blocked.wait(60)
+ckpt.close(timeout=1)
+print("close returned", flush=True)
+"""
+
+
+def test_the_process_exits_after_close_gave_up_on_a_hung_upload_naming_what_it_abandons(tmp_path):
+    """close() gave up on an upload the store never answers: the process still exits (the upload's threads do not
+    hold up the interpreter's exit), and says which transfer it abandoned."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent.parent
+    script = EXITING.format(tests=str(tests), local=str(tmp_path / "local"))
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WATCHDOG_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not exit within {WATCHDOG_S:.0f} s after close(): {exc.stdout!r} {exc.stderr!r}")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "close returned" in output, output
+    assert "still under way; they are abandoned" in output and "step-00000002" in output, output

@@ -2,10 +2,10 @@
 
 The drill runs once for the gang: node 0's agent asks for it, every rank stops at one step, the gang
 restarts on the same two nodes, and every node checks that its ranks restored that step. Then
-`runner preempt JOB --node 1` sends a notice to node 1's metadata server only. Its agent asks its ranks
-for the emergency checkpoint; the collective Checkpointer stops every rank (node 0's too, through the
-process group) at one step. Node 0 is kept and waits for the next attempt; node 1 is replaced in the same
-zone; all four ranks resume from that checkpoint. The final weights equal those of the same 2 x 2 run
+`runner preempt JOB --node 1` sends an AWS notice to node 1's metadata server only. The gang trains on while
+node 1's replacement is prepared in the same zone; then node 1's agent asks its ranks for the emergency
+checkpoint, and the collective Checkpointer stops every rank (node 0's too, through the process group) at one
+step. Node 0 is kept; the replacement takes rank 1; all four ranks resume from that checkpoint. The final weights equal those of the same 2 x 2 run
 never interrupted.
 """
 
@@ -24,7 +24,9 @@ import yaml
 from conftest import REPO, Controller, Runner, kill_nodes, write_job
 
 TRAIN = REPO / "examples" / "multinode" / "train.py"
-ARGS = "--steps 400 --step-time 0.03 --log-every 10 --interval 1h --bit-exact"
+# Still training when the gang stops for the notice: the stop comes before the notice's 24 s deadline (AWS's 120 s
+# at the clock of 0.2), and the 1,000 steps or more left after the preempt take 30 s at least.
+ARGS = "--steps 1200 --step-time 0.03 --log-every 10 --interval 1h --bit-exact"
 TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
             "--master-addr={addr} --master-port={port}")
 JOB = f"""
@@ -34,9 +36,10 @@ run: >-
                    port="$RUNNER_MASTER_PORT")} train.py {ARGS}
 resources: {{cloud: [local], num_nodes: 2}}
 checkpoint: {{interval: 1h}}
-recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 5s, prepare_on: []}}
+recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 5s}}
 """
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
+pytestmark = pytest.mark.timeout(900)  # the module's job, run by its first test, takes minutes on a busy machine
 
 
 def _free_port() -> int:
@@ -67,8 +70,9 @@ def uninterrupted_sha(tmp_path_factory) -> str:
 def preempted_gang(tmp_path_factory):
     """Runs the scenario once: submit; the drill ends attempt 1 and attempt 2 resumes; 20 steps later
     `runner preempt JOB --node 1`; the job ends. Returns the CLI driver, the job id, the preempt command's
-    output and the job's final status. The job stops at the notice (``prepare_on: []``): trained through, its
-    400 steps can end before the gang's next attempt is ready (tests/e2e/test_gang_train_through.py has that path)."""
+    output and the job's final status. The gang trains through the notice (its replacement prepared, its next
+    attempt started ahead) and stops at one step by the deadline (a job that ends during the notice instead:
+    tests/e2e/test_job_ends_during_notice.py)."""
     home = tmp_path_factory.mktemp("home")
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
     controller = Controller(home).start()

@@ -132,6 +132,22 @@ def test_the_prepared_node_goes_when_the_job_ends(world):
     assert world.store.node(prepared_id).state == "terminating"
 
 
+def test_a_job_that_ends_during_its_notice_succeeds_and_its_replacement_is_released_saying_when(world):
+    """The job's last step came while its node was on notice: the attempt succeeds, no attempt follows, and the
+    replacement prepared for it goes; its record says released and when (its cost runs until then)."""
+    job_id, old = _running(world)
+    prepared_id = _on_notice(world, job_id, old)
+    world.tick()
+    before = time.time()
+    assert end_attempt(world.store, job_id, 1, "succeeded", exit_code=0) == "SUCCEEDED"
+    world.tick(2)
+    assert world.store.node(prepared_id).state in ("terminating", "terminated")
+    (only,) = world.store.attempts(job_id)
+    assert only.end_reason == "succeeded" and only.notice is not None
+    assert only.standby["outcome"] == "released" and only.standby["released_at"] >= before
+    assert any("released: the job has ended" in (e.message or "") for e in world.store.events(job_id))
+
+
 def test_the_attempt_on_a_prepared_replacement_shows_its_boot_and_setup_in_the_ledger(world):
     """The replacement booted and ran setup before its attempt existed: the restart log's row still shows them."""
     job_id, old = _running(world)
@@ -202,6 +218,23 @@ def test_a_gang_node_on_notice_gets_a_replacement_in_the_gangs_zone_which_takes_
     assert first.standby["replaces"] == node1.id and first.standby["next_attempt"] == 2
     assert len(world.provider.nodes) == launched  # nothing else was launched
     assert world.store.job(job_id).state == "PROVISIONING"
+
+
+def test_a_gang_that_ends_during_a_notice_succeeds_and_its_replacement_is_released_saying_when(world):
+    """Every rank of the gang exited 0 while node 1 was on notice: the attempt succeeds, every node goes, and the
+    replacement's record says released and when."""
+    job_id, (node0, node1) = _running_gang(world)
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    prepared_id = standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120)
+    world.tick()
+    before = time.time()
+    assert end_attempt(world.store, job_id, 1, "succeeded", exit_code=0) == "SUCCEEDED"
+    world.tick(2)
+    assert {world.store.node(n).state for n in (node0.id, node1.id, prepared_id)} <= {"terminating", "terminated"}
+    (only,) = world.store.attempts(job_id)
+    assert only.end_reason == "succeeded"
+    assert only.standby["outcome"] == "released" and only.standby["released_at"] >= before
 
 
 def test_a_gang_replacement_whose_rank_is_still_held_is_released(world):

@@ -24,7 +24,7 @@ from ..base import DefaultCheckpoints, DescribesInBatch, HoldsGangs, LaunchReque
 from ..errors import NoCapacityError, ProviderError
 from ..offers import Offer
 from ...local_durable import throttle_environment
-from .processes import kill_session, kill_tree, process_ref
+from .processes import kill_tree, process_ref
 
 log = structlog.get_logger(__name__)
 
@@ -187,8 +187,10 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
         if provider_ref is None and (node_dir / "ref").exists():
             provider_ref = (node_dir / "ref").read_text()
         if provider_ref:
-            # Everything in the node's session dies, even processes that outlived the node process.
-            kill_session(int(provider_ref.split(":")[0]))
+            # Everything the node started dies, as at a power-off: its session, even processes that outlived the node
+            # process, and their descendants in sessions of their own (torchrun's workers: a next attempt started
+            # ahead on the node, waiting in restore(), outlived its node's end before).
+            kill_tree(int(provider_ref.split(":")[0]))
         child = self._children.pop(node_id, None)
         if child is not None:
             child.wait(timeout=10)

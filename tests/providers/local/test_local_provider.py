@@ -62,3 +62,42 @@ def test_runner_server_refuses_a_bad_slow_market_value_with_exit_2(tmp_path):
                              "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "clouds.local.boot_seconds" in result.stderr and "Traceback" not in result.stderr
+
+
+WORKER_IN_ITS_OWN_SESSION = """
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_terminating_a_node_ends_what_it_started_in_sessions_of_their_own(tmp_path):
+    """A node's termination is a power-off: a process it started in a session of its own (torchrun's workers, a next
+    attempt started ahead) ends with it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from runner.providers.local.processes import process_ref, process_start_ticks
+
+    provider = LocalProvider(tmp_path)
+    node = subprocess.Popen([sys.executable, "-c", WORKER_IN_ITS_OWN_SESSION], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    worker = int(node.stdout.readline())
+    try:
+        assert os.getsid(worker) != os.getsid(node.pid)
+        provider.terminate("n-1", process_ref(node.pid))
+        node.wait(30)
+        deadline = time.monotonic() + 30
+        while process_start_ticks(worker) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process_start_ticks(worker) is None
+    finally:
+        for pid in (worker, node.pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        node.stdout.close()
