@@ -12,10 +12,10 @@ restore() before node 1 is told to checkpoint; the old attempt stops only then, 
 A start ahead that dies (node 0's, here) leaves the old attempt training until the controller hears of it; the
 next attempt then starts anew on every node, on another port, as it did before, with nothing lost.
 
-The local market's clock runs at 2.0 (twice AWS's 120 s): the replacement, and the next attempt's six processes
+The local market's clock runs at 4.0 (four times AWS's 120 s): the replacement, and the next attempt's six processes
 started ahead beside the four training, get ready long before the deadline even on a busy machine. Its boot is
 1 s and its setup a shell builtin, so the test lasts as long as the processes take to start. The first attempt
-pauses between steps, so that it is still training when the next attempt is ready (600 steps: 180 s of pauses
+pauses between steps, so that it is still training when the next attempt is ready (600 steps: 360 s of pauses
 at least); a later attempt, and the uninterrupted run, just train: each of a 2 x 2 gang's steps costs CPU that
 the processes being started need.
 """
@@ -37,7 +37,7 @@ from conftest import REPO, Controller, Runner, kill_nodes, write_job
 
 BOOT_SECONDS = 1.0
 STEPS = 600  # still training when the next attempt is ready, on a busy machine too
-FIRST_STEP_TIME = 0.3  # the first attempt's pause between steps; a later attempt does not pause
+FIRST_STEP_TIME = 0.6  # the first attempt's pause between steps; a later attempt does not pause
 ARGS = f"--steps {STEPS} --step-time {FIRST_STEP_TIME} --log-every 1 --interval 1h --bit-exact"
 UNPAUSED_ARGS = ARGS.replace(f"--step-time {FIRST_STEP_TIME}", "--step-time 0")
 TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
@@ -121,7 +121,7 @@ def _train_through(tmp_path, files: dict) -> tuple[Path, dict, dict, dict, str, 
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump(
-        {"clouds": {"local": {"time_scale": 2.0, "boot_seconds": BOOT_SECONDS}}}))
+        {"clouds": {"local": {"time_scale": 4.0, "boot_seconds": BOOT_SECONDS}}}))
     controller = Controller(home).start()
     runner = Runner(home)
     runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
