@@ -42,6 +42,7 @@ from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
 from .stop_with_checkpoint import StopPlan, StopWithCheckpoint
 from .supervisor import LEFTOVER_GRACE_SECONDS, Supervisor
+from .workdir_archive import extract_safely
 from .watchers import Notice
 
 log = structlog.get_logger(__name__)
@@ -618,27 +619,3 @@ class LocalOutput:
 
     def tail(self) -> str:
         return self._tail.decode(errors="replace").strip()
-
-
-def extract_safely(tar: tarfile.TarFile, into: Path) -> None:
-    """Extract the job's workdir with no member escaping ``into`` (tarfile's "data" filter where the
-    Python has it, 3.10.12 and later; the same checks by hand before that), every member private to the
-    node's user: a job's code may hold secrets, and tarfile sets the archive's modes, whatever the umask."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(into, filter=_private_data_member)
-        return
-    root = into.resolve()
-    for member in tar.getmembers():
-        target = (root / member.name).resolve()
-        if not (member.isfile() or member.isdir()) or (target != root and root not in target.parents):
-            raise tarfile.TarError(f"workdir archive member {member.name!r} is not a plain file inside the workdir")
-        member.mode &= OWNER_ONLY
-    tar.extractall(into)
-
-
-OWNER_ONLY = 0o700
-
-
-def _private_data_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
-    member = tarfile.data_filter(member, path)
-    return member if member.mode is None else member.replace(mode=member.mode & OWNER_ONLY, deep=False)

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from agents.main import extract_safely
+from agents.workdir_archive import extract_safely
 
 
 def _archive(members: dict[str, bytes], mode: int = 0o644) -> tarfile.TarFile:
