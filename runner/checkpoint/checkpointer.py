@@ -535,6 +535,8 @@ class Checkpointer:
 
     def _on_signal(self, request: CheckpointRequest) -> None:
         self._signal_request = request.merge(self._signal_request)
+        if request.stop:
+            self._resume_wait.on_stop_signal(request.reason)  # started ahead and waiting: it just ends
 
     def _stop_pending(self) -> bool:
         """A stop asked for and not yet served (a signal, the agent's loss): ends a hold."""

@@ -52,7 +52,9 @@ class FakeAgent:
         assert self._connected.wait(5)
         self.conn.sendall(encode(message))
 
-    def wait_for(self, op: str, count: int = 1, timeout: float = 10.0) -> list[dict]:
+    def wait_for(self, op: str, count: int = 1, timeout: float = 120.0) -> list[dict]:
+        """The messages of ``op`` once ``count`` came; generous: a process started ahead says ``waiting`` only once
+        its manifest is worked out (up to a minute on a busy machine)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             found = [m for m in self.messages if m["op"] == op]
