@@ -165,12 +165,10 @@ class Controller:
 
 def kill_nodes(home: Path) -> None:
     """Kill every simulated node left under ``home`` (a test must not leak processes)."""
-    from runner.providers.local.processes import kill_tree, ref_alive
+    from runner.providers.local.processes import kill_node
 
     for ref_file in home.glob("nodes/*/ref"):
-        ref = ref_file.read_text()
-        if ref_alive(ref):
-            kill_tree(int(ref.split(":")[0]))  # with torchrun's workers, in sessions of their own
+        kill_node(ref_file.read_text())  # with torchrun's workers, in sessions of their own
 
 
 BOTH_DATABASES = ("sqlite", "postgres")

@@ -59,6 +59,7 @@ class CudaGate:
         self._lock = threading.Lock()
         self._asked = False
         self._error: str | None = None
+        self._channel: socket.socket | None = None  # the connection the hold said ``waiting`` on
 
     @property
     def open(self) -> bool:
@@ -107,10 +108,9 @@ class CudaGate:
             return
         log.info("started ahead of this attempt: holding before the first CUDA use until the agent's word",
                  at=str(at))
+        self._channel = sock
         try:
-            read_messages(sock, self._on_message)  # until the word or the agent's end
-        except _Done:
-            pass
+            read_messages(sock, self._on_message)  # until the word (which ends the reading) or the agent's end
         finally:
             sock.close()  # the Checkpointer has its own connection
         if not self._opened.is_set():
@@ -130,7 +130,10 @@ class CudaGate:
             os.environ.pop(env.RESUME_WAIT, None)
             log.info("the agent's word: CUDA may be used", resume_step=step)
             self.release()
-            raise _Done  # no more to read here
+            try:
+                self._channel.shutdown(socket.SHUT_RD)  # no more to read here: the reading loop ends
+            except OSError:
+                pass
 
     def release(self) -> None:
         """Open the gate (the word came, here or to the Checkpointer's ``restore()``): later CUDA calls go
@@ -140,10 +143,6 @@ class CudaGate:
             if module._lazy_init is self._gated:
                 module._lazy_init = self._original
         self._opened.set()
-
-
-class _Done(Exception):
-    pass
 
 
 _gate: CudaGate | None = None

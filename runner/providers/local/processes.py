@@ -91,6 +91,24 @@ def tree_members(root: int, sid: int) -> list[int]:
     return sorted(members)
 
 
+def kill_node(ref: str, timeout: float = 5.0) -> None:
+    """SIGKILL what the node process ``ref`` (:func:`process_ref`) started, as a power-off would, never another
+    process that has its pid since (pids wrap at 32,768 on many machines, and a test suite or a busy node starts
+    thousands of processes).
+
+    - the node process still runs: its whole tree (:func:`kill_tree`);
+    - it is gone: what is left of its session (the kernel gives no new process that number while any process of
+      the session lives, so the session's members are the node's);
+    - its pid belongs to another process now: nothing (the number was free to be given again, so nothing of the
+      node's session was left)."""
+    pid, ticks = ref.split(":")
+    start = process_start_ticks(int(pid))
+    if start is None:
+        kill_session(int(pid), timeout)
+    elif str(start) == ticks:
+        kill_tree(int(pid), timeout)
+
+
 def kill_tree(root: int, timeout: float = 5.0) -> None:
     """SIGKILL a node's whole process tree at once, as a vanished VM's processes all stop, and wait for it.
     The tree is read before any is killed, so a worker is not orphaned out of reach first."""

@@ -24,7 +24,7 @@ from ..base import DefaultCheckpoints, DescribesInBatch, HoldsGangs, LaunchReque
 from ..errors import NoCapacityError, ProviderError
 from ..offers import Offer
 from ...local_durable import throttle_environment
-from .processes import kill_tree, process_ref
+from .processes import kill_node, process_ref
 
 log = structlog.get_logger(__name__)
 
@@ -190,7 +190,7 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
             # Everything the node started dies, as at a power-off: its session, even processes that outlived the node
             # process, and their descendants in sessions of their own (torchrun's workers: a next attempt started
             # ahead on the node, waiting in restore(), outlived its node's end before).
-            kill_tree(int(provider_ref.split(":")[0]))
+            kill_node(provider_ref)
         child = self._children.pop(node_id, None)
         if child is not None:
             child.wait(timeout=10)
@@ -219,7 +219,7 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
         describe then says it is gone, not preempted, so its attempt counts it ``lost``."""
         node_dir = self.node_dir(node_id)
         if (node_dir / "ref").exists():
-            kill_tree(int((node_dir / "ref").read_text().split(":")[0]))
+            kill_node((node_dir / "ref").read_text())
         log.info("node vanished", node=node_id)
 
     def inject_rebalance(self, node_id: str) -> None:

@@ -101,3 +101,31 @@ def test_terminating_a_node_ends_what_it_started_in_sessions_of_their_own(tmp_pa
             except ProcessLookupError:
                 pass
         node.stdout.close()
+
+
+def test_terminating_a_node_whose_pid_another_process_has_now_leaves_that_process_alone(tmp_path):
+    """Pids wrap (at 32,768 on many machines, soon under a test suite): a node that ended long ago, terminated by
+    its stale reference, must not kill the process that has its pid now, nor what that one started. (Killing by
+    pid alone ended another test's running node; its job was counted lost without a notice.)"""
+    import os
+    import subprocess
+    import sys
+
+    from runner.providers.local.processes import process_start_ticks
+
+    provider = LocalProvider(tmp_path)
+    stranger = subprocess.Popen([sys.executable, "-c", WORKER_IN_ITS_OWN_SESSION], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    its_worker = int(stranger.stdout.readline())
+    try:
+        stale_ref = f"{stranger.pid}:{process_start_ticks(stranger.pid) - 1}"  # the pid, another start: a reuse
+        provider.terminate("n-1", stale_ref)
+        assert stranger.poll() is None and process_start_ticks(its_worker) is not None
+    finally:
+        for pid in (its_worker, stranger.pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        stranger.wait(30)
+        stranger.stdout.close()
