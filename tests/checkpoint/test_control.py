@@ -414,6 +414,7 @@ def test_a_process_started_ahead_prepares_its_restore_while_it_waits(setup, tmp_
     agent.send({"op": "resume", "step": 4, "attempt": 2})
     thread.join(60)
     assert result == [4] and all(torch.equal(a, b) for a, b in zip(ahead.weights(), weights))
+    agent.wait_for("restored")  # (its reader thread may get it after restore() has returned)
     ops = [m["op"] for m in agent.messages]
     assert ops.index("manifest") < ops.index("restored")
     assert pools[0].bytes == 0  # the restore read into it
