@@ -18,14 +18,13 @@ import structlog
 
 from runner import sdnotify, wire
 from runner.errors import RunnerError
-from runner.logconfig import configure_logging
 from runner.protocol import environment
 from runner.protocol.actions import JOB_STOPPING_ACTIONS, Action, RegisterStatus
 from runner.protocol.events import EndReason, EventKind
 from runner.protocol.messages import Op
 
 from .cancel import cancel_plan
-from .config import AgentConfig, AgentConfigError, load_agent_config
+from .config import AgentConfig
 from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
@@ -37,7 +36,7 @@ from . import gang_prestart, process_tree
 from .gang_prestart import KeptNodeStartAhead
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
-from .prestart import DeferredOutput, Prestarted, prestart_environment
+from .prestart import DeferredOutput, LocalOutput, Prestarted, prestart_environment
 from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
 from .stop_with_checkpoint import StopPlan, StopWithCheckpoint
@@ -57,20 +56,6 @@ ELASTIC_HEARTBEAT_SECONDS = 0.5
 # and a launcher in that wait does not act on SIGTERM)
 STOPPED_TOGETHER_LINGER_SECONDS = 0.5
 PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
-
-
-def run_agent(config_path: Path) -> int:
-    try:
-        config = load_agent_config(config_path)
-    except AgentConfigError as exc:
-        print(f"error: {exc}")
-        return 2
-    configure_logging(config.state_dir / "agent.jsonl")
-    if config.mode == "sidecar":
-        from .sidecar import Sidecar
-
-        return Sidecar(config).run()
-    return Agent(config).run()
 
 
 class JobCannotStart(RunnerError):
@@ -601,21 +586,3 @@ class Agent(KeptNodeStartAhead, AgentCore):
         log.warning("SIGTERM: the node is shutting down; emergency checkpoint")
         notice = Notice.create("signal", "termination", "shutdown", terminal=True, grace=SHUTDOWN_GRACE_SECONDS)
         threading.Thread(target=self.on_notice, args=(notice,), daemon=True).start()
-
-
-class LocalOutput:
-    """Where a prepared replacement's setup output goes: the node's own log (it has no attempt yet), with the
-    last lines kept for the report should setup fail."""
-
-    def __init__(self, local_copy, keep: int = 2000):
-        self.local_copy = local_copy
-        self.keep = keep
-        self._tail = b""
-
-    def write(self, data: bytes) -> None:
-        self.local_copy.write(data)
-        self.local_copy.flush()
-        self._tail = (self._tail + data)[-self.keep:]
-
-    def tail(self) -> str:
-        return self._tail.decode(errors="replace").strip()

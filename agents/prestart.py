@@ -192,3 +192,21 @@ class Prestarted:
         self.supervisor.stop(grace)
         if self.control is not None:
             self.control.close()
+
+
+class LocalOutput:
+    """Where a prepared replacement's setup output goes: the node's own log (it has no attempt yet), with the
+    last lines kept for the report should setup fail."""
+
+    def __init__(self, local_copy, keep: int = 2000):
+        self.local_copy = local_copy
+        self.keep = keep
+        self._tail = b""
+
+    def write(self, data: bytes) -> None:
+        self.local_copy.write(data)
+        self.local_copy.flush()
+        self._tail = (self._tail + data)[-self.keep:]
+
+    def tail(self) -> str:
+        return self._tail.decode(errors="replace").strip()

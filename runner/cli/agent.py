@@ -19,7 +19,7 @@ def agent(ctx, config_path: Path):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from agents.main import run_agent
+    from agents.entry import run_agent
 
     raise SystemExit(run_agent(config_path))
 
