@@ -72,6 +72,16 @@ time.sleep(600)
 """
 
 
+def _kill(*pids: int) -> None:
+    import os
+
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
 def test_terminating_a_node_ends_what_it_started_in_sessions_of_their_own(tmp_path):
     """A node's termination is a power-off: a process it started in a session of its own (torchrun's workers, a next
     attempt started ahead) ends with it."""
@@ -95,19 +105,14 @@ def test_terminating_a_node_ends_what_it_started_in_sessions_of_their_own(tmp_pa
             time.sleep(0.05)
         assert process_start_ticks(worker) is None
     finally:
-        for pid in (worker, node.pid):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        _kill(worker, node.pid)
         node.stdout.close()
 
 
 def test_terminating_a_node_whose_pid_another_process_has_now_leaves_that_process_alone(tmp_path):
     """Pids wrap (at 32,768 on many machines, soon under a test suite): a node that ended long ago, terminated by
     its stale reference, must not kill the process that has its pid now, nor what that one started. (Killing by
-    pid alone ended another test's running node; its job was counted lost without a notice.)"""
-    import os
+    pid alone most likely ended another test's running node in a full run: its job was counted lost.)"""
     import subprocess
     import sys
 
@@ -122,10 +127,6 @@ def test_terminating_a_node_whose_pid_another_process_has_now_leaves_that_proces
         provider.terminate("n-1", stale_ref)
         assert stranger.poll() is None and process_start_ticks(its_worker) is not None
     finally:
-        for pid in (its_worker, stranger.pid):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        _kill(its_worker, stranger.pid)
         stranger.wait(30)
         stranger.stdout.close()
