@@ -19,10 +19,10 @@ def watcher(gce, key=PREEMPTED, **options):
 
 def test_first_check_is_a_plain_get_then_hanging_gets(gce):
     """The first check reads at once (a notice may be pending); later ones wait on the etag."""
-    w = watcher(gce)
+    w = watcher(gce, wait_seconds=60)
     start = time.monotonic()
     assert w.check() == []
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 30  # not held as a hanging GET would be (60 s)
     threading.Timer(0.3, gce.set_preempted).start()
     [notice] = w.check()
     assert notice.action == "preempt" and time.monotonic() - start > 0.25
@@ -48,8 +48,8 @@ def test_a_shorter_known_grace_replaces_the_thirty_seconds(gce):
 
 
 def test_hanging_get_detects_a_change_within_a_round_trip(gce):
-    """A change is seen as soon as the server answers the hanging GET, well under 0.1 s."""
-    w = watcher(gce)
+    """A change ends the hanging GET: it is seen then, not at the end of the GET's wait."""
+    w = watcher(gce, wait_seconds=60)
     w.check()
     seen = {}
     thread = threading.Thread(target=lambda: seen.update(notices=w.check(), at=time.monotonic()))
@@ -57,8 +57,9 @@ def test_hanging_get_detects_a_change_within_a_round_trip(gce):
     time.sleep(0.2)
     changed = time.monotonic()
     gce.set_preempted()
-    thread.join(3)
-    assert seen["notices"] and seen["at"] - changed < 0.1
+    thread.join(60)
+    # Far below the 60 s wait, whatever the machine's load: the answer came with the change.
+    assert seen["notices"] and seen["at"] - changed < 30
 
 
 def test_hanging_get_uses_a_client_timeout_above_timeout_sec(gce):
@@ -66,16 +67,17 @@ def test_hanging_get_uses_a_client_timeout_above_timeout_sec(gce):
     w = watcher(gce, wait_seconds=1, timeout_margin=1.0)
     w.check()
     start = time.monotonic()
-    assert w.check() == [] and 0.9 < time.monotonic() - start < 1.9
+    # Returned normally (no client timeout) and only after the server's own 1 s.
+    assert w.check() == [] and time.monotonic() - start > 0.9
 
 
 def test_stale_etag_returns_at_once(gce):
     """A change between two waits is not missed: the stale etag makes the next wait return at once."""
-    w = watcher(gce, wait_seconds=5)
+    w = watcher(gce, wait_seconds=60)
     w.check()
     gce.set_preempted()  # happens while no request is in flight
     start = time.monotonic()
-    assert w.check() and time.monotonic() - start < 0.5
+    assert w.check() and time.monotonic() - start < 30  # not held for the 60 s wait
 
 
 def test_migrate_is_log_only(gce):
