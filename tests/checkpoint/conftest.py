@@ -76,8 +76,10 @@ def start_trainee(*args: str, cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def run_trainee(*args: str, cwd: Path, timeout: float = 60) -> list[str]:
-    """Run the trainee to its end and return its own result lines (ready/final/stopped)."""
+def run_trainee(*args: str, cwd: Path, timeout: float = 300) -> list[str]:
+    """Run the trainee to its end and return its own result lines (ready/final/stopped).
+
+    The timeout only catches a hung trainee: a start that imports torch and a cloud SDK took over 60 s at load 20."""
     proc = start_trainee(*args, cwd=cwd)
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-3000:]
