@@ -168,7 +168,10 @@ def serve(settings: ServerSettings, providers: dict | None = None, app_factory=c
     shared = db_url.startswith(("postgres://", "postgresql://"))
     # Controllers sharing a Postgres database may share a data dir too; a SQLite one has it to itself.
     lock = None if shared else acquire_lock(data_dir)
-    sock = bind(settings.host, settings.port, reuse_port=settings.worker is not None)
+    # A worker's socket listens only once uvicorn serves it (asyncio's create_server calls listen): until then the
+    # kernel gives new connections to the workers already serving, not to one still opening its database.
+    worker = settings.worker is not None
+    sock = bind(settings.host, settings.port, reuse_port=worker, listen=not worker)
     url = serving_url(sock)
     config = load_config(settings.config_home or data_dir)
     node_url = settings.advertise_url or config.get("server") or url
