@@ -117,6 +117,17 @@ def test_two_workers_listen_on_one_port_and_serve_a_job_its_node_and_the_cli(wor
     assert jobs.returncode == 0 and job_id in jobs.stdout
 
 
+def test_a_second_group_on_the_same_port_is_refused(workers, tmp_path):
+    """SO_REUSEPORT lets processes of one user share a port: a second `--workers` parent must not join this one's
+    unnoticed. Its port reservation is refused as in use, and it exits naming the port."""
+    other = tmp_path / "other"
+    other.mkdir()
+    result = Runner(other)("server", "--data-dir", str(other), "--port", str(workers.port), "--db", workers.db_url,
+                           "--workers", "2", timeout=START_SECONDS)
+    assert result.returncode == 1 and f"port {workers.port}" in result.stderr and "in use" in result.stderr, result
+    assert len(workers.workers()) == 2 and workers.answers()
+
+
 def test_a_killed_worker_leaves_the_api_answering_and_is_started_again(workers):
     first = wait_until(lambda: len(workers.workers()) == 2 and workers.workers(), "two workers")
     victim, survivor = first
