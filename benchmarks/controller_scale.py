@@ -371,7 +371,11 @@ def postgres_databases(args):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from postgres_server import PostgresServer
 
-        server = PostgresServer(bin_dir, durable=True).start()
+        try:
+            server = PostgresServer(bin_dir, durable=True).start()
+        except KeyError:  # as root the cluster is the postgres user's (initdb refuses root), and there is none
+            raise SystemExit("--pg-bin as root needs a 'postgres' system user to own the cluster; run as another "
+                             "user, or start a server yourself and pass --db URL") from None
 
         @contextmanager
         def fresh():
