@@ -14,22 +14,21 @@ A process is named by its pid and its start time, so a pid reused by an unrelate
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from runner.parent_death import die_with_parent_preexec  # noqa: F401 - the job's command dies with the agent
+
 log = structlog.get_logger(__name__)
 
 MARK = "RUNNER_PROCESS_TREE"  # the variable whose value is unique to one command of one agent
 PROC = Path("/proc")
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -132,33 +131,3 @@ def end_tree(root: int | None, mark: str | None, grace: float, timeout: float = 
             return procs
         signal_all(procs, signal.SIGKILL)
         time.sleep(0.05)
-
-
-def _load_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()  # looked up once, in the agent: the child only calls it
-
-
-def die_with_parent_preexec(signum: int = signal.SIGTERM):
-    """A ``preexec_fn`` that starts the child as a new process group's leader and has the kernel send it
-    ``signum`` when the thread that forked it dies (the agent's main thread: so when the agent dies, even by
-    SIGKILL). Between fork and exec it makes two system calls and takes no lock another thread could hold."""
-    prctl = _PRCTL
-    parent = os.getpid()
-
-    def preexec() -> None:
-        os.setpgrp()
-        if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-            if os.getppid() != parent:  # the agent died before the request took effect: nobody to run for
-                os._exit(1)
-
-    return preexec

@@ -70,14 +70,25 @@ def _log_thread_crash(args: threading.ExceptHookArgs) -> None:
                                          exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
+def _add_fields(fields: dict):
+    def add(logger, method, event_dict):
+        for key, value in fields.items():
+            event_dict.setdefault(key, value)
+        return event_dict
+
+    return add
+
+
 def configure_logging(json_file: Path | None = None, level: str = "info", stream=None,
-                      to_stderr: bool | None = None) -> None:
+                      to_stderr: bool | None = None, fields: dict | None = None) -> None:
     """Route structlog (and the stdlib loggers it wraps) to a JSON file or a readable stream.
 
-    ``to_stderr`` (default: from ``RUNNER_LOG_STDERR``) copies the JSON lines to stderr.
+    ``to_stderr`` (default: from ``RUNNER_LOG_STDERR``) copies the JSON lines to stderr. ``fields``: added to every
+    line, from every thread (a worker process's number, where several write one file).
     """
     processors = [
         structlog.contextvars.merge_contextvars,
+        *([_add_fields(fields)] if fields else []),
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),

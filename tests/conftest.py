@@ -124,7 +124,7 @@ class Controller:
         self.extra_args = extra_args
         self.process: subprocess.Popen | None = None
 
-    def start(self, port: int = 0) -> "Controller":
+    def start(self, port: int = 0, timeout: float = 30) -> "Controller":
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
         env.update(self.extra_env, RUNNER_HOME=str(self.home))
         (self.home / "controller.json").unlink(missing_ok=True)
@@ -134,7 +134,7 @@ class Controller:
              *db, *self.extra_args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"controller exited: {self.process.stdout.read().decode()}")

@@ -36,8 +36,12 @@ def free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self, bin_dir: Path):
+    """``durable``: Postgres's own defaults (fsync, synchronous commit, full page writes), as a production server
+    runs: for benchmarks/controller_scale.py. The tests turn them off: nothing they keep must survive a crash."""
+
+    def __init__(self, bin_dir: Path, durable: bool = False):
         self.bin_dir = bin_dir
+        self.durable = durable
         self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
         self.data = self.root / "data"
         self.port = free_port()
@@ -66,8 +70,8 @@ class PostgresServer:
         # Each pytest-xdist worker starts its own server (own folder, own socket dir): a port another worker took
         # between free_port() and the server's bind fails the start, so it tries again on a new one.
         for attempt in range(3):
-            options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                       "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
+            options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=300"
+                       + ("" if self.durable else " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"))
             try:
                 self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
                           str(self.root / "server.log"), "-w", "-t", "60", "start")

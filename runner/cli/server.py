@@ -19,19 +19,34 @@ from ..logconfig import configure_logging
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: $RUNNER_HOME.")
 @click.option("--advertise-url", envvar="RUNNER_ADVERTISE_URL",
               help="URL cloud nodes use to reach this controller (default: config.yaml's server, else --host:--port).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Controller processes serving the API on --host:--port (Postgres only): the kernel spreads "
+                   "connections among them, one of them leads, and one that dies is started again.")
+@click.option("--worker", "as_worker", is_flag=True, hidden=True)  # internal: one of --workers N, settings on stdin
 @click.pass_context
-def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None, advertise_url: str | None):
+def server(ctx, host: str, port: int, db_url: str | None, data_dir: Path | None, advertise_url: str | None,
+           workers: int, as_worker: bool):
     """Run the controller: HTTP API, scheduler and reconciler."""
     if ctx.invoked_subcommand is not None:
         return
     from ..controller.daemon import ServerSettings
-    from ..server import serve
+    from ..server import serve, serve_workers, worker_settings
 
+    if as_worker:
+        settings = worker_settings(sys.stdin.buffer)
+        configure_logging(settings.data_dir / "controller.jsonl", fields={"worker": settings.worker})
+        with _database_errors():
+            serve(settings)
+        return
     data_dir = (data_dir or runner_home()).expanduser()
     configure_logging(data_dir / "controller.jsonl")
+    settings = ServerSettings(data_dir=data_dir, host=host, port=port, db_url=db_url, config_home=runner_home(),
+                              advertise_url=advertise_url)
     with _database_errors():
-        serve(ServerSettings(data_dir=data_dir, host=host, port=port, db_url=db_url, config_home=runner_home(),
-                             advertise_url=advertise_url))
+        if workers == 1:
+            serve(settings)
+        else:
+            sys.exit(serve_workers(settings, workers))
 
 
 @server.command()

@@ -54,6 +54,9 @@ class ServerSettings:
     db_url: str | None = None
     config_home: Path | None = None
     advertise_url: str | None = None  # the URL nodes use to reach this controller
+    # One of the processes of `runner server --workers N` (runner/controller/workers.py), numbered from 0: it
+    # listens with SO_REUSEPORT beside the others, and the controller file is its supervisor's to write.
+    worker: int | None = None
 
 
 def acquire_lock(data_dir: Path):
@@ -70,9 +73,14 @@ def acquire_lock(data_dir: Path):
     return handle
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (a refused port is a ServerError saying so). ``reuse_port``: other
+    sockets of this user with it may bind the same port, and the kernel spreads new connections among those
+    that listen (the workers of `runner server --workers N`)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -81,8 +89,15 @@ def bind(host: str, port: int) -> socket.socket:
             raise ServerError(f"port {port} on {host} is already in use; pick another with --port "
                               "(or stop the process using it)") from None
         raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(128)
+    if listen:
+        sock.listen(128)
     return sock
+
+
+def serving_url(sock: socket.socket) -> str:
+    """The URL a bound socket serves at (a wildcard host as loopback: what this machine's CLI reaches)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
 
 
 def build_providers(data_dir: Path, config: dict) -> dict:
@@ -153,9 +168,11 @@ def serve(settings: ServerSettings, providers: dict | None = None, app_factory=c
     shared = db_url.startswith(("postgres://", "postgresql://"))
     # Controllers sharing a Postgres database may share a data dir too; a SQLite one has it to itself.
     lock = None if shared else acquire_lock(data_dir)
-    sock = bind(settings.host, settings.port)
-    host, port = sock.getsockname()[:2]
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    # A worker's socket listens only once uvicorn serves it (asyncio's create_server calls listen): until then the
+    # kernel gives new connections to the workers already serving, not to one still opening its database.
+    worker = settings.worker is not None
+    sock = bind(settings.host, settings.port, reuse_port=worker, listen=not worker)
+    url = serving_url(sock)
     config = load_config(settings.config_home or data_dir)
     node_url = settings.advertise_url or config.get("server") or url
     db = open_database(db_url)
@@ -178,12 +195,13 @@ def serve(settings: ServerSettings, providers: dict | None = None, app_factory=c
                             workdir_archives=DatabaseWorkdirs(db) if shared else None)
     server = _Server(uvicorn.Config(app_factory(state), log_config=None, access_log=False,
                                            timeout_graceful_shutdown=5))
-    _write_controller_file(data_dir, url)
+    if settings.worker is None:  # a worker's supervisor writes it, with its own pid (`runner server stop` stops it)
+        _write_controller_file(data_dir, url)
     watchdog = sdnotify.start_watchdog()  # also takes NOTIFY_SOCKET out of the environment nodes inherit
     directory.start()
     leader.start()
     log.info("controller serving", url=url, data_dir=str(data_dir), db=redact(db_url), pid=os.getpid(),
-             leader=leader.leading)
+             leader=leader.leading, worker=settings.worker)
     try:
         server.run(sockets=[sock])
     finally:
@@ -219,11 +237,11 @@ def _read_secret(path: Path) -> str | None:
         return None
 
 
-def _write_controller_file(data_dir: Path, url: str) -> None:
+def _write_controller_file(data_dir: Path, url: str, **more) -> None:
     (data_dir / LAST_PORT_FILE).write_text(url.rsplit(":", 1)[1])
     tmp = data_dir / (CONTROLLER_FILE + ".tmp")
     # "started" tells this process from a later one that happens to get the same pid.
-    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "started": process_start_ticks(os.getpid())}))
+    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "started": process_start_ticks(os.getpid()), **more}))
     tmp.replace(data_dir / CONTROLLER_FILE)
 
 

@@ -324,9 +324,12 @@ class Store:
                    (started_at, ended_at, node_id))
 
     def record_heartbeats(self, tx: Tx, beats: list[tuple[str, float, str]]) -> None:
-        """Each node's newest heartbeat: (node id, when, progress as JSON text), in one statement."""
-        tx.execute_many("UPDATE nodes SET last_heartbeat = ?, progress = ? WHERE id = ?",
-                        [(when, progress, node_id) for node_id, when, progress in beats])
+        """Each node's newest heartbeat: (node id, when, progress as JSON text), in one statement. A beat older than
+        the one stored is not written: controllers (the workers of one) flush their own beats each on its own
+        clock, and a node's beats reach whichever its connection of the moment reaches."""
+        tx.execute_many("UPDATE nodes SET last_heartbeat = ?, progress = ? "
+                        "WHERE id = ? AND (last_heartbeat IS NULL OR last_heartbeat <= ?)",
+                        [(when, progress, node_id, when) for node_id, when, progress in beats])
 
     # --- events -----------------------------------------------------------
     def add_event(self, tx: Tx, job_id: str, kind: str, message: str, attempt: int | None = None,

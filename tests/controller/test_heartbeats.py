@@ -60,6 +60,21 @@ def test_a_flush_writes_every_nodes_newest_beat_in_one_transaction(store, book):
     store.db = counting.db
 
 
+def test_a_controller_flushing_an_older_beat_after_another_wrote_a_newer_one_keeps_the_newer(store):
+    """Two controllers on one database (the workers of `runner server --workers N`) each flush the beats that reached
+    them; a node whose connection moved from one to the other has its newest beat kept, whichever flushes last."""
+    first, second = HeartbeatBook(store, interval=3600), HeartbeatBook(store, interval=3600)
+    first.start(), second.start()
+    try:
+        first.record("n0", 10.0, {"phase": "running", "checkpoint_step": 100})
+        second.record("n0", 11.0, {"phase": "running", "checkpoint_step": 110})
+        assert second.flush() == 1 and first.flush() == 1
+        assert store.node("n0").last_heartbeat == 11.0
+        assert store.node("n0").progress == {"phase": "running", "checkpoint_step": 110}
+    finally:
+        first.stop(), second.stop()
+
+
 def test_beats_that_could_not_be_written_wait_for_the_next_flush(store, book):
     """A failed write loses nothing; a beat that arrived meanwhile is the one kept."""
     book.record("n0", 10.0, {"phase": "running"})
