@@ -88,7 +88,7 @@ def test_a_node_reclaimed_after_its_part_succeeded_ends_nothing_and_the_job_succ
 
 def test_a_node_gone_before_it_reported_ends_the_attempt_as_preempted(world, api):
     """Nothing says its part was done (the reclaim came first, or its ranks were still training): a loss."""
-    job_id, (node0, node1), headers = running_gang(world, api)
+    job_id, (_, node1), _ = running_gang(world, api)
     world.provider.preempt(node1)
     world.tick()
     (first, *_) = world.store.attempts(job_id)
@@ -99,7 +99,7 @@ def test_a_node_gone_before_it_reported_ends_the_attempt_as_preempted(world, api
 def test_a_succeeded_report_that_lands_while_the_loss_is_decided_spares_the_attempt(world, api):
     """The node's report and the finding that it is gone race: the end is decided on what is recorded in its own
     transaction, so a report committed first always spares the attempt."""
-    job_id, (node0, node1), headers = running_gang(world, api)
+    job_id, _, _ = running_gang(world, api)
     with world.store.db.transaction() as tx:  # recorded after the node watch read the node, before it ended
         GangStore(world.store).record_exit(tx, job_id, 1, 1, "succeeded", 0)
     assert end_attempt(world.store, job_id, 1, "preempted", ranks=(1,), message="gone", unless_finished=True) is None
@@ -111,7 +111,7 @@ def test_a_succeeded_report_that_lands_while_the_loss_is_decided_spares_the_atte
 def test_a_node_hears_that_its_peers_exited_only_once_every_other_node_has_reported(world, api):
     """Of three nodes, the one on notice reported: node 1's launcher may still reach node 0's exit barrier, so node 0
     is told only once node 1 has reported too; the node on notice is never told (its own notice ends its wait)."""
-    job_id, (node0, node1, node2), headers = running_gang(world, api, num_nodes=3)
+    _, _, headers = running_gang(world, api, num_nodes=3)
     assert exit_report(api, headers[2], "succeeded")["action"] == "stay"
     assert beat(api, headers[0]) == {"action": "continue"}
     assert exit_report(api, headers[1], "succeeded")["action"] == "stay"
