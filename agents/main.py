@@ -356,8 +356,8 @@ class Agent(KeptNodeStartAhead, AgentCore):
             return EndReason.DRILL, code, None, self.drill.outcome()
         if self.launcher_watch is not None and self.launcher_watch.finished_training:
             # (a gang's stop for a peer is reported as such: GangRanks.exit_reason)
-            return EndReason.SUCCEEDED, 0, ("every training process closed; the launcher, waiting at its exit for "
-                                            f"nodes that had left the gang, was ended (its exit code {code})"), None
+            return EndReason.SUCCEEDED, 0, ("every training process closed; the launcher, left waiting at its exit for "
+                                            f"other nodes, was ended (its exit code {code})"), None
         if code == 0:
             return EndReason.SUCCEEDED, code, None, None
         failure = classify(code, self.output_tail.text() if self.output_tail else "")
