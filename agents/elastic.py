@@ -134,8 +134,7 @@ class LauncherWatch:
                 continue
             since = since or time.monotonic()
             if time.monotonic() - since >= (self.linger() if callable(self.linger) else self.linger):
-                log.info("every training process has closed; ending the launcher, which waits for nodes that "
-                         "left the gang")
+                log.info("every training process has closed; ending the launcher, left waiting at its exit")
                 self.finished_training = True
                 self.stop()
                 return

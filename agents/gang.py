@@ -11,6 +11,9 @@
   the same step when any node gets a notice or a drill: the ranks here then say ``stopping`` with
   ``origin: "peer"``. Such a node reports that its job stopped because of a peer (not ``succeeded`` or
   ``failed``), and the controller tells it to stay for the next attempt on this same node.
+- **Peers that have exited.** While the attempt still runs, the controller may say every other node has reported
+  its exit (``peers-exited``: one on notice finished its part and left with its node, say). A launcher waiting at
+  its exit for theirs then waits for nothing, and is ended once this node's ranks have all finished and gone.
 - **The drill verdict per rank.** Every rank reports ``restored``; after a drill each node checks that
   every local rank restored the drill's step and reports them by global rank.
 """
@@ -71,6 +74,8 @@ class GangRanks:
     def __init__(self) -> None:
         self.peer_stop: dict | None = None
         self.ended_elsewhere = False  # the controller said the gang's attempt ended on another node
+        # the controller said every other node has reported its exit while the attempt still runs (peers-exited)
+        self.peers_exited = False
         self.restored: dict[str, int] = {}  # global rank (or pid when the library sends no rank) -> step
         self._lock = threading.Condition()
 
@@ -78,6 +83,7 @@ class GangRanks:
         with self._lock:
             self.peer_stop = None
             self.ended_elsewhere = False
+            self.peers_exited = False
             self.restored = {}
 
     def on_stopping(self, message: dict) -> bool:
@@ -112,6 +118,13 @@ class GangRanks:
                 return False
             self.peer_stop = {"origin": "peer", "reason": "the gang's attempt ended"}
             return True
+
+    def on_peers_exited(self) -> None:
+        """Every other node has reported its exit: none has a launcher left to reach this launcher's exit barrier."""
+        with self._lock:
+            if not self.peers_exited:
+                log.info("every other node of the gang has reported its exit")
+            self.peers_exited = True
 
     def on_restored(self, message: dict) -> None:
         key = message.get("rank") if message.get("rank") is not None else f"pid {message.get('pid')}"

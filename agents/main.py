@@ -356,8 +356,8 @@ class Agent(KeptNodeStartAhead, AgentCore):
             return EndReason.DRILL, code, None, self.drill.outcome()
         if self.launcher_watch is not None and self.launcher_watch.finished_training:
             # (a gang's stop for a peer is reported as such: GangRanks.exit_reason)
-            return EndReason.SUCCEEDED, 0, ("every training process closed; the launcher, waiting at its exit for "
-                                            f"nodes that had left the gang, was ended (its exit code {code})"), None
+            return EndReason.SUCCEEDED, 0, ("every training process closed; the launcher, left waiting at its exit for "
+                                            f"other nodes, was ended (its exit code {code})"), None
         if code == 0:
             return EndReason.SUCCEEDED, code, None, None
         failure = classify(code, self.output_tail.text() if self.output_tail else "")
@@ -374,6 +374,9 @@ class Agent(KeptNodeStartAhead, AgentCore):
             return None
         if code == 0:
             return ""
+        if self.launcher_watch is not None and self.launcher_watch.finished_training:
+            return ("every training process closed after its last step during the notice and exited; the launcher, "
+                    f"left waiting at its exit, was ended (its exit code {code})")
         if self.emergency.stop.training_was_over:
             return ("every training process closed after its last step during the notice; the job's process, still "
                     f"running at the deadline, was ended (its exit code {code})")
@@ -472,8 +475,9 @@ class Agent(KeptNodeStartAhead, AgentCore):
 
     def _watch_launcher(self) -> LauncherWatch | None:
         """A gang's launcher, ended once every training process has closed and a node it started with may never
-        reach its exit: the elastic world changed, or the controller says the attempt ended elsewhere
-        (agents/elastic.py)."""
+        reach its exit: the elastic world changed, the controller says the attempt ended elsewhere (agents/elastic.py),
+        or, the training over here, every other node has reported its exit (``peers-exited``) or this node is on
+        notice (its launcher has nothing left to wait for but its exit barrier)."""
         if self.control is None:
             return None
         adopted = self.adopted
@@ -488,14 +492,35 @@ class Agent(KeptNodeStartAhead, AgentCore):
         # C++) does not act on SIGTERM until the wait ends: a short grace before SIGKILL, not a checkpoint's.
         grace = min(self.config.stop_grace_seconds, LEFTOVER_GRACE_SECONDS)
 
+        def trainees_exited() -> bool:
+            return not any(process_tree.running(pid) for pid in list(self._trainee_pids))
+
         def stopped_together() -> bool:
             """The gang stopped at one step for a notice (this node's, its checkpoint acknowledged, or a peer's) and
             every training process here has exited: nothing is left for its launcher but its exit barrier, which
             holds up the gang's next attempt (a process that lingers after close() is left its own exit)."""
             return (self.gang_node and (self.gang.peer_stop is not None or self.emergency.ack is not None)
-                    and not any(process_tree.running(pid) for pid in list(self._trainee_pids)))
+                    and trainees_exited())
 
-        return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere or stopped_together(),
+        gang = self.assignment.get("gang") or {}
+
+        def leaving_with_training_over() -> bool:
+            """This node is on notice (it goes at the deadline), its training is over and every training process of
+            it has exited: its launcher only waits at its exit barrier, where its arrival is counted by now. Ended
+            now, the node reports its success well before the reclaim, not in the deadline's last margin, where the
+            report could miss it. Not node 0's: its launcher hosts the store the other launchers' barrier waits on."""
+            on_notice = self.train_through is not None or self.emergency.active
+            return (self.gang_node and on_notice and gang.get("node_rank") != 0 and self.emergency.ack is None
+                    and self.stop_progress.done_training() and trainees_exited())
+
+        def peers_exited() -> bool:
+            """Every other node reported its exit while the attempt runs (its launcher gone, barrier reached or not),
+            and every training process here closed after its last step and has exited: the job is over here too, and
+            its launcher has nothing left but an exit barrier no other launcher may still reach."""
+            return self.gang.peers_exited and self.stop_progress.done_training() and trainees_exited()
+
+        return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere or stopped_together()
+                             or peers_exited() or leaving_with_training_over(),
                              trainees_left,
                              lambda: supervisor.stop(STOPPED_TOGETHER_LINGER_SECONDS if stopped_together() else grace),
                              linger=lambda: STOPPED_TOGETHER_LINGER_SECONDS if stopped_together()
@@ -519,6 +544,8 @@ class Agent(KeptNodeStartAhead, AgentCore):
     def _on_action(self, action: str) -> None:
         if action == Action.CHECKPOINT_NOW and self.train_through is not None:
             self.train_through.checkpoint_now()  # the replacement is ready (or none is coming)
+        if action == Action.PEERS_EXITED:
+            self.gang.on_peers_exited()  # (the launcher watch ends a launcher left waiting at its exit)
         if action == Action.STOP_FOR_PEER and self.current is not None and self.gang.on_stop_for_peer():
             log.info("the gang's attempt ended elsewhere; stopping the job here to restart with the gang")
             plan = StopPlan(None, self.config.stop_grace_seconds,  # its ranks stopped at the gang's checkpoint

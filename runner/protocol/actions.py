@@ -15,6 +15,10 @@ class Action(StrEnum):
     MOVE_TO_SPOT = "move"            # the cost policy moves the job back to spot: a cancel's stop, ending ``moved``
     STOP_FOR_PEER = "stop-for-peer"  # a gang node whose attempt ended elsewhere: stop the job here, stay
     CHECKPOINT_NOW = "checkpoint"    # a node on notice: the replacement is ready (or none is coming), stop now
+    # A gang node whose attempt still runs while every other node has reported its exit: once every training process
+    # here has closed after its last step and gone, a launcher still waiting at its exit is ended (the nodes it waits
+    # for have no launcher left to come), and the node reports succeeded
+    PEERS_EXITED = "peers-exited"
     STANDBY_WAIT = "wait"            # a prepared replacement: keep waiting for the handover
     STAY = "stay"                    # (exit report) a gang node kept for the next attempt: register again
     # An elastic gang's world changed: the reply's ``world`` ({"generation", "node_rank", "nnodes", "master_addr",

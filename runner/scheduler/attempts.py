@@ -22,19 +22,25 @@ from .transitions import AttemptEnd, transition
 def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: float | None = None,
                 exit_code: int | None = None, notice: Notice | None = None, drill: dict | None = None,
                 message: str | None = None, force_state: str | None = None, ranks: Iterable[int] = (),
-                drain_until: float | None = None, trained_nothing: bool = False) -> str | None:
-    """End a running attempt and move the job on; return the new state, or None if already ended.
+                drain_until: float | None = None, trained_nothing: bool = False,
+                unless_finished: bool = False) -> str | None:
+    """End a running attempt and move the job on; return the new state, or None if already ended (or spared).
 
     ``ranks``: of a gang, the node ranks that ended it (a preempted or lost node); while the job goes on
     only their nodes are released and the others are kept for the next attempt.
     ``drain_until``: of a single-node attempt handed over (:func:`hand_over`), the node is not released but
     drains until its exit report, and is reclaimed at that time at the latest.
-    ``trained_nothing``: the attempt failed before any training (a command not found): it lost no work."""
+    ``trained_nothing``: the attempt failed before any training (a command not found): it lost no work.
+    ``unless_finished``: of a gang's node found gone, the attempt is not ended when every node of ``ranks`` has
+    reported ``succeeded`` for it (checked in this transaction, after whatever report came first): a node that
+    finished its part and then vanished is no loss (see :func:`finished_ranks`)."""
     now = now or time.time()
     with store.db.transaction() as tx:
         job = store.job(job_id, tx)
         current = store.current_attempt(job_id, tx)
         if job is None or current is None or current.attempt != attempt:
+            return None
+        if unless_finished and current.num_nodes > 1 and finished_ranks(store, tx, job_id, attempt, ranks):
             return None
         notice = notice or current.notice
         if reason in ("failed", "lost") and notice:
@@ -69,6 +75,13 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         else:
             release_nodes(store, tx, job_id, attempt)
         return state
+
+
+def finished_ranks(store: Store, tx, job_id: str, attempt: int, ranks: Iterable[int]) -> bool:
+    """Has the node of every one of ``ranks`` (at least one) reported ``succeeded`` for this gang attempt?"""
+    ranks = set(ranks)
+    reported = {n.rank: n.exit_reason for n in GangStore(store).nodes_of(job_id, attempt, tx) if n.rank in ranks}
+    return bool(ranks) and set(reported) == ranks and all(r == EndReason.SUCCEEDED for r in reported.values())
 
 
 def _release_standbys(store: Store, tx, job_id: str, now: float) -> None:

@@ -9,6 +9,8 @@
 - **Node ends** (:func:`node_end_reasons`): per rank, for the restart log: the node that ended the attempt
   gets the attempt's reason (``preempted``/``lost``), the others ``kept`` while the job goes on.
 - **Rendezvous** (:func:`unregistered_ranks`): the ranks still missing once the bounded wait is over.
+- **The launcher's exit** (:func:`peers_exited`): every other node has reported, so none is coming to the exit
+  barrier of a launcher still waiting there.
 """
 
 from __future__ import annotations
@@ -134,6 +136,13 @@ def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], j
         else:
             reasons[rank] = reason
     return reasons
+
+
+def peers_exited(ranks: Iterable[AttemptNode], rank: int) -> bool:
+    """Has every other node of the attempt (bar those that left an elastic world) reported its exit? Then none of
+    them has a launcher left that could reach the exit barrier ``rank``'s launcher may wait at."""
+    others = [r for r in ranks if r.rank != rank and r.left_at is None]
+    return bool(others) and all(r.exit_reason for r in others)
 
 
 def unregistered_ranks(ranks: Iterable[AttemptNode], started_at: float, now: float, timeout: float) -> list[int]:

@@ -6,7 +6,8 @@
   and the nodes it launched are released (all or none); the nodes kept from before stay.
 - :func:`watch_gang_formation`: a gang whose nodes have not all registered within the bounded wait ends
   its attempt as ``lost``, naming the nodes that never came; the registered ones are kept.
-- :func:`gang_node_gone`: the provider says a gang's node is gone: its attempt ends with that rank.
+- :func:`gang_node_gone`: the provider says a gang's node is gone: its attempt ends with that rank (unless the
+  node had reported ``succeeded`` for it: its part was done).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..providers.offers import Offer
 from ..spec import Resources
 from ..state.gangs import GangStore
 from ..state.standbys import PREPARED
-from ..state.rows import Job, Node
+from ..state.rows import AttemptNode, Job, Node
 from ..state.store import NODE_RUNNING, NODE_TERMINATING
 from ..protocol.events import EndReason
 from ..costpolicy import observe
@@ -208,15 +209,37 @@ def _watch_formation(ctx, gangs: GangStore, current, now: float) -> None:
 
 def gang_node_gone(ctx, node: Node, reason: str, why: str) -> None:
     """A gang's node vanished: end the attempt it holds a rank in, or, between attempts, give it up (a replacement
-    prepared during a notice holds no rank yet: it is only released)."""
+    prepared during a notice holds no rank yet: it is only released).
+
+    A node that had reported ``succeeded`` for the running attempt before it vanished finished its part (its ranks
+    reached the job's last step during a notice, and its node was reclaimed at the deadline while a peer's ranks
+    still tore down): that is no loss, and the attempt ends when the other nodes report, as it would have."""
     store, gangs = ctx.store, GangStore(ctx.store)
     if node.attempt == PREPARED and node.prepared_for is not None:
         return
     latest = gangs.latest_for_node(node.id)
     attempt = latest.attempt if latest else node.attempt
+    if _finished_its_part(store, node, latest, why):
+        return
     if elastic.node_leaves(store, ctx.providers, node.job_id, attempt, node.rank, reason, why):
         return  # an elastic gang trains on without it
-    ended = end_attempt(store, node.job_id, attempt, reason, ranks=(node.rank,), message=why)
-    if ended is None:
-        with store.db.transaction() as tx:
+    ended = end_attempt(store, node.job_id, attempt, reason, ranks=(node.rank,), message=why, unless_finished=True)
+    if ended is None and not _finished_its_part(store, node, gangs.latest_for_node(node.id), why):
+        with store.db.transaction() as tx:  # (its succeeded report may have come while the end was decided)
             gangs.mark_released(tx, node.id, reason)
+
+
+def _finished_its_part(store, node: Node, latest: AttemptNode | None, why: str) -> bool:
+    """Had the node reported ``succeeded`` for the attempt that still runs? Then its loss ends nothing: say so."""
+    current = store.current_attempt(node.job_id)
+    if latest is None or current is None or latest.attempt != current.attempt:
+        return False
+    if latest.exit_reason != EndReason.SUCCEEDED:
+        return False
+    log.info("a gang node that had finished its part is gone; the attempt goes on", job=node.job_id, node=node.id,
+             rank=latest.rank, attempt=latest.attempt)
+    with store.db.transaction() as tx:
+        store.add_event(tx, node.job_id, "gang", f"{why} after it reported succeeded: its part of attempt "
+                        f"{latest.attempt} was done, so this is no loss; the attempt ends with the other nodes' "
+                        "reports", attempt=latest.attempt)
+    return True

@@ -25,11 +25,12 @@ import time
 import structlog
 
 from ..spec import JobSpec
-from ..state.rows import Node
+from ..state.rows import Attempt, Node
 from ..state.standbys import StandbyStore
 from ..state.store import NODE_RUNNING
 from ..protocol.actions import Action
 from . import gang_prestart, gang_standby, placement
+from .gang import peers_exited
 from .states import PROVISIONING, RECOVERING, TERMINAL
 from .transitions import transition
 
@@ -124,8 +125,10 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
     now = now or time.time()
     spec = node.get("spec")  # (the heartbeat's view has it: a single node's beat needs no further read)
     gang = spec is None or spec.resources.num_nodes > 1
-    if gang and node.get("rank") is not None and _gang_peer_of_the_noticed_node(store, node):
-        return Action.CONTINUE
+    if gang and node.get("rank") is not None and (current := _gang_peer_of_the_noticed_node(store, node)):
+        # Every other node reported (the one on notice, its ranks done, said succeeded): a launcher of this node's
+        # waiting at its exit for theirs waits for nothing (agents/main.py ends it once its ranks have gone)
+        return Action.PEERS_EXITED if peers_exited(current.nodes, node["rank"]) else Action.CONTINUE
     standby = StandbyStore(store).live(node["job_id"])
     if standby is None:
         return Action.CHECKPOINT_NOW  # nothing prepared (declined, failed, or not wanted): today's path
@@ -143,10 +146,13 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
     return Action.CHECKPOINT_NOW
 
 
-def _gang_peer_of_the_noticed_node(store, node: dict) -> bool:
+def _gang_peer_of_the_noticed_node(store, node: dict) -> Attempt | None:
+    """The running attempt, when it is a gang's on notice and ``node`` is not the node on notice."""
     current = store.current_attempt(node["job_id"])
-    return (current is not None and current.num_nodes > 1 and current.notice is not None
-            and current.notice.node_rank is not None and current.notice.node_rank != node["rank"])
+    if (current is not None and current.num_nodes > 1 and current.notice is not None
+            and current.notice.node_rank is not None and current.notice.node_rank != node["rank"]):
+        return current
+    return None
 
 
 def mark_ready(store, node: Node, now: float | None = None) -> bool:

@@ -127,3 +127,12 @@ def test_a_node_preempted_alone_keeps_its_own_line():
     own = {"op": "stopping", "step": 41, "durable": True}
     assert ranks.preempted_summary(own, "preempted: emergency checkpoint at step 41, durable") == \
         "preempted: emergency checkpoint at step 41, durable"
+
+
+def test_peers_that_exited_leave_this_nodes_success_a_success_and_are_forgotten_at_the_next_attempt():
+    """``peers-exited`` only lets the launcher end: unlike a stop for a peer it turns no exit into stopped-by-peer."""
+    ranks = GangRanks()
+    ranks.on_peers_exited()
+    assert ranks.peers_exited and ranks.exit_reason("succeeded") == "succeeded"
+    ranks.reset()
+    assert not ranks.peers_exited

@@ -5,7 +5,6 @@ go on in the same processes in a world of 2, the replacement joins with the stat
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
+from output_search import first, occurrences
 
 pytestmark = pytest.mark.timeout(900)  # torch in a replacement's two processes, twice, on a busy machine
 TRAIN = Path(__file__).resolve().parent / "elastic_train.py"
@@ -46,7 +46,7 @@ def _wait(condition, timeout: float, what: str, runner: Runner, job_id: str):
 
 
 def _last_step(runner: Runner, job_id: str) -> int:
-    steps = re.findall(r"^pid \d+ step (\d+) ", runner.output(job_id, node=0), re.M)
+    steps = occurrences(r"pid \d+ step (\d+) ", runner.output(job_id, node=0))
     return int(steps[-1]) if steps else 0
 
 
@@ -64,8 +64,8 @@ def test_a_gang_shrinks_and_grows_back_twice_in_one_attempt_with_the_same_surviv
         shutil.copy(TRAIN, folder / TRAIN.name)
         finish = tmp_path / "finish"
         job_id = runner.json("submit", str(write_job(folder, JOB.format(finish=finish))))["id"]
-        runner.wait_for_output(job_id, r"^pid \d+ step 40 world 3", timeout=240)
-        pid0 = re.search(r"^pid (\d+) rank 0 of 3", runner("logs", job_id, "--node", "0").stdout, re.M).group(1)
+        runner.wait_for_output(job_id, r"pid \d+ step 40 world 3", timeout=240)
+        pid0 = first(r"pid (\d+) rank 0 of 3", runner("logs", job_id, "--node", "0").stdout).group(1)
 
         assert runner("preempt", job_id, "--node", "1", "--notice", "none").returncode == 0
         _wait(lambda: _sizes(runner, job_id)[:2] == [3, 2], 90, "the shrink to 2", runner, job_id)
@@ -79,10 +79,10 @@ def test_a_gang_shrinks_and_grows_back_twice_in_one_attempt_with_the_same_surviv
         job = runner.json("status", job_id)
         assert job["state"] == "RUNNING" and job["attempts"] == 1 and job["preemptions"] == 2
         out0 = runner("logs", job_id, "--node", "0").stdout
-        assert set(re.findall(r"^pid (\d+) ", out0, re.M)) == {pid0}  # node 0's training was never restarted
-        assert len(re.findall(r"^pid \d+ step \d+ world changed", out0, re.M)) == 4
+        assert set(occurrences(r"pid (\d+) ", out0)) == {pid0}  # node 0's training was never restarted
+        assert len(occurrences(r"pid \d+ step \d+ world changed", out0)) == 4
         joined = runner("logs", job_id, "--node", "3").stdout
-        assert re.search(r"^pid \d+ rank 2 of 3 from step [1-9]\d*", joined, re.M)  # the state came from a peer
+        assert first(r"pid \d+ rank 2 of 3 from step [1-9]\d*", joined)  # the state came from a peer
         (row,) = runner.json("restarts", job_id)
         steps = [w["step"] for w in row["world_sizes"]]
         assert steps == sorted(steps) and steps[1] > 0

@@ -5,7 +5,6 @@ with its world sizes in the restart log."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
+from output_search import first, occurrences
 
 TRAINEE = Path(__file__).resolve().parent / "elastic_protocol_trainee.py"
 JOB = """
@@ -52,7 +52,7 @@ def test_the_survivors_train_on_in_the_same_processes_while_each_lost_node_is_re
         shutil.copy(TRAINEE, folder / TRAINEE.name)
         job_id = runner.json("submit", str(write_job(folder, JOB.format(finish=finish))))["id"]
         runner.wait_for_output(job_id, r"step 40 world 3", timeout=120)
-        pid0 = re.search(r"^pid (\d+) start", runner("logs", job_id, "--node", "0").stdout, re.M).group(1)
+        pid0 = first(r"pid (\d+) start", runner("logs", job_id, "--node", "0").stdout).group(1)
 
         vanished = runner("preempt", job_id, "--node", "1", "--notice", "none")
         assert vanished.returncode == 0 and "vanished without a notice" in vanished.stdout, vanished.stderr
@@ -74,7 +74,7 @@ def test_the_survivors_train_on_in_the_same_processes_while_each_lost_node_is_re
         assert ends == {0: "succeeded", 1: "lost", 2: "preempted", 3: "succeeded", 4: "succeeded"}, ends
         assert all(n.get("joined_at") for n in row["nodes"] if n["rank"] >= 3)
         out0 = runner("logs", job_id, "--node", "0").stdout
-        assert set(re.findall(r"^pid (\d+) ", out0, re.M)) == {pid0}  # node 0's training was never restarted
+        assert set(occurrences(r"pid (\d+) ", out0)) == {pid0}  # node 0's training was never restarted
         assert "moved to generation 1 as node 0 of 2" in out0 and "moved to generation 4 as node 0 of 3" in out0
         joiner = runner("logs", job_id, "--node", "3").stdout
         assert "joining=1 min_nodes=2" in joiner and "moved to generation 2 as node 2 of 3" in joiner

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from conftest import REPO, Controller, Runner, kill_nodes, write_job
+from output_search import occurrences
 
 TRAIN = REPO / "examples" / "multinode" / "train.py"
 # Still training when the gang stops for the notice: the stop comes before the notice's 24 s deadline (AWS's 120 s
@@ -84,8 +85,8 @@ def preempted_gang(tmp_path_factory):
         job_id = runner.json("submit", str(write_job(folder, JOB)))["id"]
         runner.wait_for(job_id, lambda j: j["attempts"] == 2, timeout=240, what="the drill's restart")
         drill_step = runner.restarts(job_id)[0]["checkpoint_step"]
-        runner.wait_for(job_id, lambda j: any(int(n) >= drill_step + 20 for n in re.findall(
-            r"^step (\d+) ", runner.output(job_id, attempt=2), re.M)),
+        runner.wait_for(job_id, lambda j: any(int(n) >= drill_step + 20 for n in occurrences(
+            r"step (\d+) loss", runner.output(job_id, attempt=2))),
             timeout=240, what="20 steps of attempt 2")
         preempted = runner("preempt", job_id, "--node", "1")
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=300, what="the end")
@@ -149,11 +150,11 @@ def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
     runner, job_id, _, _ = preempted_gang
     _, first, second = runner.restarts(job_id)
     logs = runner.output(job_id, 2) + runner.output(job_id, 3)
-    stops = re.findall(r"rank \d: stopping at step (\d+)", logs)  # (unanchored: ranks share lines)
+    stops = occurrences(r"rank \d: stopping at step (\d+)", logs)  # (ranks share lines)
     assert len(stops) == 4 and len(set(stops)) == 1
     stopped_at = int(stops[0])
     assert first["checkpoint_step"] == stopped_at == second["resumed_from_step"] > first["resumed_from_step"]
-    assert len(re.findall(rf"rank \d/4: resumed from step {stopped_at}(?!\d)", logs)) == 4
+    assert len(occurrences(rf"rank \d/4: resumed from step {stopped_at}(?!\d)", logs)) == 4
 
 
 def test_the_final_weights_equal_an_uninterrupted_run_of_the_same_topology(preempted_gang, uninterrupted_sha):

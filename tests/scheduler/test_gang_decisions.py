@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runner.providers.offers import Offer
 from runner.scheduler.gang import (
-    KeptNode, gang_outcome, gpus_per_node, node_end_reasons, plan_gang, unregistered_ranks,
+    KeptNode, gang_outcome, gpus_per_node, node_end_reasons, peers_exited, plan_gang, unregistered_ranks,
 )
 from runner.scheduler.policy import Candidate
 from runner.state.rows import AttemptNode
@@ -122,3 +122,17 @@ def test_the_ranks_missing_at_the_end_of_the_wait_are_named():
 def test_gpus_per_node_is_the_accelerator_count_or_1():
     """A8 nodes give 8, CPU-only nodes 1."""
     assert gpus_per_node(("A100", 8)) == 8 and gpus_per_node(None) == 1
+
+
+def test_a_nodes_peers_have_exited_once_every_other_node_that_did_not_leave_has_reported():
+    """Then no launcher of theirs may still reach a barrier this node's launcher waits at."""
+    def rank(r: int, exit_reason: str | None = None, left_at: float | None = None) -> AttemptNode:
+        return AttemptNode(job_id="j", attempt=1, rank=r, node_id=f"n{r}", zone="z", instance_type="t", spot=True,
+                           price_per_hour=0.1, address=None, registered_at=1.0, exit_reason=exit_reason,
+                           exit_code=None, end_reason="running", left_at=left_at)
+
+    assert not peers_exited([rank(0), rank(1)], 0)
+    assert peers_exited([rank(0), rank(1, "succeeded")], 0)
+    assert not peers_exited([rank(0), rank(1, "succeeded"), rank(2)], 0)  # node 2's launcher may still come
+    assert peers_exited([rank(0), rank(1, "succeeded"), rank(2, left_at=1.0)], 0)  # it left an elastic world
+    assert not peers_exited([rank(0)], 0)  # a gang of one has no peers to wait for
