@@ -195,6 +195,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker more than the cores this process may use, three at least (PYTEST_XDIST_AUTO_NUM_WORKERS
+    says otherwise). Most end-to-end tests wait on real processes much of the time, so a third worker keeps two
+    cores busy; xdist's own auto (one per core) would leave them idle."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return max(3, len(os.sched_getaffinity(0)) + 1)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under `-n N`: units of work as tests/xdist_schedule.py says, in collection order (slowest first)."""
     if config.getvalue("dist") != "load":  # another --dist asked for by name: xdist's own
