@@ -103,10 +103,8 @@ def _train_through(tmp_path, files: dict) -> tuple[Path, dict, dict, dict, str, 
         preempted = runner("preempt", job_id, "--node", "1", "--notice", "aws")
         assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
-        first, second = runner.json("restarts", job_id)
-        old_output = runner("logs", job_id, "--attempt", "1").stdout
-        new_output = runner("logs", job_id, "--attempt", "2").stdout
-        logs = runner("logs", job_id).stdout
+        first, second = runner.restarts(job_id)  # what the CLI prints, read in this process (tests/conftest.py)
+        old_output, new_output, logs = runner.output(job_id, 1), runner.output(job_id, 2), runner.output(job_id)
     finally:
         controller.stop()
         kill_nodes(home)
