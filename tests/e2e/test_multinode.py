@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(900)  # the module's job, run by its first test
 
 
 @pytest.fixture(scope="module")
-def preempted_gang(tmp_path_factory):
+def preempted_gang(tmp_path_factory, uninterrupted_gang):  # the reference trains meanwhile: gang_reference.py
     """Runs the scenario once: submit; the drill ends attempt 1 and attempt 2 resumes; 20 steps later
     `runner preempt JOB --node 1`; the job ends. Returns the CLI driver, the job id, the preempt command's
     output and the job's final status. The gang trains through the notice (its replacement prepared, its next
