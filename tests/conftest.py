@@ -185,6 +185,8 @@ REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
 def pytest_configure(config):
     config.addinivalue_line("markers", "sqlite_only(why): this test stays on SQLite where its module runs on both")
     config.addinivalue_line("markers", "on_both_databases: this test runs on SQLite and Postgres where its module does not")
+    config.addinivalue_line("markers", "start_early(why): under -n, start this test with the end-to-end tests (minutes of "
+                                       "torch processes), not late, where it would make the run's tail")
 
 
 def pytest_collection_modifyitems(config, items):
