@@ -203,7 +203,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
     cores busy; xdist's own auto (one per core) would leave them idle."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
-    return max(3, len(os.sched_getaffinity(0)) + 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # macOS: none
+    return max(3, cores + 1)
 
 
 @pytest.hookimpl(optionalhook=True)
