@@ -185,6 +185,8 @@ REQUIRE_POSTGRES = "RUNNER_TESTS_REQUIRE_POSTGRES"
 def pytest_configure(config):
     config.addinivalue_line("markers", "sqlite_only(why): this test stays on SQLite where its module runs on both")
     config.addinivalue_line("markers", "on_both_databases: this test runs on SQLite and Postgres where its module does not")
+    config.addinivalue_line("markers", "start_early(why): under -n, start this test with the end-to-end tests (minutes of "
+                                       "torch processes), not late, where it would make the run's tail")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -192,6 +194,17 @@ def pytest_collection_modifyitems(config, items):
     from xdist_schedule import start_order
 
     items.sort(key=lambda item: start_order(item, TESTS))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker more than the cores this process may use, three at least (PYTEST_XDIST_AUTO_NUM_WORKERS
+    says otherwise). Most end-to-end tests wait on real processes much of the time, so a third worker keeps two
+    cores busy; xdist's own auto (one per core) would leave them idle."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # macOS: none
+    return max(3, cores + 1)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -24,18 +24,20 @@ MODULE_SCOPED_CARRIERS = ("backend", "module_controller_db")
 DATABASES = ("sqlite", "postgres")
 
 
-def start_order(item, tests: Path) -> int:
-    """Lower starts earlier: a test whose author raised its timeout above the default, then the folders whose
-    tests start torch processes, then those that start a controller, then the rest."""
+def start_order(item, tests: Path) -> tuple[int, float]:
+    """Lower starts earlier: a test whose author raised its timeout above the default (the higher, the earlier: the
+    authors raised it for the longest), then the folders whose tests start torch processes and the tests marked
+    `start_early` elsewhere, then those that start a controller, then the rest."""
     marker = item.get_closest_marker("timeout")
     default = float(item.config.getini("timeout") or 0)
     if marker and marker.args and float(marker.args[0]) > default:
-        return 0
-    if item.path.is_relative_to(tests) and item.path.relative_to(tests).parts[0] in SLOW_FOLDERS:
-        return 1
+        return 0, -float(marker.args[0])
+    if item.get_closest_marker("start_early") or (
+            item.path.is_relative_to(tests) and item.path.relative_to(tests).parts[0] in SLOW_FOLDERS):
+        return 1, 0
     if {"controller", "controller_db", "module_controller_db"} & set(item.fixturenames):
-        return 2
-    return 3
+        return 2, 0
+    return 3, 0
 
 
 def _module_fixtures(tree: ast.Module) -> set[str]:

@@ -14,6 +14,8 @@ import torch
 
 TRAINEE = Path(__file__).with_name("ddp_trainee.py")
 TIMEOUT = 240  # generous: a busy 2-core machine starts 4 ranks slowly; nothing here waits on a clock
+# Minutes of torchrun gangs, on one worker (the module's tests share a fixture): started early, not at the run's tail.
+pytestmark = pytest.mark.start_early("four-rank torchrun gangs, one after another")
 
 
 def torchrun(ranks: int, *args, check: bool = True) -> subprocess.CompletedProcess:

@@ -17,31 +17,27 @@ started ahead beside the four training, get ready long before the deadline even 
 1 s and its setup a shell builtin, so the test lasts as long as the processes take to start. The first attempt
 pauses between steps, so that it is still training when the next attempt is ready (600 steps: 360 s of pauses
 at least); a later attempt, and the uninterrupted run, just train: each of a 2 x 2 gang's steps costs CPU that
-the processes being started need.
+the processes being started need. The uninterrupted run is tests/e2e/gang_reference.py's, shared with
+tests/e2e/test_multinode.py.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, Controller, Runner, kill_nodes, write_job
+from conftest import Controller, Runner, kill_nodes, write_job
+from gang_reference import FINAL, TORCHRUN, TRAIN, TRAINING, uninterrupted_gang  # noqa: F401 - a fixture
 
 BOOT_SECONDS = 1.0
-STEPS = 600  # still training when the next attempt is ready, on a busy machine too
+# TRAINING's 600 steps: the first attempt is still training when the next attempt is ready, on a busy machine too.
 FIRST_STEP_TIME = 0.6  # the first attempt's pause between steps; a later attempt does not pause
-ARGS = f"--steps {STEPS} --step-time {FIRST_STEP_TIME} --log-every 1 --interval 1h --bit-exact"
-UNPAUSED_ARGS = ARGS.replace(f"--step-time {FIRST_STEP_TIME}", "--step-time 0")
-TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
-            "--master-addr={addr} --master-port={port}")
+ARGS = f"{TRAINING} --step-time {FIRST_STEP_TIME} --log-every 1"
 JOB = f"""
 name: gang-train-through
 setup: 'true'
@@ -52,7 +48,6 @@ resources: {{cloud: [local], num_nodes: 2}}
 checkpoint: {{interval: 1h}}
 recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 'off'}}
 """
-FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 # Unanchored: ranks (and the library's log lines) printing at once share a line ("...step=90rank 1/4: resumed").
 STEP = re.compile(r"step (\d+) at (\d+\.\d+)")
 BUILT = re.compile(r"rank (\d): built at (\d+\.\d+)")
@@ -61,7 +56,7 @@ DIE_AHEAD = "die-ahead"  # in the workdir: node 0's process started ahead exits 
 
 def _trainee() -> str:
     """examples/multinode/train.py, its progress lines stamped with the time (rank 0 prints them)."""
-    source = (REPO / "examples" / "multinode" / "train.py").read_text()
+    source = TRAIN.read_text()
     line = 'print(f"step {step} loss {loss.item():.4f}", flush=True)'
     restore = "    step = ckpt.restore()\n"
     parse = "    args = parser.parse_args()\n"
@@ -78,32 +73,6 @@ def _trainee() -> str:
 
 def _unix(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _uninterrupted(folder: Path) -> str:
-    """The final weights of the same 2-node x 2-rank run, from start to end, outside the runner."""
-    (folder / "train.py").write_text(_trainee())
-    port = _free_port()
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    nodes = []
-    for rank in (0, 1):
-        command = TORCHRUN.format(nodes=2, rank=rank, addr="127.0.0.1", port=port).split()
-        nodes.append(subprocess.Popen([*command, str(folder / "train.py"), *UNPAUSED_ARGS.split()],
-                                      cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
-    assert all(node.returncode == 0 for node in nodes), outputs
-    return FINAL.search(outputs[0]).group(1)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> str:
-    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted"))
 
 
 def _agent_log(home: Path, node: str) -> list[dict]:
@@ -134,10 +103,8 @@ def _train_through(tmp_path, files: dict) -> tuple[Path, dict, dict, dict, str, 
         preempted = runner("preempt", job_id, "--node", "1", "--notice", "aws")
         assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
-        first, second = runner.json("restarts", job_id)
-        old_output = runner("logs", job_id, "--attempt", "1").stdout
-        new_output = runner("logs", job_id, "--attempt", "2").stdout
-        logs = runner("logs", job_id).stdout
+        first, second = runner.restarts(job_id)  # what the CLI prints, read in this process (tests/conftest.py)
+        old_output, new_output, logs = runner.output(job_id, 1), runner.output(job_id, 2), runner.output(job_id)
     finally:
         controller.stop()
         kill_nodes(home)
@@ -159,7 +126,8 @@ def _stopped_at(first: dict, second: dict, old_output: str, new_output: str, lau
 
 
 @pytest.mark.timeout(1200)
-def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_noticed_rank(tmp_path, uninterrupted):
+def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_noticed_rank(tmp_path,
+                                                                                            uninterrupted_gang):
     home, job, first, second, old_output, new_output, logs = _train_through(tmp_path, {})
 
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 1 and job["attempts"] == 2
@@ -177,7 +145,7 @@ def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_n
     # The whole gang trained on after the notice (rank 0 is on node 0, which no notice reached), every rank
     # stopped at the emergency checkpoint's step and resumed from it, ending with the uninterrupted run's weights.
     stopped_at, last_step_at = _stopped_at(first, second, old_output, new_output, launched)
-    assert FINAL.search(logs).group(1) == uninterrupted
+    assert FINAL.search(logs).group(1) == uninterrupted_gang.sha256()
     # The next attempt was started ahead on both nodes: each of its four ranks had built its model, and each
     # node's ranks all waited in restore(), before the old attempt's last step; those processes resumed.
     built = BUILT.findall(new_output)
@@ -199,7 +167,7 @@ def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_n
 
 
 @pytest.mark.timeout(1200)
-def test_a_start_ahead_that_dies_leaves_the_gang_to_start_anew_with_nothing_lost(tmp_path, uninterrupted):
+def test_a_start_ahead_that_dies_leaves_the_gang_to_start_anew_with_nothing_lost(tmp_path, uninterrupted_gang):
     """Node 0's process started ahead exits before its restore(): the old attempt trains on until the controller
     hears of it, then stops with the emergency checkpoint; the next attempt starts anew on both nodes (the
     replacement's process started ahead is stopped too) and ends with the uninterrupted run's weights."""
@@ -210,7 +178,7 @@ def test_a_start_ahead_that_dies_leaves_the_gang_to_start_anew_with_nothing_lost
     assert standby["outcome"] == "took over" and standby["rank"] == 1
     assert [n["node"] for n in second["nodes"]] == [first["nodes"][0]["node"], standby["node"]]
     stopped_at, last_step_at = _stopped_at(first, second, old_output, new_output, _unix(standby["launched_at"]))
-    assert FINAL.search(logs).group(1) == uninterrupted
+    assert FINAL.search(logs).group(1) == uninterrupted_gang.sha256()
     assert first["lost_seconds"] == 0.0 and job["goodput"]["redone_seconds"] == 0
     # Node 0 started the next attempt ahead and its process died; every rank of the next attempt was started
     # anew after the old attempt's last step.

@@ -11,25 +11,18 @@ never interrupted.
 
 from __future__ import annotations
 
-import re
 import shutil
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, Controller, Runner, kill_nodes, write_job
+from conftest import Controller, Runner, kill_nodes, write_job
+from gang_reference import FINAL, TORCHRUN, TRAIN, TRAINING, uninterrupted_gang  # noqa: F401 - a fixture
 from output_search import occurrences
 
-TRAIN = REPO / "examples" / "multinode" / "train.py"
 # Still training when the gang stops for the notice: the stop comes before the notice's 24 s deadline (AWS's 120 s
-# at the clock of 0.2), and the 1,000 steps or more left after the preempt take 30 s at least.
-ARGS = "--steps 1200 --step-time 0.03 --log-every 10 --interval 1h --bit-exact"
-TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
-            "--master-addr={addr} --master-port={port}")
+# at the clock of 0.2), and the 500 steps or more left after the preempt take 30 s at least.
+ARGS = f"{TRAINING} --step-time 0.06 --log-every 10"
 JOB = f"""
 name: gang
 run: >-
@@ -39,36 +32,11 @@ resources: {{cloud: [local], num_nodes: 2}}
 checkpoint: {{interval: 1h}}
 recovery: {{max_preemptions: 3, max_failures: 0, resume_drill: 5s}}
 """
-FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 pytestmark = pytest.mark.timeout(900)  # the module's job, run by its first test, takes minutes on a busy machine
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def uninterrupted_sha(tmp_path_factory) -> str:
-    """The final weights of the same 2-node x 2-rank run, from start to end, outside the runner."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    port = _free_port()
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    nodes = []
-    for rank in (0, 1):
-        cwd = folder / f"node{rank}"
-        cwd.mkdir()
-        command = TORCHRUN.format(nodes=2, rank=rank, addr="127.0.0.1", port=port).split()
-        nodes.append(subprocess.Popen([*command, str(TRAIN), *ARGS.replace("0.03", "0").split()], cwd=cwd,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert all(node.returncode == 0 for node in nodes), outputs
-    return FINAL.search(outputs[0]).group(1)
-
-
-@pytest.fixture(scope="module")
-def preempted_gang(tmp_path_factory):
+def preempted_gang(tmp_path_factory, uninterrupted_gang):  # the reference trains meanwhile: gang_reference.py
     """Runs the scenario once: submit; the drill ends attempt 1 and attempt 2 resumes; 20 steps later
     `runner preempt JOB --node 1`; the job ends. Returns the CLI driver, the job id, the preempt command's
     output and the job's final status. The gang trains through the notice (its replacement prepared, its next
@@ -157,10 +125,11 @@ def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
     assert len(occurrences(rf"rank \d/4: resumed from step {stopped_at}(?!\d)", logs)) == 4
 
 
-def test_the_final_weights_equal_an_uninterrupted_run_of_the_same_topology(preempted_gang, uninterrupted_sha):
-    """The preempted and resumed gang ends with the weights of the same 2 x 2 run never interrupted."""
+def test_the_final_weights_equal_an_uninterrupted_run_of_the_same_topology(preempted_gang, uninterrupted_gang):
+    """The preempted and resumed gang ends with the weights of the same 2 x 2 run never interrupted
+    (tests/e2e/gang_reference.py)."""
     runner, job_id, _, _ = preempted_gang
-    assert FINAL.search(runner.output(job_id)).group(1) == uninterrupted_sha
+    assert FINAL.search(runner.output(job_id)).group(1) == uninterrupted_gang.sha256()
 
 
 def _standby_cost(row: dict) -> float:

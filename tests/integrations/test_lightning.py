@@ -10,9 +10,8 @@ as real jobs, preempted through the agent.)
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
-import os
-import signal
 import sys
 import warnings
 from pathlib import Path
@@ -23,15 +22,9 @@ import torch
 
 from runner.checkpoint import RestoreError
 
-from .conftest import load_example
-
-pytest.importorskip("lightning")
-import lightning  # noqa: E402
-
-example = load_example("lightning")
-
-from runner.integrations.lightning import RunnerCallback, last_checkpoint  # noqa: E402
-
+# lightning, the example and runner.integrations.lightning are imported by the tests, not at collection
+# (tests/integrations/lightning_cases.py says why).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
 STEPS = "40"
 
 
@@ -40,18 +33,9 @@ def committed(root: Path) -> dict[int, dict]:
             for p in root.glob("step-*") if (p / "manifest.json").is_file()}
 
 
-class SigtermAt(lightning.Callback):
-    """Sends this process SIGTERM at the end of one step's batch, before the runner's callback sees it."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _example(folder: Path | None = None):
+    from .lightning_cases import RunnerCallback, example
+
     trainer, model, loader = example.build(example.parse(["--steps", STEPS]))
     if folder is not None:
         next(c for c in trainer.callbacks if isinstance(c, RunnerCallback)).checkpoints.local_dir = folder
@@ -61,6 +45,8 @@ def _example(folder: Path | None = None):
 @pytest.fixture(scope="module")
 def uninterrupted_sha(tmp_path_factory) -> str:
     """The example trained once, start to end, outside the runner."""
+    from .lightning_cases import example
+
     trainer, model, loader = _example(tmp_path_factory.mktemp("uninterrupted"))
     trainer.fit(model, train_dataloaders=loader)
     return example.weights_sha256(model)
@@ -69,6 +55,8 @@ def uninterrupted_sha(tmp_path_factory) -> str:
 @pytest.mark.parametrize("stop", [17, 13], ids=["mid-epoch", "epoch-end"])
 def test_sigterm_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(
         tmp_path, monkeypatch, uninterrupted_sha, stop):
+    from .lightning_cases import SigtermAt, example, last_checkpoint
+
     durable = tmp_path / "durable"
     monkeypatch.setenv("RUNNER_CHECKPOINT_URL", f"file://{durable}")
     monkeypatch.setenv("RUNNER_CHECKPOINT_DIR", str(tmp_path / "node1"))
@@ -98,6 +86,8 @@ def test_sigterm_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exac
 
 
 def _fit(model, folder: Path, steps: int = 6, **options):
+    from .lightning_cases import RunnerCallback, example, last_checkpoint, lightning
+
     lightning.seed_everything(0, verbose=False)
     data = example.dataset()
     loader = torch.utils.data.DataLoader(data, batch_size=16)
@@ -108,13 +98,9 @@ def _fit(model, folder: Path, steps: int = 6, **options):
     return trainer
 
 
-class Wider(example.Regressor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-
-
 def test_outside_the_runner_it_checkpoints_into_the_given_folder_with_one_log_line(tmp_path):
+    from .lightning_cases import example
+
     with structlog.testing.capture_logs() as logs:
         _fit(example.Regressor(), tmp_path / "ckpt", every_steps=3)
     assert sorted(committed(tmp_path / "ckpt")) == [3, 6]
@@ -123,12 +109,16 @@ def test_outside_the_runner_it_checkpoints_into_the_given_folder_with_one_log_li
 
 
 def test_it_resumes_from_its_own_checkpoint_and_goes_on(tmp_path):
+    from .lightning_cases import example
+
     _fit(example.Regressor(), tmp_path / "ckpt", steps=3, every_steps=3)
     trainer = _fit(example.Regressor(), tmp_path / "ckpt", steps=6, every_steps=3)
     assert trainer.global_step == 6 and sorted(committed(tmp_path / "ckpt")) == [3, 6]
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
+    from .lightning_cases import Wider, example
+
     _fit(example.Regressor(), tmp_path / "ckpt", every_steps=3)
     with pytest.raises(RestoreError) as refused:
         _fit(Wider(), tmp_path / "ckpt", every_steps=3)
@@ -137,6 +127,8 @@ def test_a_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
 
 def test_a_checkpoint_of_another_framework_is_refused_naming_both(tmp_path):
     from runner.checkpoint import Checkpointer
+
+    from .lightning_cases import RunnerCallback, last_checkpoint
 
     plain = Checkpointer(local_dir=tmp_path / "ckpt", model=torch.nn.Linear(2, 2))
     plain.save(4)
@@ -148,21 +140,17 @@ def test_a_checkpoint_of_another_framework_is_refused_naming_both(tmp_path):
 
 
 def test_an_unsupported_lightning_version_fails_at_import_naming_the_supported_ones(monkeypatch):
+    from .lightning_cases import lightning
+
     monkeypatch.setattr(lightning, "__version__", "1.9.5")
     monkeypatch.delitem(sys.modules, "runner.integrations.lightning")
     with pytest.raises(ImportError, match=r"supports lightning >=2\.2,<3; 1\.9\.5 is installed"):
         importlib.import_module("runner.integrations.lightning")
 
 
-class NanOnSteps2And5(example.Regressor):
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        if self.trainer.global_step in (1, 4):  # steps 2 and 5: a NaN loss whose gradient stays finite
-            return loss - loss.detach() + float("nan")
-        return loss
-
-
 def test_each_step_and_its_nan_losses_reach_the_jobs_telemetry(tmp_path):
+    from .lightning_cases import NanOnSteps2And5, RunnerCallback
+
     trainer = _fit(NanOnSteps2And5(), tmp_path / "ckpt", steps=6, interval="1h")
     telemetry = next(c for c in trainer.callbacks if isinstance(c, RunnerCallback)).checkpoints.ckpt.telemetry
     assert telemetry.steps == 6 and telemetry.nan_steps == 2

@@ -9,9 +9,8 @@ same example as real jobs, preempted through the agent.)
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
-import os
-import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,15 +21,10 @@ import torch
 
 from runner.checkpoint import Checkpointer, RestoreError
 
-from .conftest import load_example
-
-pytest.importorskip("transformers")
-example = load_example("transformers")
-
-from transformers import TrainerCallback  # noqa: E402
-
-from runner.integrations.transformers import RunnerCallback, last_checkpoint  # noqa: E402
-
+# transformers, the example and runner.integrations.transformers are imported by the tests, not at collection
+# (tests/integrations/transformers_cases.py says why).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed")
 STEPS = "12"
 
 
@@ -39,20 +33,11 @@ def committed(root: Path) -> dict[int, dict]:
             for p in root.glob("step-*") if (p / "manifest.json").is_file()}
 
 
-class SigtermAt(TrainerCallback):
-    """Sends this process SIGTERM at the end of one step, before the runner's callback sees that step."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted_sha(tmp_path_factory) -> str:
     """The example trained once, start to end, outside the runner."""
+    from .transformers_cases import example, last_checkpoint
+
     folder = tmp_path_factory.mktemp("uninterrupted")
     trainer = example.build(example.parse(["--steps", STEPS, "--output-dir", str(folder / "out")]))
     assert last_checkpoint() is None
@@ -62,6 +47,8 @@ def uninterrupted_sha(tmp_path_factory) -> str:
 
 def test_sigterm_mid_run_commits_that_step_on_both_tiers_and_a_new_node_resumes_bit_exact(
         tmp_path, monkeypatch, uninterrupted_sha):
+    from .transformers_cases import SigtermAt, example, last_checkpoint
+
     durable = tmp_path / "durable"
     monkeypatch.setenv("RUNNER_CHECKPOINT_URL", f"file://{durable}")
     monkeypatch.setenv("RUNNER_CHECKPOINT_DIR", str(tmp_path / "node1"))
@@ -116,6 +103,8 @@ def transformers_warnings():
 def _tiny_trainer(output_dir: Path, model, callback=None, **callback_options):
     from transformers import Trainer, TrainingArguments
 
+    from .transformers_cases import RunnerCallback, example
+
     args = TrainingArguments(output_dir=str(output_dir), max_steps=6, per_device_train_batch_size=8, seed=0,
                              save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, logging_steps=100)
     callback = callback or RunnerCallback(exit_on_stop=False, **callback_options)
@@ -147,6 +136,8 @@ def test_outside_the_runner_it_checkpoints_into_the_output_dir_with_one_log_line
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
+    from .transformers_cases import last_checkpoint
+
     trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
     trainer.train()
     _tiny_trainer(tmp_path / "out2", _llama(), local_dir=tmp_path / "ckpt")
@@ -156,6 +147,8 @@ def test_a_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
 
 
 def test_a_checkpoint_of_another_framework_is_refused_naming_both(tmp_path):
+    from .transformers_cases import last_checkpoint
+
     plain = Checkpointer(local_dir=tmp_path / "ckpt", model=torch.nn.Linear(2, 2))
     plain.save(4)
     plain.close()
@@ -187,6 +180,8 @@ def test_an_unsupported_transformers_version_fails_at_import_naming_the_supporte
 def test_the_trainers_own_saves_are_committed_too_and_stay_in_its_output_dir(tmp_path):
     from transformers import Trainer, TrainingArguments
 
+    from .transformers_cases import RunnerCallback, example
+
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=8, seed=0,
                              save_strategy="steps", save_steps=2, save_total_limit=2, report_to=[], use_cpu=True,
                              disable_tqdm=True)
@@ -198,6 +193,8 @@ def test_the_trainers_own_saves_are_committed_too_and_stay_in_its_output_dir(tmp
 
 
 def test_last_checkpoint_is_never_newer_than_the_step_the_runner_handed_over(tmp_path, monkeypatch):
+    from .transformers_cases import last_checkpoint
+
     trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
     trainer.train()
     assert sorted(committed(tmp_path / "ckpt")) == [3, 6]
@@ -224,6 +221,8 @@ def test_each_step_and_its_nan_losses_reach_the_jobs_telemetry(tmp_path):
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path):
+    from .transformers_cases import last_checkpoint
+
     trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
     trainer.train()
     weights = tmp_path / "ckpt" / "step-00000006" / "model.safetensors"
@@ -235,6 +234,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path):
 
 
 def test_last_checkpoint_asked_before_the_trainer_exists_is_checked_against_its_model(tmp_path):
+    from .transformers_cases import RunnerCallback, last_checkpoint
+
     trainer, _ = _tiny_trainer(tmp_path / "out", _gpt2(), local_dir=tmp_path / "ckpt", every_steps=3)
     trainer.train()
     callback = RunnerCallback(local_dir=tmp_path / "ckpt", exit_on_stop=False)
