@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -50,9 +51,17 @@ def _start(folder: Path) -> list[subprocess.Popen]:
         cwd = folder / f"node{rank}"
         cwd.mkdir()
         command = TORCHRUN.format(nodes=2, rank=rank, addr="127.0.0.1", port=port).split()
+        # A session of its own: a kill ends the launcher's workers with it (they outlive a launcher killed alone).
         nodes.append(subprocess.Popen([*command, str(TRAIN), *TRAINING.split(), "--step-time", "0"], cwd=cwd,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
     return nodes
+
+
+def _kill(nodes: list[subprocess.Popen]) -> None:
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
 
 
 def _finish(nodes: list[subprocess.Popen]) -> str:
@@ -60,8 +69,7 @@ def _finish(nodes: list[subprocess.Popen]) -> str:
     try:
         outputs = [node.communicate(timeout=600)[0] for node in nodes]
     finally:
-        for node in nodes:
-            node.kill()
+        _kill(nodes)
     assert all(node.returncode == 0 for node in nodes), outputs
     return FINAL.search(outputs[0]).group(1)
 
@@ -105,8 +113,7 @@ class UninterruptedGang:
         return Path(tempfile.mkdtemp(prefix="uninterrupted-gang-", dir=self.shared))
 
     def stop(self) -> None:
-        for node in self.nodes:
-            node.kill()
+        _kill(self.nodes)
 
 
 @pytest.fixture(scope="session")
