@@ -14,15 +14,14 @@ Every wait is for an event (a line of output, a line of an agent's log, a restar
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
+from local_nodes import agent_events, node_alive, processes_naming, wait_until
 
 TRAINEE = """
 import os, sys, time
@@ -85,43 +84,6 @@ def _job(num_nodes: int, files: Path) -> str:
             "recovery: {max_preemptions: 3, max_failures: 0, resume_drill: 'off'}\n")
 
 
-def _agent_events(home: Path, node: str) -> list[str]:
-    path = home / "nodes" / node / "agent.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line).get("event", "") for line in path.read_text().splitlines() if line.strip()]
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _processes_of(files: Path) -> list[int]:
-    """The live processes whose command line names the test's files (every process of the job's trainee)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and str(files).encode() in (entry / "cmdline").read_bytes():
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def _node_alive(home: Path, node: str) -> bool:
-    from runner.providers.local.processes import ref_alive
-
-    ref = home / "nodes" / node / "ref"
-    return ref.exists() and ref_alive(ref.read_text())
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("num_nodes", [2, 1], ids=["gang", "single-node"])
 def test_a_job_that_ends_while_its_notice_is_trained_through_succeeds_with_one_attempt(tmp_path, num_nodes):
@@ -140,7 +102,7 @@ def test_a_job_that_ends_while_its_notice_is_trained_through_succeeds_with_one_a
         (files / "hold").touch()
         preempted = runner("preempt", job_id, *(["--node", "1"] if num_nodes > 1 else []), "--notice", "aws")
         assert preempted.returncode == 0, preempted.stderr
-        first = _wait(lambda: (row := runner.restarts(job_id)[0]).get("standby") and row, 300,
+        first = wait_until(lambda: (row := runner.restarts(job_id)[0]).get("standby") and row, 300,
                       "the replacement's launch")
         assert first["standby"]["reason"] == "notice"
         node = first["nodes"][noticed]["node"] if num_nodes > 1 else first["node"]
@@ -149,12 +111,12 @@ def test_a_job_that_ends_while_its_notice_is_trained_through_succeeds_with_one_a
         (files / "finish").touch()
         ranks = 2 * num_nodes if num_nodes > 1 else 1
         # (no anchors: two ranks printing at once share a line, "rank 0: finished at step 30rank 1: finished ...")
-        _wait(lambda: sum(len(re.findall(r"rank \d: finished at step \d+", runner.output(job_id, 1, node)))
+        wait_until(lambda: sum(len(re.findall(r"rank \d: finished at step \d+", runner.output(job_id, 1, node)))
                           for node in range(num_nodes)) == ranks, 300, "every rank's last step")
         # Now the replacement gets ready, and the node on notice is told to checkpoint while its ranks linger.
         (files / "go").touch()
-        _wait(lambda: "the replacement is ready (or none is coming): emergency checkpoint now"
-              in _agent_events(home, node), 400, "the controller's word to the node on notice")
+        wait_until(lambda: "the replacement is ready (or none is coming): emergency checkpoint now"
+              in agent_events(home, node), 400, "the controller's word to the node on notice")
         (files / "linger-done").touch()
 
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=300, what="the end")
@@ -164,8 +126,8 @@ def test_a_job_that_ends_while_its_notice_is_trained_through_succeeds_with_one_a
         standby = rows[0]["standby"]["node"]
         # Nothing is left running: every node of the job, the replacement too, is terminated, and no process of the
         # job (the next attempt started ahead on every node of a gang included) outlives them.
-        _wait(lambda: not any(_node_alive(home, n) for n in [*nodes, standby]), 120, "every node's end")
-        _wait(lambda: not _processes_of(files), 120, "the end of every process of the job")
+        wait_until(lambda: not any(node_alive(home, n) for n in [*nodes, standby]), 120, "every node's end")
+        wait_until(lambda: not processes_naming(files), 120, "the end of every process of the job")
     finally:
         (files / "linger-done").touch()  # a rank torchrun started leads a session of its own: not a node's to kill
         controller.stop()
