@@ -28,11 +28,12 @@ from .config import AgentConfig
 from .control import ControlServer
 from .core import AgentCore
 from .drill import ResumeDrill
-from .elastic import LAUNCHER_LINGER_SECONDS, ElasticWorld, LauncherWatch
+from .elastic import ElasticWorld, LauncherWatch
 from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
+from .launcher_exit import watch_launcher
 from .gang import GangRanks, node_address, register_for_attempt
-from . import gang_prestart, process_tree
+from . import gang_prestart
 from .gang_prestart import KeptNodeStartAhead
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
@@ -40,7 +41,7 @@ from .prestart import DeferredOutput, LocalOutput, Prestarted, prestart_environm
 from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
 from .stop_with_checkpoint import StopPlan, StopWithCheckpoint
-from .supervisor import LEFTOVER_GRACE_SECONDS, Supervisor
+from .supervisor import Supervisor
 from .workdir_archive import extract_safely
 from .watchers import Notice
 
@@ -51,10 +52,6 @@ PRESTART_READY_SECONDS = 300.0  # at most, for a process started ahead to reach 
 # While an elastic gang trains with fewer nodes than the job's: the grown world comes on a heartbeat's reply, and
 # the replacement's ranks wait in it from the moment it is issued.
 ELASTIC_HEARTBEAT_SECONDS = 0.5
-# A gang's launcher once every local rank has stopped with the gang and closed: ended this soon, and killed this
-# soon after its SIGTERM (its exit barrier waits for every node's launcher, the one on notice is being stopped,
-# and a launcher in that wait does not act on SIGTERM)
-STOPPED_TOGETHER_LINGER_SECONDS = 0.5
 PREFETCH_WAIT_SECONDS = 600.0  # at most, for a checkpoint still arriving (agents/prefetch.py stops at a stall)
 
 
@@ -84,7 +81,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         self._ahead_lock = threading.Lock()
         self._ahead_for: int | None = None  # the next attempt a kept gang node was told to start ahead
         self._ahead_abandoned = threading.Event()  # the controller says that next attempt will not adopt it
-        self._trainee_pids: set[int] = set()  # the training processes that said hello in this attempt
+        self.trainee_pids: set[int] = set()  # the training processes that said hello in this attempt
         for op in (Op.HELLO, Op.REQUEST_SEEN, Op.STOPPING, Op.CLOSED):
             self.on_op(op, self.stop_progress.on_message)
         self.on_op(Op.HELLO, self._on_hello)
@@ -229,7 +226,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         for hello in prestarted.hellos:  # said before this attempt began: what a stop's progress names
             self.stop_progress.on_message(hello)
             if isinstance(hello.get("pid"), int):
-                self._trainee_pids.add(hello["pid"])
+                self.trainee_pids.add(hello["pid"])
         self.current, self.output_tail = prestarted.supervisor, prestarted.tail
         self.adopted = prestarted  # still told what its process says: ``waiting`` may come later (slow imports)
         self.training_pid = prestarted.pid
@@ -258,7 +255,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
-            self._trainee_pids = set()
+            self.trainee_pids = set()
             self.elastic.reset()
             self.stop_progress.reset()
             reason, code, message, drill = self._run_job_or_why_not(with_setup=first)
@@ -330,7 +327,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         if not self._adopt_prestarted():
             self._start_command(self.assignment["run"], workdir, env)
         gang = self.assignment.get("gang") or {}
-        self.launcher_watch = self._watch_launcher() if gang.get("elastic") or gang.get("num_nodes", 1) > 1 else None
+        self.launcher_watch = watch_launcher(self) if gang.get("elastic") or gang.get("num_nodes", 1) > 1 else None
         if expected is not None:
             threading.Thread(target=self._verify_drill, args=(expected, started), daemon=True).start()
         elif self.assignment.get("resume_drill_seconds") is not None:
@@ -473,59 +470,6 @@ class Agent(KeptNodeStartAhead, AgentCore):
     def _report_world(self, body: dict) -> None:
         self.reporter.patiently(lambda: self.client.post("/v1/agent/world", body), "world report")
 
-    def _watch_launcher(self) -> LauncherWatch | None:
-        """A gang's launcher, ended once every training process has closed and a node it started with may never
-        reach its exit: the elastic world changed, the controller says the attempt ended elsewhere (agents/elastic.py),
-        or, the training over here, every other node has reported its exit (``peers-exited``) or this node is on
-        notice (its launcher has nothing left to wait for but its exit barrier)."""
-        if self.control is None:
-            return None
-        adopted = self.adopted
-        hellos_before, closed_before = adopted.counts_before if adopted is not None else self.control.counts()
-
-        def trainees_left() -> bool:
-            hellos, closed = self.control.counts()
-            return hellos > hellos_before and closed - closed_before >= hellos - hellos_before
-
-        supervisor = self.current
-        # Nothing of the training is left to save, and torchrun blocked at its exit barrier (a wait on its store, in
-        # C++) does not act on SIGTERM until the wait ends: a short grace before SIGKILL, not a checkpoint's.
-        grace = min(self.config.stop_grace_seconds, LEFTOVER_GRACE_SECONDS)
-
-        def trainees_exited() -> bool:
-            return not any(process_tree.running(pid) for pid in list(self._trainee_pids))
-
-        def stopped_together() -> bool:
-            """The gang stopped at one step for a notice (this node's, its checkpoint acknowledged, or a peer's) and
-            every training process here has exited: nothing is left for its launcher but its exit barrier, which
-            holds up the gang's next attempt (a process that lingers after close() is left its own exit)."""
-            return (self.gang_node and (self.gang.peer_stop is not None or self.emergency.ack is not None)
-                    and trainees_exited())
-
-        gang = self.assignment.get("gang") or {}
-
-        def leaving_with_training_over() -> bool:
-            """This node is on notice (it goes at the deadline), its training is over and every training process of
-            it has exited: its launcher only waits at its exit barrier, where its arrival is counted by now. Ended
-            now, the node reports its success well before the reclaim, not in the deadline's last margin, where the
-            report could miss it. Not node 0's: its launcher hosts the store the other launchers' barrier waits on."""
-            on_notice = self.train_through is not None or self.emergency.active
-            return (self.gang_node and on_notice and gang.get("node_rank") != 0 and self.emergency.ack is None
-                    and self.stop_progress.done_training() and trainees_exited())
-
-        def peers_exited() -> bool:
-            """Every other node reported its exit while the attempt runs (its launcher gone, barrier reached or not),
-            and every training process here closed after its last step and has exited: the job is over here too, and
-            its launcher has nothing left but an exit barrier no other launcher may still reach."""
-            return self.gang.peers_exited and self.stop_progress.done_training() and trainees_exited()
-
-        return LauncherWatch(lambda: self.elastic.changed or self.gang.ended_elsewhere or stopped_together()
-                             or peers_exited() or leaving_with_training_over(),
-                             trainees_left,
-                             lambda: supervisor.stop(STOPPED_TOGETHER_LINGER_SECONDS if stopped_together() else grace),
-                             linger=lambda: STOPPED_TOGETHER_LINGER_SECONDS if stopped_together()
-                             else LAUNCHER_LINGER_SECONDS).start()
-
     def _child(self) -> ChildProcess:
         """The job's current process, as a stop with a checkpoint reaches it."""
         return ChildProcess(lambda: self.current, lambda: self.training_pid, self.stop_progress.done_training)
@@ -587,7 +531,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         self.elastic.on_hello(message)
         self.training_pid = message.get("pid")
         if isinstance(message.get("pid"), int):
-            self._trainee_pids.add(message["pid"])
+            self.trainee_pids.add(message["pid"])
         if self.drill is not None:
             self.drill.on_hello()
 
