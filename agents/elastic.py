@@ -12,7 +12,7 @@
   barrier of up to 5 minutes); after a node has left the world it never comes. Once every training process of
   this node has closed its Checkpointer and gone, a launcher still running a few seconds later is ended, and the
   attempt's end on this node is the training's (``finished_training``). The same watch serves any gang whose
-  attempt the controller says has ended on another node (agents/main.py).
+  attempt the controller says has ended on another node (agents/launcher_exit.py).
 """
 
 from __future__ import annotations

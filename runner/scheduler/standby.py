@@ -127,7 +127,7 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
     gang = spec is None or spec.resources.num_nodes > 1
     if gang and node.get("rank") is not None and (current := _gang_peer_of_the_noticed_node(store, node)):
         # Every other node reported (the one on notice, its ranks done, said succeeded): a launcher of this node's
-        # waiting at its exit for theirs waits for nothing (agents/main.py ends it once its ranks have gone)
+        # waiting at its exit for theirs waits for nothing (agents/launcher_exit.py ends it once its ranks have gone)
         return Action.PEERS_EXITED if peers_exited(current.nodes, node["rank"]) else Action.CONTINUE
     standby = StandbyStore(store).live(node["job_id"])
     if standby is None:
