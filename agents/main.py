@@ -31,7 +31,7 @@ from .drill import ResumeDrill
 from .elastic import ElasticWorld, LauncherWatch
 from .emergency import ChildProcess, EmergencyStop
 from .handover import Handover
-from .launcher_exit import watch_launcher
+from .launcher_exit import RanksFinished, watch_launcher, watch_ranks_finished
 from .gang import GangRanks, node_address, register_for_attempt
 from . import gang_prestart
 from .gang_prestart import KeptNodeStartAhead
@@ -89,6 +89,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         self.assignment: dict = {}  # the controller's answer to the registration (run())
         self.elastic = ElasticWorld(self.send_control, self._report_world)  # an elastic gang's worlds
         self.launcher_watch: LauncherWatch | None = None
+        self.ranks_finished: RanksFinished | None = None  # node 0's part reported while its launcher runs
 
     def run(self) -> int:
         sdnotify.start_watchdog()  # also keeps NOTIFY_SOCKET out of the job's environment
@@ -255,6 +256,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
             self.gang.reset()
+            self.ranks_finished = None
             self.trainee_pids = set()
             self.elastic.reset()
             self.stop_progress.reset()
@@ -264,7 +266,8 @@ class Agent(KeptNodeStartAhead, AgentCore):
                 self.control.drain()  # commits the job reported reach the controller before its exit does
             if not self.shipper.close(timeout=60):
                 log.error("some output could not reach the controller", kept_in=str(self.local_log.name))
-            reason = self.gang.exit_reason(reason)
+            if not self.part_reported:  # (a node whose part was done did not stop for a peer, whatever came after)
+                reason = self.gang.exit_reason(reason)
             reply = self.reporter.report_exit(reason, code, message, drill, failure_kind=self.failure_kind)
             self.failure_kind = None
             if reply and reply.get("action") == "stay":  # a gang node kept for the next attempt, on this node
@@ -328,6 +331,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
             self._start_command(self.assignment["run"], workdir, env)
         gang = self.assignment.get("gang") or {}
         self.launcher_watch = watch_launcher(self) if gang.get("elastic") or gang.get("num_nodes", 1) > 1 else None
+        self.ranks_finished = watch_ranks_finished(self)
         if expected is not None:
             threading.Thread(target=self._verify_drill, args=(expected, started), daemon=True).start()
         elif self.assignment.get("resume_drill_seconds") is not None:
@@ -335,12 +339,17 @@ class Agent(KeptNodeStartAhead, AgentCore):
                            may_run=lambda: not (self.emergency.active or self.cancelled.is_set()))
         code = self.current.wait()
         self.drill.disarm()
-        if self.launcher_watch is not None:
-            self.launcher_watch.close()
+        for watch in (self.launcher_watch, self.ranks_finished):
+            if watch is not None:
+                watch.close()
         log.info("process exited", code=code, phase=self.phase)
         if self.drill.skipped and not (self.emergency.active or self.cancelled.is_set()):
             log.warning("resume drill skipped", why=self.drill.skipped)
             self.reporter.drill({"passed": None, "message": self.drill.skipped})
+        if self.part_reported:  # whatever ended the launcher since (the attempt's end, a shutdown, the deadline)
+            return EndReason.SUCCEEDED, 0, ("every training process finished and exited during the notice; the node "
+                                            "reported its part done while its launcher stayed for the other nodes "
+                                            f"(the launcher's exit code {code})"), None
         if self.emergency.active:
             over = self._training_over_at_the_stop(code)
             if over is None:
@@ -362,6 +371,11 @@ class Agent(KeptNodeStartAhead, AgentCore):
         if failure:
             log.error("the job failed in a way no relaunch can fix", kind=failure[0], why=failure[1])
         return EndReason.FAILED, code, failure[1] if failure else None, None
+
+    @property
+    def part_reported(self) -> bool:
+        """Did this node report its part of the attempt done while its launcher ran (node 0 on notice)?"""
+        return self.ranks_finished is not None and self.ranks_finished.reported
 
     def _training_over_at_the_stop(self, code: int | None) -> str | None:
         """Whether the notice's stop found the training over (every local rank closed after its last step, none

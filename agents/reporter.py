@@ -29,9 +29,10 @@ REGISTER_PATIENCE_SECONDS = 300.0
 REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that has ended: retrying cannot help
 # Events a resume depends on: retried, flushed before the exit report, delivered in the order they were sent.
 # The attempt's telemetry too: its final report comes just before the exit. And the node's setup times, which
-# tell when a new node is ready to train.
+# tell when a new node is ready to train. And a gang node's ranks finished: its part of the attempt, after its ranks'
+# last checkpoint and telemetry.
 RELIABLE = frozenset({EventKind.CHECKPOINT, EventKind.NOTICE, EventKind.HANDOVER, EventKind.TELEMETRY, EventKind.MANIFEST,
-                      EventKind.SETUP})
+                      EventKind.SETUP, EventKind.RANKS_FINISHED})
 FLUSH_SECONDS = 30.0  # the least the exit report waits for reliable events still being retried
 
 

@@ -1,9 +1,9 @@
 """The agent's reports (POST /v1/agent/events): notices, durable checkpoints, restores, telemetry, setup
-timing, the handover, messages. Answered by the front door (runner/controller/front_door.py): on a shared
-database (Postgres) each report is written with the others that arrive meanwhile, in one transaction on a
-thread of its own (runner/controller/group_commit.py), and answered once that commits; on SQLite, and for
-the handover and a replacement's ``ready`` (which take their own transaction), each runs in a transaction of
-its own on the loop's threads."""
+timing, the handover, a gang node's ranks finished, messages. Answered by the front door
+(runner/controller/front_door.py): on a shared database (Postgres) each report is written with the others that
+arrive meanwhile, in one transaction on a thread of its own (runner/controller/group_commit.py), and answered once
+that commits; on SQLite, and for the handover, a replacement's ``ready``, a gang's start ahead and a gang node's ranks
+finished (which take their own transaction), each runs in a transaction of its own on the loop's threads."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ..protocol.events import NOTICE_KINDS, EventKind
 from ..state.standbys import PREPARED
 from ..state.values import Notice
 from ..wire import SetupReport
-from . import metrics, reports, telemetry
+from . import gang_agent, metrics, reports, telemetry
 from .auth import live_node, node_caller, node_token_hash
 from .front_door import AWAITED, LeanRoute, json_object
 from .group_commit import Outcome, all_at_once
@@ -51,13 +51,17 @@ async def agent_event(state, authorization: str, body: bytes) -> dict:
 
 
 def own_transaction_report(state, authorization: str, body: bytes) -> dict:
-    """The handover and a replacement's ``ready``: each takes a transaction of its own."""
+    """The handover, a replacement's ``ready``, a gang's start ahead and a gang node's ranks finished: each takes a
+    transaction of its own (the last may end the attempt)."""
     node = node_caller(authorization, state)
     kind, data = _event(json_object(body))
     if kind == EventKind.READY:  # a prepared replacement has run setup: the node on notice may stop now
         return {"accepted": standby.mark_ready(state.store, node)}
     if kind == EventKind.PRESTART:  # a gang node's next attempt started ahead: how far it got
         return {"accepted": gang_prestart.record_report(state.store, node, data, time.time())}
+    if kind == EventKind.RANKS_FINISHED:  # a gang node's part is done, its launcher still running: may end the attempt
+        message = data.get("message")
+        return gang_agent.ranks_finished(state, node, message if isinstance(message, str) else None)
     reports.step(data.get("step"), "data.step")
     new_state = hand_over(state.store, node, data["step"])
     if new_state is not None:
@@ -70,7 +74,8 @@ def _takes_its_own_transaction(body: bytes) -> bool:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return False
-    return isinstance(value, dict) and value.get("kind") in (EventKind.HANDOVER, EventKind.READY, EventKind.PRESTART)
+    return isinstance(value, dict) and value.get("kind") in (EventKind.HANDOVER, EventKind.READY, EventKind.PRESTART,
+                                                             EventKind.RANKS_FINISHED)
 
 
 def report_alone(state, authorization: str, body: bytes) -> dict:

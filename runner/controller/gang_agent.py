@@ -6,6 +6,8 @@
   asks again. The gang is RUNNING when its last node registers.
 - **Exit** records each node's report; the attempt ends when the reports decide it (scheduler/gang.py).
   A node that is kept is told to stay (``{"action": "stay"}``) and registers again for the next attempt.
+- **Ranks finished** (node 0 on notice, its launcher hosting the others' store): the node's part succeeded before
+  its exit; recorded as such, it may end the attempt, and the exit report that follows changes nothing of it.
 - **Drill**: node 0's drill report ends the attempt and opens the next one on the same nodes.
 """
 
@@ -19,7 +21,7 @@ from ..providers.base import rendezvous_port
 from ..providers.errors import ProviderError
 from ..scheduler import elastic
 from ..scheduler.attempts import end_attempt
-from ..scheduler.gang import gang_outcome, gpus_per_node
+from ..scheduler.gang import gang_outcome, gpus_per_node, reported_end
 from ..scheduler.spot_return import move_request
 from ..scheduler.states import PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from ..scheduler.transitions import AttemptEnd, transition
@@ -134,6 +136,31 @@ def exit_report(state, node: Node, reason: str, exit_code: int | None, message: 
     return {"state": new_state, "action": Action.STAY if _kept(state, node.id) else Action.SHUTDOWN}
 
 
+def ranks_finished(state, node: Node, message: str | None) -> dict:
+    """A gang node on notice says every training process of it has finished and exited 0 while its launcher still
+    runs (node 0's hosts the store the other launchers' exit barrier waits on, so it stays until they leave or the
+    node is reclaimed): its part of the running attempt succeeded. Recorded as such, the attempt ends if the reports
+    now decide it, and a loss of the node from now on ends nothing (scheduler/gang_workers.py); its exit report, when
+    its launcher exits, changes nothing of it. ``accepted`` is false where there is no such part to record: another
+    attempt runs, the node's exit was reported first, the job is not a gang's (or an elastic one's)."""
+    store, gangs = state.store, GangStore(state.store)
+    job = store.job(node.job_id)
+    current = store.current_attempt(node.job_id)
+    if (job is None or job.num_nodes <= 1 or job.spec.resources.elastic or current is None
+            or current.attempt != node.attempt or node.rank is None):
+        return {"accepted": False}
+    now = time.time()
+    with store.db.transaction() as tx:
+        if not gangs.record_ranks_finished(tx, node.job_id, current.attempt, node.rank, now):
+            return {"accepted": False}
+        store.add_event(tx, node.job_id, "gang", f"node {node.id} (rank {node.rank}): every training process finished "
+                        f"and exited; its part of attempt {current.attempt} is done (its launcher stays for the other "
+                        "nodes)" + (f": {message}" if message else ""), attempt=current.attempt)
+    new_state = _settle(state, current, None, message)
+    state.scheduler.nudge.set()
+    return {"accepted": True, "state": new_state}
+
+
 def _settle(state, current: Attempt, drill: dict | None, message: str | None) -> str | None:
     """End the attempt if its nodes' reports decide it; a failure is first checked against lost nodes."""
     store, gangs = state.store, GangStore(state.store)
@@ -141,7 +168,7 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
     ranks = gangs.nodes_of(job_id, attempt)
     if any(r.joined_at is not None or r.left_at is not None for r in ranks):  # an elastic world has changed
         return _settle_elastic(state, current, ranks, drill, message)
-    outcome = gang_outcome({r.rank: r.exit_reason for r in ranks}, current.num_nodes)
+    outcome = gang_outcome({r.rank: reported_end(r) for r in ranks}, current.num_nodes)
     if outcome is None:
         return None
     if outcome.reason == "failed":
@@ -151,9 +178,10 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
             return end_attempt(store, job_id, attempt, "preempted" if why == "preempted" else "lost", ranks=(rank,),
                                message=f"node of rank {rank} is gone ({why}); its peers stopped")
         noticed = current.notice.node_rank if current.notice else None
-        if noticed is not None and not any(r.rank == noticed and r.exit_reason for r in ranks):
+        if noticed is not None and not any(r.rank == noticed and reported_end(r) for r in ranks):
             return None  # a peer failed after another node's notice: that node's report (or its loss) explains it
-    codes = {r.rank: r.exit_code for r in ranks}
+    # (a node whose ranks finished: every rank of it exited 0, whatever its launcher's exit said later)
+    codes = {r.rank: 0 if r.ranks_finished_at is not None else r.exit_code for r in ranks}
     blamed = ", ".join(f"rank {r} (exit code {codes[r]})" for r in outcome.ranks)
     text = message if outcome.reason != "failed" else (
         f"the job failed on the node of {blamed}" if blamed else message)

@@ -20,6 +20,10 @@ class EventKind(StrEnum):
     HANDOVER = "handover"                    # the emergency checkpoint is durable: launch the next attempt now
     READY = "ready"                          # a prepared replacement has run setup
     PRESTART = "prestart"                    # a gang node's next attempt started ahead: started, waiting, failed
+    # A gang node on notice whose training processes have all finished and exited while its launcher still runs
+    # (node 0's hosts the store the other launchers' exit barrier waits on): its part of the attempt succeeded. The
+    # exit report follows when the launcher exits, and changes nothing of that.
+    RANKS_FINISHED = "ranks_finished"
     MESSAGE = "message"
 
 

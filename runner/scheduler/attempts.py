@@ -13,7 +13,7 @@ from ..state.standbys import StandbyStore
 from ..state.values import Notice
 from ..state.store import NODE_DRAINING, NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
 from ..protocol.events import EndReason
-from .gang import node_end_reasons
+from .gang import node_end_reasons, reported_end
 from .outcomes import lost_seconds, next_state
 from .states import ALLOWED, PENDING, PROVISIONING, RECOVERING, RUNNING, TERMINAL
 from .transitions import AttemptEnd, transition
@@ -32,7 +32,7 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
     drains until its exit report, and is reclaimed at that time at the latest.
     ``trained_nothing``: the attempt failed before any training (a command not found): it lost no work.
     ``unless_finished``: of a gang's node found gone, the attempt is not ended when every node of ``ranks`` has
-    reported ``succeeded`` for it (checked in this transaction, after whatever report came first): a node that
+    reported ``succeeded`` (or its ranks finished) for it (checked in this transaction, after whatever report came first): a node that
     finished its part and then vanished is no loss (see :func:`finished_ranks`)."""
     now = now or time.time()
     with store.db.transaction() as tx:
@@ -78,9 +78,10 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
 
 
 def finished_ranks(store: Store, tx, job_id: str, attempt: int, ranks: Iterable[int]) -> bool:
-    """Has the node of every one of ``ranks`` (at least one) reported ``succeeded`` for this gang attempt?"""
+    """Has the node of every one of ``ranks`` (at least one) reported ``succeeded`` for this gang attempt (or that its
+    ranks finished, its launcher still running: :func:`~runner.scheduler.gang.reported_end`)?"""
     ranks = set(ranks)
-    reported = {n.rank: n.exit_reason for n in GangStore(store).nodes_of(job_id, attempt, tx) if n.rank in ranks}
+    reported = {n.rank: reported_end(n) for n in GangStore(store).nodes_of(job_id, attempt, tx) if n.rank in ranks}
     return bool(ranks) and set(reported) == ranks and all(r == EndReason.SUCCEEDED for r in reported.values())
 
 

@@ -11,6 +11,8 @@
 - **Rendezvous** (:func:`unregistered_ranks`): the ranks still missing once the bounded wait is over.
 - **The launcher's exit** (:func:`peers_exited`): every other node has reported, so none is coming to the exit
   barrier of a launcher still waiting there.
+- **A node's part** (:func:`reported_end`): what a node's reports say of its part of the attempt; a node whose
+  ranks all finished while its launcher still ran (node 0's hosts the others' store) succeeded from that report on.
 """
 
 from __future__ import annotations
@@ -138,11 +140,19 @@ def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], j
     return reasons
 
 
+def reported_end(node: AttemptNode) -> str | None:
+    """What the node's reports say of its part of the attempt (None: nothing yet). ``succeeded`` once it said every
+    training process of it had finished and exited while its launcher still ran: the launcher's own exit, reported
+    later (killed at the node's reclaim, say), changes nothing of that. Else its exit report's reason."""
+    return EndReason.SUCCEEDED if node.ranks_finished_at is not None else node.exit_reason
+
+
 def peers_exited(ranks: Iterable[AttemptNode], rank: int) -> bool:
-    """Has every other node of the attempt (bar those that left an elastic world) reported its exit? Then none of
-    them has a launcher left that could reach the exit barrier ``rank``'s launcher may wait at."""
+    """Has every other node of the attempt (bar those that left an elastic world) reported its exit, or that its
+    ranks finished (its launcher, left at its exit barrier, has arrived there)? Then none of them has a launcher
+    left that could still reach the exit barrier ``rank``'s launcher may wait at."""
     others = [r for r in ranks if r.rank != rank and r.left_at is None]
-    return bool(others) and all(r.exit_reason for r in others)
+    return bool(others) and all(reported_end(r) for r in others)
 
 
 def unregistered_ranks(ranks: Iterable[AttemptNode], started_at: float, now: float, timeout: float) -> list[int]:

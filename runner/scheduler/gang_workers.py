@@ -32,7 +32,7 @@ from . import placement
 from . import elastic
 from . import gang_prestart, gang_standby
 from .attempts import end_attempt
-from .gang import KeptNode, plan_gang, unregistered_ranks
+from .gang import KeptNode, plan_gang, reported_end, unregistered_ranks
 from .states import PENDING, PROVISIONING, RECOVERING, RUNNING
 from .transitions import transition
 
@@ -230,11 +230,12 @@ def gang_node_gone(ctx, node: Node, reason: str, why: str) -> None:
 
 
 def _finished_its_part(store, node: Node, latest: AttemptNode | None, why: str) -> bool:
-    """Had the node reported ``succeeded`` for the attempt that still runs? Then its loss ends nothing: say so."""
+    """Had the node reported ``succeeded`` (or that its ranks finished, its launcher still running) for the attempt
+    that still runs? Then its loss ends nothing: say so."""
     current = store.current_attempt(node.job_id)
     if latest is None or current is None or latest.attempt != current.attempt:
         return False
-    if latest.exit_reason != EndReason.SUCCEEDED:
+    if reported_end(latest) != EndReason.SUCCEEDED:
         return False
     log.info("a gang node that had finished its part is gone; the attempt goes on", job=node.job_id, node=node.id,
              rank=latest.rank, attempt=latest.attempt)

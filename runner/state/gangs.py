@@ -71,6 +71,13 @@ class GangStore:
         tx.execute("""UPDATE attempt_nodes SET exit_reason = COALESCE(exit_reason, ?), exit_code = COALESCE(exit_code, ?)
                       WHERE job_id = ? AND attempt = ? AND rank = ?""", (reason, code, job_id, attempt, rank))
 
+    def record_ranks_finished(self, tx: Tx, job_id: str, attempt: int, rank: int, now: float) -> bool:
+        """The node's training processes have all finished and exited, its launcher still running: its part of the
+        attempt is done. False when its exit was reported first (that report stands)."""
+        return tx.execute("""UPDATE attempt_nodes SET ranks_finished_at = COALESCE(ranks_finished_at, ?)
+                             WHERE job_id = ? AND attempt = ? AND rank = ? AND exit_reason IS NULL""",
+                          (now, job_id, attempt, rank)) > 0
+
     def set_end_reasons(self, tx: Tx, job_id: str, attempt: int, reasons: dict[int, str]) -> None:
         for rank, reason in reasons.items():
             tx.execute("UPDATE attempt_nodes SET end_reason = ? WHERE job_id = ? AND attempt = ? AND rank = ?",

@@ -291,6 +291,15 @@ MIGRATIONS: list[tuple[int, str]] = [
         )
         """,
     ),
+    (
+        16,
+        # A gang node whose training processes all finished and exited while its launcher still ran (node 0's hosts
+        # the store the other launchers wait on): when it said so. Its part of the attempt succeeded from then on,
+        # whatever its launcher's exit (reported later, in exit_reason) says.
+        """
+        ALTER TABLE attempt_nodes ADD COLUMN ranks_finished_at REAL
+        """,
+    ),
 ]
 
 

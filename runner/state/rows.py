@@ -79,6 +79,9 @@ class AttemptNode:
     restore_seconds: float | None = None
     joined_at: float | None = None  # an elastic gang's replacement: when it was launched into the running attempt
     left_at: float | None = None    # an elastic gang's node that left the running attempt (preempted or lost)
+    # when the node said every training process of it had finished and exited while its launcher still ran (its part
+    # of the attempt succeeded: runner/scheduler/gang.py, reported_end)
+    ranks_finished_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> AttemptNode:
@@ -88,7 +91,7 @@ class AttemptNode:
                    None if registered_at is None else float(registered_at), row["exit_reason"], row["exit_code"],
                    row["end_reason"], _float_or_none(row["boot_seconds"]), _float_or_none(row["setup_seconds"]),
                    _float_or_none(row["restore_seconds"]), _float_or_none(row.get("joined_at")),
-                   _float_or_none(row.get("left_at")))
+                   _float_or_none(row.get("left_at")), _float_or_none(row.get("ranks_finished_at")))
 
 
 @dataclass(frozen=True, slots=True)
