@@ -8,8 +8,9 @@ other node has reported its exit (``peers-exited``), or this node is on notice w
 
 Node 0 on notice with its training over is the exception: its launcher hosts the store the other launchers' exit
 barrier waits on, so it is not ended; the node reports ``ranks_finished`` instead (its part of the attempt
-succeeded), and its launcher stays until the others leave (their arrival at its barrier, ``peers-exited``, the
-attempt's end) or the node is reclaimed.
+succeeded), and its launcher stays until the other launchers leave (they reach its barrier and every launcher exits,
+or the attempt ends and the controller says ``shutdown`` or ``stop-for-peer``) or the node is reclaimed (or ended at
+the deadline less the margin, as any launcher still running then).
 """
 
 from __future__ import annotations
