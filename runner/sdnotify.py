@@ -12,9 +12,11 @@ job, a local node) then cannot speak for it. Standard library only.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping
 
 import structlog
@@ -46,6 +48,21 @@ class Watchdog:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(1)
+
+
+class LoopPings:
+    """``WATCHDOG=1`` sent from a loop of the caller's own rather than a thread, so that a stuck loop stops the
+    pings and the manager notices: call :meth:`tick` at every turn of the loop (it sends when one is due)."""
+
+    def __init__(self, notifier: "Notifier"):
+        self.notifier = notifier
+        self.interval = notifier.watchdog_interval()
+        self._next = 0.0
+
+    def tick(self) -> None:
+        if self.interval is not None and time.monotonic() >= self._next:
+            self.notifier.notify("WATCHDOG=1")
+            self._next = time.monotonic() + self.interval
 
 
 class Notifier:
@@ -101,6 +118,18 @@ class Notifier:
             return None
         log.info("watchdog pings started", interval_s=interval)
         return Watchdog(self, interval).start()
+
+    async def ping_from_event_loop(self) -> None:
+        """Ping the watchdog from the running asyncio loop until cancelled (at once done when this process need
+        not ping): a loop stuck in a blocking call stops the pings, so the manager restarts the process, where
+        pings from a thread would go on."""
+        interval = self.watchdog_interval()
+        if interval is None:
+            return
+        log.info("watchdog pings started", interval_s=interval, source="event loop")
+        while True:
+            self.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
 
 
 def _positive_int(raw: str | None) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -146,14 +147,21 @@ class _Server(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    _pings: asyncio.Task | None = None
+
     async def startup(self, sockets=None):
         await super().startup(sockets=sockets)
         if self.started:
             sdnotify.ready()  # the socket is accepting: systemd's Type=notify may order dependents now
+            # From the event loop, not a thread: a stuck loop stops the pings, and systemd (or the supervisor of
+            # `--workers N`) kills and restarts this process, which answers nothing while its loop is stuck.
+            self._pings = asyncio.create_task(sdnotify.default().ping_from_event_loop())
 
     async def shutdown(self, sockets=None):
         sdnotify.stopping()
         await super().shutdown(sockets=sockets)
+        if self._pings is not None:
+            self._pings.cancel()
 
 
 def serve(settings: ServerSettings, providers: dict | None = None, app_factory=create_app) -> None:
@@ -197,7 +205,7 @@ def serve(settings: ServerSettings, providers: dict | None = None, app_factory=c
                                            timeout_graceful_shutdown=5))
     if settings.worker is None:  # a worker's supervisor writes it, with its own pid (`runner server stop` stops it)
         _write_controller_file(data_dir, url)
-    watchdog = sdnotify.start_watchdog()  # also takes NOTIFY_SOCKET out of the environment nodes inherit
+    sdnotify.default()  # takes NOTIFY_SOCKET out of the environment nodes inherit (the loop pings: _Server.startup)
     directory.start()
     leader.start()
     log.info("controller serving", url=url, data_dir=str(data_dir), db=redact(db_url), pid=os.getpid(),
@@ -207,8 +215,6 @@ def serve(settings: ServerSettings, providers: dict | None = None, app_factory=c
     finally:
         leader.stop()
         directory.stop()
-        if watchdog is not None:
-            watchdog.stop()
         if (_read_controller_file(data_dir) or {}).get("pid") == os.getpid():  # a shared data dir: only our own
             (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)
         db.close()

@@ -3,7 +3,8 @@ it dies, and stops them all on SIGTERM or SIGINT (`runner server --workers N`, r
 
 A worker says it is ready the way a service tells systemd (sd_notify, runner/sdnotify.py): the supervisor gives
 each the address of a datagram socket of its own in ``NOTIFY_SOCKET``, and the worker sends ``READY=1`` once it
-accepts connections, exactly as it does under systemd. The socket receives every message with the sender's
+accepts connections, exactly as it does under systemd, then pings ``WATCHDOG=1`` from its event loop: one silent
+for longer than the watchdog interval is killed and started again (runner/controller/worker_watchdog.py). The socket receives every message with the sender's
 credentials as the kernel saw them (SO_PASSCRED), so a message is matched to its worker by pid and no other
 process can speak for one.
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import structlog
 
 from ..parent_death import die_with_parent_preexec
+from .worker_watchdog import WATCHDOG_SECONDS, Liveness, worker_environment
 
 log = structlog.get_logger(__name__)
 
@@ -56,12 +58,16 @@ class Supervisor:
     """``count`` processes of ``argv``; each gets ``stdin_for(slot)`` on its stdin (its settings) and ``env`` plus
     ``NOTIFY_SOCKET``. :meth:`run` blocks until SIGTERM or SIGINT, or until a worker fails to start before all
     were first ready (then its exit code is returned: a bad setting or an unreachable database, which starting it
-    again would not fix). ``on_ready`` is called once, when every worker has said ``READY=1`` for the first time."""
+    again would not fix). ``on_ready`` is called once, when every worker has said ``READY=1`` for the first time;
+    ``on_turn`` at every turn of the loop (a few times a second: the parent pings systemd's watchdog from it). A
+    worker ready and then silent for longer than ``watchdog_seconds`` is killed and started again."""
 
     def __init__(self, argv: list[str], count: int, stdin_for: Callable[[int], bytes], env: dict[str, str],
-                 on_ready: Callable[[list[int]], None] = lambda pids: None, stop_grace: float = STOP_GRACE_SECONDS):
+                 on_ready: Callable[[list[int]], None] = lambda pids: None, stop_grace: float = STOP_GRACE_SECONDS,
+                 watchdog_seconds: float = WATCHDOG_SECONDS, on_turn: Callable[[], None] = lambda: None):
         self.argv, self.stdin_for, self.env, self.on_ready = list(argv), stdin_for, dict(env), on_ready
-        self.stop_grace = stop_grace
+        self.stop_grace, self.on_turn = stop_grace, on_turn
+        self.liveness = Liveness(watchdog_seconds)
         self.slots = [_Slot(number) for number in range(count)]
         self.serving = False  # every worker has been ready once
         self._stop_signal: int | None = None
@@ -86,7 +92,9 @@ class Supervisor:
                         self._start(slot)
                 self._read_messages(POLL_SECONDS)
                 for slot in self.slots:
+                    self._kill_if_silent(slot)
                     self._check(slot)
+                self.on_turn()
         finally:
             self._stop_all()
             self._socket.close()
@@ -96,7 +104,7 @@ class Supervisor:
 
     # --- starting and watching ------------------------------------------------------------------------------
     def _start(self, slot: _Slot) -> None:
-        env = {**self.env, "NOTIFY_SOCKET": "@" + self._address}
+        env = {**self.env, "NOTIFY_SOCKET": "@" + self._address, **worker_environment(self.liveness.seconds)}
         slot.process = subprocess.Popen(self.argv, stdin=subprocess.PIPE, env=env,
                                         preexec_fn=die_with_parent_preexec(signal.SIGTERM))
         slot.ready, slot.started_at = False, time.monotonic()
@@ -111,6 +119,7 @@ class Supervisor:
         if slot.process is None or slot.process.poll() is None:
             return
         process, slot.process = slot.process, None
+        self.liveness.forget(process.pid)
         if self._stop_signal is not None:
             return
         ran = time.monotonic() - slot.started_at
@@ -125,6 +134,19 @@ class Supervisor:
         log.error("controller worker exited; starting it again", worker=slot.number, pid=process.pid,
                   exit=describe_exit(process.returncode), ran_seconds=round(ran, 1), restart_in_seconds=pause)
 
+    def _kill_if_silent(self, slot: _Slot) -> None:
+        """A ready worker that has not pinged its watchdog for longer than the interval is stuck: SIGKILL it (its
+        exit is then seen by :meth:`_check`, which starts it again)."""
+        if slot.process is None or self._stop_signal is not None:
+            return
+        silent = self.liveness.silent_for(slot.process.pid)
+        if silent is None:
+            return
+        log.error("controller worker stopped answering its watchdog; killing it", worker=slot.number,
+                  pid=slot.process.pid, silent_seconds=round(silent, 1), watchdog_seconds=self.liveness.seconds)
+        self.liveness.forget(slot.process.pid)
+        _send(slot.process, signal.SIGKILL)
+
     def _read_messages(self, timeout: float) -> None:
         """Take every notification waiting (within ``timeout`` for the first) and mark the workers that are ready."""
         while select.select([self._socket], [], [], timeout)[0]:
@@ -133,9 +155,13 @@ class Supervisor:
             pid = next((_CREDENTIALS.unpack(payload[:_CREDENTIALS.size])[0] for level, kind, payload in ancillary
                         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
             slot = next((s for s in self.slots if s.process is not None and s.process.pid == pid), None)
-            if slot is None or b"READY=1" not in data.split(b"\n"):
+            lines = data.split(b"\n")
+            if slot is not None and b"WATCHDOG=1" in lines:
+                self.liveness.pinged(pid)
+            if slot is None or b"READY=1" not in lines or slot.ready:
                 continue
             slot.ready = True
+            self.liveness.ready(pid)
             log.info("controller worker ready", worker=slot.number, pid=pid)
             if not self.serving and all(s.ready for s in self.slots):
                 self.serving = True

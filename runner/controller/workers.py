@@ -7,8 +7,9 @@ each an ordinary `runner server` process (its own pool of connections, heartbeat
 leader election), all listening on the same port with SO_REUSEPORT, so the kernel spreads the nodes' keep-alive
 connections among them. The parent serves nothing itself: it reserves the port, brings the schema up to date
 once, starts the workers (runner/controller/supervisor.py), writes the controller file with its own pid once
-every worker is ready (so `runner server stop` stops them all), starts again a worker that dies, and stops
-them all on SIGTERM or SIGINT.
+every worker is ready (so `runner server stop` stops them all), starts again a worker that dies or stops answering
+its watchdog (runner/controller/worker_watchdog.py), and stops them all on SIGTERM or SIGINT. Under systemd it
+pings the unit's watchdog itself, from the supervisor's loop.
 
 A SQLite database has one writer at a time and is one controller's alone, so there it is bad input.
 """
@@ -31,6 +32,7 @@ from ..private import make_data_dir_private
 from ..state import open_database, redact
 from .daemon import ServerSettings, _read_controller_file, _write_controller_file, bind, serving_url
 from .supervisor import Supervisor
+from .worker_watchdog import watchdog_seconds
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +87,7 @@ def serve_workers(settings: ServerSettings, count: int, worker_argv: list[str]) 
     reservation = reserve_port(settings.host, settings.port)
     url = serving_url(reservation)
     worker_settings = dataclasses.replace(settings, data_dir=data_dir, port=reservation.getsockname()[1])
-    watchdog = sdnotify.start_watchdog()  # systemd's watchdog is ours to ping; its NOTIFY_SOCKET leaves os.environ
+    manager = sdnotify.default()  # systemd's watchdog is ours to ping; its NOTIFY_SOCKET leaves os.environ
     env = {name: value for name, value in os.environ.items() if name not in sdnotify.VARIABLES}
 
     def ready(pids: list[int]) -> None:
@@ -95,12 +97,11 @@ def serve_workers(settings: ServerSettings, count: int, worker_argv: list[str]) 
         log.info("controller serving", url=url, data_dir=str(data_dir), db=redact(db_url), pid=os.getpid(),
                  workers=count, worker_pids=pids)
 
-    supervisor = Supervisor(worker_argv, count, lambda n: settings_payload(worker_settings, n), env, on_ready=ready)
+    supervisor = Supervisor(worker_argv, count, lambda n: settings_payload(worker_settings, n), env, on_ready=ready,
+                            watchdog_seconds=watchdog_seconds(manager), on_turn=sdnotify.LoopPings(manager).tick)
     try:
         return supervisor.run()
     finally:
-        if watchdog is not None:
-            watchdog.stop()
         reservation.close()
         if (_read_controller_file(data_dir) or {}).get("pid") == os.getpid():
             (data_dir / CONTROLLER_FILE).unlink(missing_ok=True)

@@ -7,7 +7,10 @@ polls for the event with a generous timeout; nothing depends on how fast the mac
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -58,12 +61,13 @@ def log_lines(home: Path) -> list[dict]:
 class Workers:
     """`runner server --workers 2` on a fresh Postgres database, in a home of the test's own."""
 
-    def __init__(self, folder: Path, postgres, count: int = 2):
+    def __init__(self, folder: Path, postgres, count: int = 2, env: dict[str, str] | None = None):
         self.home = folder / "home"
         self.home.mkdir()
         (self.home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
         self.db_url = postgres.new_database()
-        self.controller = Controller(self.home, db_url=self.db_url, extra_args=("--workers", str(count)))
+        self.controller = Controller(self.home, db_url=self.db_url, extra_args=("--workers", str(count)),
+                                     env=env)
         self.controller.start(timeout=START_SECONDS)
         self.parent = psutil.Process(self.controller.process.pid)
         self.cli = Runner(self.home)
@@ -154,6 +158,66 @@ def test_a_killed_worker_leaves_the_api_answering_and_is_started_again(workers):
                                     if c.status == psutil.CONN_LISTEN], "the new worker to listen")
     assert [c.laddr.port for c in listening] == [workers.port]
     assert survivor.is_running() and all(workers.answers() for _ in range(10))
+
+
+HANG_HOOK = Path(__file__).resolve().parent / "worker_hang_hook"  # SIGUSR1 blocks a worker's event loop for good
+WATCHDOG_SECONDS = 8  # the parent's WatchdogSec, and so its workers'
+
+
+class Manager:
+    """The test as systemd: a notify socket that the parent is told of, with a watchdog interval."""
+
+    def __init__(self):
+        self.address = f"runner-test-manager-{secrets.token_hex(4)}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(b"\0" + self.address.encode())
+        self.sock.setblocking(False)
+        self.messages: list[bytes] = []
+
+    def env(self) -> dict[str, str]:
+        return {"NOTIFY_SOCKET": "@" + self.address, "WATCHDOG_USEC": str(WATCHDOG_SECONDS * 1_000_000)}
+
+    def received(self, line: bytes) -> int:
+        while True:
+            try:
+                self.messages.append(self.sock.recv(4096))
+            except BlockingIOError:
+                return sum(line in message.split(b"\n") for message in self.messages)
+
+
+def test_a_hung_worker_is_killed_and_started_again_while_the_api_answers(tmp_path, postgres):
+    """A worker whose event loop is stuck keeps its process and its share of the port's connections. It stops
+    pinging its watchdog, so the parent kills it, saying so with its pid and how long it was silent, and starts
+    another in its place; the API answers every request on the port again, and the other worker was left alone.
+    The parent, under a systemd watchdog of its own, passes that interval on to its workers and pings it."""
+    manager = Manager()
+    hook = os.pathsep.join(filter(None, (str(HANG_HOOK), os.environ.get("PYTHONPATH"))))
+    team = Workers(tmp_path, postgres, env={**manager.env(), "PYTHONPATH": hook})
+    try:
+        victim, survivor = wait_until(lambda: len(team.workers()) == 2 and team.workers(), "two workers")
+        wait_until(lambda: manager.received(b"READY=1"), "the parent to tell its manager it is ready")
+        victim.send_signal(signal.SIGUSR1)
+        killed = wait_until(lambda: [line for line in log_lines(team.home)
+                                     if line.get("event") == "controller worker stopped answering its watchdog; "
+                                                             "killing it"], "the parent to kill the hung worker",
+                            timeout=START_SECONDS)
+        assert killed[0]["pid"] == victim.pid and killed[0]["silent_seconds"] > WATCHDOG_SECONDS, killed
+        wait_until(lambda: not victim.is_running(), "the hung worker to end and be reaped")
+
+        def replacement():
+            now = team.workers()
+            return len(now) == 2 and {p.pid for p in now} - {victim.pid, survivor.pid}
+
+        new_pid = next(iter(wait_until(replacement, "a worker in the hung one's place", timeout=START_SECONDS)))
+        wait_until(lambda: any(line.get("event") == "controller worker ready" and line.get("pid") == new_pid
+                               for line in log_lines(team.home)), "the new worker to be ready", timeout=START_SECONDS)
+        assert survivor.is_running() and all(team.answers() for _ in range(10))
+        kills = [line["pid"] for line in log_lines(team.home) if line.get("event", "").startswith("controller worker stopped")]
+        assert kills == [victim.pid], kills  # the workers that answered were never taken for hung ones
+        assert manager.received(b"WATCHDOG=1") >= 1
+    finally:
+        team.stop()
+        manager.sock.close()
 
 
 def test_server_stop_ends_the_parent_and_every_worker(workers):
