@@ -2,7 +2,12 @@
 
 A node never takes the runner from a public package index (where another project may hold the name, or a
 different version sits): its bootstrap script fetches ``GET /v1/agent/wheel`` with its own token and
-installs that file. The wheel is built once, at the first request, and kept under the data dir:
+installs that file. The wheel is built at the first request and kept under the data dir, once for every
+process that serves it: the workers of `runner server --workers N` (and controllers on one machine sharing a data
+dir) take a file lock there, so one builds while the others wait, then serve its wheel; a wheel is replaced by an
+atomic rename, so none ever serves half of one. A wheel kept there is served again, by a later process too, while
+the files it was built from are unchanged (their names, sizes and modification times, recorded beside it); an
+upgrade or an edited source tree builds it again. It is built:
 
 - from the source tree the controller runs from (a checkout, or an editable install): ``pip wheel --no-deps``
   on a copy of it, so the tree itself gains no build folders;
@@ -14,12 +19,14 @@ The wheel holds the runner alone; its dependencies come from the node's configur
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
 import os
 import re
 import shutil
+import stat as stat_module
 import subprocess
 import sys
 import tempfile
@@ -36,6 +43,8 @@ log = structlog.get_logger(__name__)
 
 PACKAGES = ("runner", "agents")
 BUILD_TIMEOUT_SECONDS = 300
+LOCK_FILE = ".lock"
+SOURCE_SUFFIX = ".source"  # beside the wheel: the fingerprint of the files it was built from
 
 
 class WheelUnavailable(RunnerError):
@@ -43,7 +52,8 @@ class WheelUnavailable(RunnerError):
 
 
 class AgentWheel:
-    """This controller's wheel, built on first use into ``cache_dir`` (one build at a time)."""
+    """This controller's wheel, built on first use into ``cache_dir`` (one build at a time, among threads and among
+    processes), or taken from there when a process before built it from the same files."""
 
     def __init__(self, cache_dir: Path):
         self.cache_dir = Path(cache_dir)
@@ -53,19 +63,61 @@ class AgentWheel:
     def path(self) -> Path:
         with self._lock:
             if self._path is None or not self._path.exists():
-                self._path = self._build()
+                self._path = self._kept_or_built()
             return self._path
 
-    def _build(self) -> Path:
+    def _kept_or_built(self) -> Path:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         target = self.cache_dir / wheel_filename()
+        recorded = target.with_name(target.name + SOURCE_SUFFIX)
+        with open(self.cache_dir / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed: another process building, we wait for it
+            fingerprint = source_fingerprint()
+            if target.exists() and _read(recorded) == fingerprint:
+                log.info("agent wheel kept", path=str(target), size=target.stat().st_size)
+                return target
+            self._build(target)
+            _write_atomically(recorded, fingerprint)
+        return target
+
+    def _build(self, target: Path) -> None:
         with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=".build-") as work:
             source = source_tree()
             built = build_from_source(source, Path(work)) if source else repack_installed(Path(work))
-            os.replace(built, target)  # atomic: controllers sharing a data dir never see half a wheel
+            os.replace(built, target)  # atomic: a process serving the wheel never sees half of one
         log.info("agent wheel ready", path=str(target), size=target.stat().st_size,
                  source=str(source) if source else "installed distribution")
-        return target
+
+
+def source_fingerprint() -> str:
+    """What the wheel would be built from, in one digest: every file of the packages (name, size and modification
+    time) and the project files beside them in a source tree, with the version."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256(wheel_filename().encode())
+    files = [root / name for name in ("pyproject.toml", "README.md")]
+    for package in PACKAGES:
+        files += sorted(f for f in (root / package).rglob("*") if "__pycache__" not in f.parts and f.suffix != ".pyc")
+    for file in files:
+        try:
+            stat = file.stat()
+        except OSError:
+            continue
+        if stat_module.S_ISREG(stat.st_mode):
+            digest.update(f"{file.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def source_tree() -> Path | None:
