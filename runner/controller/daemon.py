@@ -33,7 +33,7 @@ from ..state.secrets import ADMIN_TOKEN, NODE_SECRET, shared_secret
 from .app import ControllerState, create_app
 from .auth import hash_token, node_token, write_secret
 from .discovery import ControllerDirectory
-from .leadership import LeaderLoop
+from .leadership import LeaderLoop, SharedNudge
 from .logstore import LogStore
 from ..errors import RunnerError
 
@@ -191,12 +191,14 @@ def serve(settings: ServerSettings, providers: dict | None = None, app_factory=c
     if providers is None:
         providers = build_providers(data_dir, config)
     directory = ControllerDirectory(db, node_url)  # nodes learn every live controller of the database
-    scheduler = SchedulerContext(store=store, providers=providers, controller_url=node_url,
+    # On a shared database work recorded here while another controller leads wakes that one's reconciler too
+    nudge = SharedNudge(db, lambda: leader.leading) if shared else threading.Event()
+    scheduler = SchedulerContext(store=store, providers=providers, controller_url=node_url, nudge=nudge,
                                  controller_urls=directory.node_urls,
                                  node_token=lambda node_id: node_token(node_secret, node_id),
                                  token_hasher=hash_token, **threaded_calls(),
                                  **scheduler_settings(config))
-    leader = LeaderLoop(Leadership(db), lambda: Reconciler(scheduler))
+    leader = LeaderLoop(Leadership(db), lambda: Reconciler(scheduler), on_wake=nudge.set)
     state = ControllerState(store=store, admin_token=admin_token, data_dir=data_dir,
                             logs=DatabaseLogStore(db) if shared else LogStore(data_dir / "logs"), scheduler=scheduler,
                             is_leader=lambda: leader.leading,

@@ -61,3 +61,40 @@ def test_the_follower_takes_over_when_the_leader_loses_its_session(postgres):
     finally:
         first.stop()
         second.stop()
+
+
+
+def test_work_recorded_by_a_follower_wakes_the_leaders_reconciler(postgres):
+    """The follower's nudge reaches the leader, through the database, as a wake of its reconciler; the leader's own
+    nudge sends nothing (its reconciler is woken in-process)."""
+    import threading
+
+    from runner.controller.leadership import SharedNudge
+    from runner.state.leader import WAKE_CHANNEL
+
+    url = postgres.new_database()
+    woken = threading.Event()
+    leader_db, follower_db = open_database(url), open_database(url)
+    leader = LeaderLoop(Leadership(leader_db), lambda: Worker([]), interval=0.2, on_wake=woken.set)
+    follower = LeaderLoop(Leadership(follower_db), lambda: Worker([]), interval=0.2)
+    leader.start()
+    follower.start()
+    try:
+        with psycopg.connect(url, autocommit=True) as listener:
+            listener.execute(f"LISTEN {WAKE_CHANNEL}")
+            assert leader.leading and not follower.leading
+            SharedNudge(leader_db, lambda: leader.leading).set()
+            SharedNudge(follower_db, lambda: follower.leading).set()
+            assert woken.wait(30)
+            listener.execute(f"NOTIFY {WAKE_CHANNEL}, 'end'")  # after both sets, in commit order
+            sent = []
+            for notification in listener.notifies(timeout=30):
+                if notification.payload == "end":
+                    break
+                sent.append(notification.pid)
+            assert len(sent) == 1, sent  # the follower's alone
+    finally:
+        follower.stop()
+        leader.stop()
+        leader_db.close()
+        follower_db.close()

@@ -220,6 +220,38 @@ def test_a_hung_worker_is_killed_and_started_again_while_the_api_answers(tmp_pat
         manager.sock.close()
 
 
+SLOW_RECONCILER_HOOK = Path(__file__).resolve().parent / "slow_reconciler_hook"  # a 10-minute tick unless woken
+
+
+def test_a_job_submitted_to_a_worker_that_does_not_lead_starts_at_once(tmp_path, postgres):
+    """A submit taken by a worker that does not lead wakes the leader's reconciler through the database: the job gets
+    its attempt although the leader's next tick is 10 minutes away (the hook makes every tick that slow)."""
+    hook = os.pathsep.join(filter(None, (str(SLOW_RECONCILER_HOOK), os.environ.get("PYTHONPATH"))))
+    team = Workers(tmp_path, postgres, env={"PYTHONPATH": hook})
+    try:
+        wait_until(lambda: len(team.workers()) == 2, "two workers")
+
+        def follower_connection():  # a keep-alive connection that the kernel gave to the worker that does not lead
+            session = requests.Session()
+            if session.get(team.controller.url + "/healthz", timeout=30).json()["leader"] is False:
+                return session
+            session.close()
+            return None
+
+        session = wait_until(follower_connection, "a connection to the worker that does not lead")
+        with session:
+            reply = session.post(team.controller.url + "/v1/jobs", headers=team.controller.headers(), timeout=30,
+                                 json={"spec": yaml.safe_load(JOB)})
+            assert reply.status_code == 201, reply.text
+            assert session.get(team.controller.url + "/healthz", timeout=30).json()["leader"] is False
+        job_id = reply.json()["id"]
+        job = team.cli.wait_for(job_id, lambda j: j["state"] != "PENDING", timeout=120,
+                                what="the job to leave PENDING")
+        assert job["attempts"] >= 1, job
+    finally:
+        team.stop()
+
+
 def test_server_stop_ends_the_parent_and_every_worker(workers):
     """`runner server stop` finds the parent in the controller file and SIGTERMs it; it stops every worker and
     exits 0, leaving no process behind and no controller file."""
