@@ -1,7 +1,7 @@
 """The leader loop: every controller serves the API; the one holding the database's leader lock also runs
-the reconciler (scheduler included). A follower tries for the lock every second, so when the leader dies
-another takes over within a couple of seconds of the database freeing its lock; a leader that loses its
-lock (its database session died) stops its reconciler at once.
+the reconciler (scheduler included). A follower tries for the lock every second, on one connection it keeps, so
+when the leader dies another takes over within a couple of seconds of the database freeing its lock; a leader that
+loses its lock (its database session died) stops its reconciler at once.
 
 Between election steps the leader waits on its lock's connection for wakes (runner/state/leader.py): work recorded
 by a controller that does not lead (a submit, a cancel, a report) sets that controller's nudge, a

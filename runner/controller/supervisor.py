@@ -4,9 +4,9 @@ it dies, and stops them all on SIGTERM or SIGINT (`runner server --workers N`, r
 A worker says it is ready the way a service tells systemd (sd_notify, runner/sdnotify.py): the supervisor gives
 each the address of a datagram socket of its own in ``NOTIFY_SOCKET``, and the worker sends ``READY=1`` once it
 accepts connections, exactly as it does under systemd, then pings ``WATCHDOG=1`` from its event loop: one silent
-for longer than the watchdog interval is killed and started again (runner/controller/worker_watchdog.py). The socket receives every message with the sender's
-credentials as the kernel saw them (SO_PASSCRED), so a message is matched to its worker by pid and no other
-process can speak for one.
+for longer than the watchdog interval is killed and started again (runner/controller/worker_watchdog.py). The
+socket receives every message with the sender's credentials as the kernel saw them (SO_PASSCRED), so a message is
+matched to its worker by pid and no other process can speak for one.
 
 No worker outlives the supervisor: each is started as a process group of its own (a Ctrl-C on the terminal
 reaches the supervisor alone, which then stops the workers in order) with a parent-death signal, so even a

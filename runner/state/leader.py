@@ -30,7 +30,8 @@ def wake_leader(db: Database) -> None:
 class Leadership:
     def __init__(self, db: Database):
         self.db = db
-        self._conn = None
+        self._conn = None  # the leader's: it holds the lock
+        self._candidate = None  # a follower's, kept between its tries for the lock (not a new one every second)
         self._deaf = False  # waiting for wakes failed: until the next held() looks at the connection
 
     def try_acquire(self) -> bool:
@@ -39,24 +40,28 @@ class Leadership:
             return True
         if self._conn is not None:
             return self.held()
-        conn = None
+        conn, self._candidate = self._candidate, None
         try:
-            conn = self.db.connect()
-            for setting in ("tcp_keepalives_idle = 5", "tcp_keepalives_interval = 2", "tcp_keepalives_count = 3"):
-                conn.execute(f"SET {setting}")
+            if conn is None:
+                conn = self._connect()
             got = conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (LEADER_LOCK_KEY,)).fetchone()["ok"]
             if got:
                 conn.execute(f"LISTEN {WAKE_CHANNEL}")
         except Exception as exc:  # the database is away: not the leader; the caller tries again
             log.warning("leader election: database unreachable", error=str(exc))
-            if conn is not None:
-                conn.close()  # ends its session, and any lock it took
+            _close(conn)  # ends its session, and any lock it took
             return False
         if got:
             self._conn = conn
         else:
-            conn.close()
+            self._candidate = conn
         return bool(got)
+
+    def _connect(self):
+        conn = self.db.connect()
+        for setting in ("tcp_keepalives_idle = 5", "tcp_keepalives_interval = 2", "tcp_keepalives_count = 3"):
+            conn.execute(f"SET {setting}")
+        return conn
 
     def held(self) -> bool:
         """Is the lock still ours (is its session still alive)?"""
@@ -92,9 +97,16 @@ class Leadership:
         return False
 
     def release(self) -> None:
+        """Give up the lock (ending its session frees it) and the follower's connection."""
         conn, self._conn, self._deaf = self._conn, None, False
-        if conn is not None:
-            try:
-                conn.close()  # ends the session, which frees the lock
-            except Exception:
-                pass
+        candidate, self._candidate = self._candidate, None
+        _close(conn)
+        _close(candidate)
+
+
+def _close(conn) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:
+            pass

@@ -98,3 +98,31 @@ def test_work_recorded_by_a_follower_wakes_the_leaders_reconciler(postgres):
         leader.stop()
         leader_db.close()
         follower_db.close()
+
+
+def test_a_follower_tries_for_the_lock_on_one_connection_it_keeps(postgres):
+    """A follower tries for the lock every election step on the same connection, not a new one each time (a
+    connection a second from every follower is churn for the database), and closes it when it stops."""
+    url = postgres.new_database()
+    leader_db, follower_db = open_database(url), open_database(url)
+    connects, tries = [], []
+    connect, try_acquire = follower_db.connect, Leadership.try_acquire
+    follower_db.connect = lambda: connects.append(1) or connect()
+    follower_leadership = Leadership(follower_db)
+    follower_leadership.try_acquire = lambda: tries.append(1) or try_acquire(follower_leadership)
+    leader = LeaderLoop(Leadership(leader_db), lambda: Worker([]), interval=0.05)
+    follower = LeaderLoop(follower_leadership, lambda: Worker([]), interval=0.05)
+    leader.start()
+    follower.start()
+    try:
+        wait_for(lambda: len(tries) >= 5)
+        assert not follower.leading and len(connects) == 1
+    finally:
+        follower.stop()
+        leader.stop()
+    with psycopg.connect(url, autocommit=True) as admin:  # the follower's connection closed with it
+        wait_for(lambda: admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                                       "pid <> pg_backend_pid() AND query LIKE '%pg_try_advisory_lock%'").fetchone()[0]
+                 == 0)
+    leader_db.close()
+    follower_db.close()

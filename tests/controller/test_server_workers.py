@@ -212,7 +212,8 @@ def test_a_hung_worker_is_killed_and_started_again_while_the_api_answers(tmp_pat
         wait_until(lambda: any(line.get("event") == "controller worker ready" and line.get("pid") == new_pid
                                for line in log_lines(team.home)), "the new worker to be ready", timeout=START_SECONDS)
         assert survivor.is_running() and all(team.answers() for _ in range(10))
-        kills = [line["pid"] for line in log_lines(team.home) if line.get("event", "").startswith("controller worker stopped")]
+        kills = [line["pid"] for line in log_lines(team.home)
+                 if line.get("event", "").startswith("controller worker stopped")]
         assert kills == [victim.pid], kills  # the workers that answered were never taken for hung ones
         assert manager.received(b"WATCHDOG=1") >= 1
     finally:
