@@ -3,7 +3,9 @@
 A service with ``Type=notify`` finds the datagram socket to write to in ``NOTIFY_SOCKET`` (a path, or
 an abstract address written with a leading ``@``); ``WatchdogSec=`` adds ``WATCHDOG_USEC`` (and
 ``WATCHDOG_PID``, the process meant to ping). Without ``NOTIFY_SOCKET`` every call is a no-op, so the
-daemons call these unconditionally.
+daemons call these unconditionally. Watchdog pings come from a thread of their own (:class:`Watchdog`: the agent),
+from an asyncio loop (:meth:`Notifier.ping_from_event_loop`: the controller, so that its stuck loop is restarted)
+or from a loop of the caller's (:class:`LoopPings`: the parent of `runner server --workers N`).
 
 The module-level functions read those variables once, on first use, and take them out of
 ``os.environ`` (as ``sd_notify(unset_environment=1)`` does): the processes a daemon starts (a training
