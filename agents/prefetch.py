@@ -66,6 +66,7 @@ class CheckpointPrefetch:
         self._lock = threading.Lock()
         self._complete: set[int] = set()   # committed steps whose every file is here, of the right size
         self._committed: set[int] = set()  # steps seen with a manifest on the durable tier
+        self._given_up: set[int] = set()   # steps this follower cannot make complete here (LocalFillIn)
         self._created: set[int] = set()    # local folders this follower made (it removes the superseded ones)
         self._passes = 0
         self.fetched_bytes = 0
@@ -95,6 +96,8 @@ class CheckpointPrefetch:
             with self._lock:
                 if step in self._complete:
                     return True
+                if step in self._given_up:
+                    return False
                 if self._passes > start_pass + 1 and step not in self._seen_steps:
                     return False
             if self.fetched_bytes != progress:
@@ -205,19 +208,70 @@ class CheckpointPrefetch:
                 self._complete.discard(step)
 
 
+class LocalFillIn(CheckpointPrefetch):
+    """A kept gang node's follower for the step its gang stopped at (``target``).
+
+    Each node's ranks write only their own share of a gang's checkpoint to their local tier; the other nodes'
+    shares reach this node at the next attempt's ``restore()``, from the durable tier, inside the training pause.
+    Started once this node's share of the stop's checkpoint is committed locally (its manifest, written last,
+    names every node's files), this fetches each file the local folder lacks as soon as the durable tier has it
+    whole, beside the other nodes' upload, so the restore finds the whole checkpoint here. It never writes a file
+    this node's ranks wrote, and nothing before their local commit: a step never committed here is given up (the
+    restore fetches what it needs, as without this).
+    """
+
+    def _follow_newest(self) -> None:
+        steps = self._steps()
+        with self._lock:
+            self._seen_steps = frozenset(steps)
+            step = self._target
+        if step is None or step not in steps:
+            return
+        remote = posixpath.join(self.root, step_folder(step))
+        self.fs.invalidate_cache(remote)
+        try:
+            entries = self.fs.ls(remote, detail=True)
+        except FileNotFoundError:
+            return
+        sizes = {_base(e["name"]): e.get("size") for e in entries if e.get("type") != "directory"}
+        folder = self.local_root / step_folder(step)
+        try:
+            local = json.loads((folder / MANIFEST).read_text())
+            wanted = {f["name"]: f.get("bytes") for f in local.get("files", []) if isinstance(f, dict)}
+        except (OSError, ValueError, TypeError, KeyError):
+            if MANIFEST in sizes:  # durable, and never committed here: nothing of this node's to fill in
+                with self._lock:
+                    self._given_up.add(step)
+            return
+        for name in sorted(wanted):
+            if self._stop.is_set():
+                return
+            target = folder / name
+            if "/" in name or target.exists() or sizes.get(name) != wanted[name]:
+                continue  # this node's own, or not (yet) whole on the durable tier
+            self._fetch(posixpath.join(remote, name), target)
+        if all((folder / n).is_file() for n in wanted if "/" not in n):
+            with self._lock:
+                if step not in self._complete:
+                    self._complete.add(step)
+                    log.info("the other nodes' share of the checkpoint fetched to the local tier", step=step,
+                             files=len(wanted), fetched_mb=round(self.fetched_bytes / 1e6, 1))
+
+
 def resume_step(assignment: dict) -> int | None:
     """The step the controller hands this attempt (None: none, or a prepared node's not known yet)."""
     step = ((assignment.get("checkpoint") or {}).get("resume") or {}).get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
 
 
-def prefetch_for(assignment: dict, local_root: Path, target: int | None = None) -> CheckpointPrefetch | None:
+def prefetch_for(assignment: dict, local_root: Path, target: int | None = None,
+                 follower: type[CheckpointPrefetch] = CheckpointPrefetch) -> CheckpointPrefetch | None:
     """A follower for the assignment's durable tier, or None when the job has none."""
     url = (assignment.get("checkpoint") or {}).get("durable_url")
     if not url:
         return None
     try:
-        return CheckpointPrefetch(url, local_root, target=target).start()
+        return follower(url, local_root, target=target).start()
     except Exception as exc:  # noqa: BLE001 - a URL this agent cannot open: the job's restore says why
         log.warning("checkpoint prefetch unavailable", url=url, error=f"{type(exc).__name__}: {exc}")
         return None

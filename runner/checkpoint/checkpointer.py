@@ -459,11 +459,11 @@ class Checkpointer:
         started = time.monotonic()
         self._persister.buffer_free.wait()  # the previous save is still writing out of the reused buffer
         self._seq += 1
-        staged = folder if payload is not None else self._mode.stager.stage(
-            self._mode.capture(step, self.objects, self.extra))
+        state = None if payload is not None else self._mode.capture(step, self.objects, self.extra)
+        staged = folder if payload is not None else self._mode.stager.stage(state)
         job = SaveJob(step, staged, emergency, self.attempt, self.job_id, seq=self._seq, started=started,
                       format=self._folder_format if payload is not None else None, payload=payload,
-                      upload_from_buffer=from_buffer)
+                      upload_from_buffer=from_buffer, replicated=state is not None and self._mode.replicated(state))
         self._persister.submit(job)
         self._schedule.saved(cost_s=time.monotonic() - started)
         self._jobs = [j for j in self._jobs if not j.finished] + [job]
@@ -565,7 +565,7 @@ class Checkpointer:
             if self.durable is None:
                 self._policy.record(commit_s=seconds)
         self._send(msg.Committed(job.step, str(job.local_manifest), False, job.emergency, round(seconds, 4),
-                             job.manifest.bytes, timing_only=not first).to_json())
+                             job.manifest.bytes, timing_only=not first, replicated=job.replicated).to_json())
 
     def _on_failed(self, job: SaveJob, tier: str, error: BaseException) -> None:
         self._send(msg.Failed(job.step, tier, f"{type(error).__name__}: {error}").to_json())

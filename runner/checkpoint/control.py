@@ -24,6 +24,8 @@ Library -> agent:
   has it. ``seconds`` runs from the start of the save; ``bytes`` is the checkpoint's size.
   Under torch.distributed rank 0 sends ``committed`` (the checkpoint is one for the whole job); each other
   node's first process sends it with ``timing_only: true``, for its own agent to time the checkpoint.
+  ``replicated: true`` when every rank holds the whole state (no sharded tensor), so that each rank's restore
+  reads every file of the checkpoint.
 * ``{"op": "stopping", "step": int, "durable": bool, "reason": str, "origin": "self"|"peer"}`` - when
   ``should_stop`` becomes true; ``durable`` says whether the emergency checkpoint reached the durable tier
   before the deadline; ``reason`` is the request's (``notice``, ``drill``, ``SIGTERM``...); ``origin`` is

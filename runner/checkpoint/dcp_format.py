@@ -107,6 +107,12 @@ class Stager:
         return staged
 
 
+def replicated(state: dict) -> bool:
+    """No tensor of ``state`` is sharded over the ranks (a DTensor or a ShardedTensor): every rank holds all of it
+    (DDP), so a restore of every rank reads every file of the checkpoint."""
+    return not any(hasattr(t, "to_local") or hasattr(t, "local_shards") for t in _tensors(state))
+
+
 def _tensors(node):
     if isinstance(node, torch.Tensor):
         yield node

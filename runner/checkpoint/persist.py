@@ -77,6 +77,7 @@ class SaveJob:
     payload: dict | None = None  # the manifest's payload (who wrote a folder checkpoint)
     upload_from_buffer: bool = False  # a timing checkpoint: uploaded as an emergency one is (``emergency`` is too)
     from_buffer: bool = False  # uploaded straight from the staged buffer, beside the local write
+    replicated: bool = False  # every rank holds the whole state: each rank's restore reads every file
     readers: object = None  # _BufferReaders: the local write and that upload, both reading the staged buffer
     abandoned: threading.Event = field(default_factory=threading.Event)  # its upload was given up: stop sending
     staged_at: float | None = None  # monotonic: the state was staged and handed to the persister

@@ -150,6 +150,9 @@ class Committed(Message):
     # From another node's first process than the job's first rank: its agent only times the commit (a notice
     # on that node needs the checkpoint's expected time); the job's first rank's agent reports it.
     timing_only: bool = False
+    # Every rank holds the whole state (no sharded tensor): each rank's restore reads every file of the checkpoint,
+    # so a kept gang node may fetch the other nodes' share ahead (agents/prefetch.py's LocalFillIn).
+    replicated: bool = False
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,9 @@ def test_a_gang_trains_through_a_notice_and_the_prepared_replacement_takes_the_n
         waited = _logged_at(home, node, "the process started ahead waits in restore()")
         assert len(waited) == 1 and waited[0] < last_step_at, node
         assert _logged_at(home, node, "the process started ahead is this attempt's"), node
+    # Node 0, kept, fetched node 1's share of the stop's checkpoint while node 1 uploaded it, not in its restore.
+    fetched = [e for e in _agent_log(home, first["nodes"][0]["node"]) if e.get("event") == "checkpoint prefetch"]
+    assert [(e["step"], e["complete"]) for e in fetched] == [(stopped_at, True)]
     # The ledger: the gap, the replacement's boot and setup (before its attempt existed), every rank's restore.
     assert second["gap_seconds"] is not None and second["gap_seconds"] > 0
     boots = [n["boot_seconds"] for n in second["nodes"]]

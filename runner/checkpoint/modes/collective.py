@@ -65,6 +65,12 @@ class Collective:
 
         return capture(objects, extra, self.ranks.rank)
 
+    @staticmethod
+    def replicated(state: dict) -> bool:
+        from ..dcp_format import replicated
+
+        return replicated(state)
+
     def bind(self, take_request, schedule: SaveSchedule, stopped) -> None:
         """Where ``decide`` takes the pending request (a callable), asks whether a save is due, and whether
         the Checkpointer has stopped (an elastic rank out of the gang)."""

@@ -42,6 +42,10 @@ class SingleProcess:
             "rng": rng.capture(),
         }
 
+    @staticmethod
+    def replicated(state: dict) -> bool:
+        return True  # one process: its restore reads the whole checkpoint
+
     def bind(self, take_request, schedule: SaveSchedule, stopped) -> None:
         """Where ``decide`` takes the pending request (a callable) and asks whether a save is due."""
         self._take_request, self._schedule = take_request, schedule
