@@ -19,6 +19,11 @@ node starts the job anew, as without this).
 At the next attempt the agent adopts the process when the attempt and its gang are the ones it was started for
 (agents/prestart.py); its channel becomes the node's, and the old one, now unused, is closed.
 
+The restore's files: each node's ranks write only their own share of the gang's checkpoint locally. Once a kept
+node's share of the stop's checkpoint is committed locally (a replicated state's: every rank reads every file), the
+node fetches the other nodes' share as they upload it (agents/prefetch.py's LocalFillIn), and the next attempt
+starts once it is here (or given up), so the restore reads local disk instead of downloading in the pause.
+
 GPU memory: a kept node's new ranks must not build their model, nor NCCL its communicators, while the old
 attempt's ranks still train on the same GPUs (either could run out of memory). So on a node with an accelerator
 device every node's processes started ahead (the replacement's too: the first collective would wait for the kept
@@ -41,6 +46,7 @@ from runner.protocol.events import EventKind
 
 from .control import ControlServer
 from .failure_kind import OutputTail
+from .prefetch import LocalFillIn, local_checkpoint_root, prefetch_for
 from .prestart import GATE_VARIABLE, DeferredOutput, Prestarted, prestart_environment
 from .supervisor import Supervisor
 
@@ -90,7 +96,25 @@ def report(reporter, attempt: int, state: str, why: str | None = None) -> bool:
 
 class KeptNodeStartAhead:
     """The agent's part on a kept node (mixed into agents/main.py's Agent, whose state it uses: ``prestarted``,
-    ``_ahead_lock``, ``_ahead_for``, ``_ahead_abandoned``, the control channel, the reporter)."""
+    ``_ahead_lock``, ``_ahead_for``, ``_ahead_abandoned``, ``prefetch``, the control channel, the reporter)."""
+
+    def _on_committed(self, message: dict) -> None:
+        super()._on_committed(message)
+        if message.get("emergency") and message.get("replicated") and not message.get("durable"):
+            self._fill_in_stop_step(message.get("step"))
+
+    def _fill_in_stop_step(self, step) -> None:
+        """This gang node's share of the stop's checkpoint is local: while it stays (no notice of its own), fetch
+        the other nodes' share as they upload it (agents/prefetch.py's LocalFillIn), not in the next restore. Only
+        for a replicated state (DDP): each rank's restore reads every file then, while a sharded one's reads only
+        its own ranks' shards (and the others' would take the node's disk for nothing)."""
+        if (not self.gang_node or not isinstance(step, int) or self.prefetch is not None
+                or self.train_through is not None or self.emergency.active):
+            return
+        self.prefetch = prefetch_for(self.assignment, local_checkpoint_root(self.assignment, self.config.scratch_dir),
+                                     target=step, follower=LocalFillIn)
+        if self.prefetch is not None:
+            log.info("fetching the other nodes' share of the stop's checkpoint ahead of the restore", step=step)
 
     def _on_prestart(self, assignment: dict) -> None:
         """A kept gang node is told to start the gang's next attempt ahead (this module): once per

@@ -36,7 +36,7 @@ from .gang import GangRanks, node_address, register_for_attempt
 from . import gang_prestart
 from .gang_prestart import KeptNodeStartAhead
 from .logship import LogShipper
-from .prefetch import CheckpointPrefetch, LocalFillIn, local_checkpoint_root, prefetch_for, resume_step
+from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
 from .prestart import DeferredOutput, LocalOutput, Prestarted, prestart_environment
 from .failure_kind import OutputTail, classify
 from .stop_progress import StopProgress
@@ -553,24 +553,6 @@ class Agent(KeptNodeStartAhead, AgentCore):
             self.trainee_pids.add(message["pid"])
         if self.drill is not None:
             self.drill.on_hello()
-
-    def _on_committed(self, message: dict) -> None:
-        super()._on_committed(message)
-        if message.get("emergency") and message.get("replicated") and not message.get("durable"):
-            self._fill_in_stop_step(message.get("step"))
-
-    def _fill_in_stop_step(self, step) -> None:
-        """This gang node's share of the stop's checkpoint is local: while it stays (no notice of its own), fetch
-        the other nodes' share as they upload it (agents/prefetch.py's LocalFillIn), not in the next restore. Only
-        for a replicated state (DDP): each rank's restore reads every file then, while a sharded one's reads only
-        its own ranks' shards (and the others' would take the node's disk for nothing)."""
-        if (not self.gang_node or not isinstance(step, int) or self.prefetch is not None
-                or self.train_through is not None or self.emergency.active):
-            return
-        self.prefetch = prefetch_for(self.assignment, local_checkpoint_root(self.assignment, self.config.scratch_dir),
-                                     target=step, follower=LocalFillIn)
-        if self.prefetch is not None:
-            log.info("fetching the other nodes' share of the stop's checkpoint ahead of the restore", step=step)
 
     def _on_restored(self, message: dict) -> None:
         self.gang.on_restored(message)
