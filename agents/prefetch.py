@@ -142,13 +142,9 @@ class CheckpointPrefetch:
         if not steps:
             return
         step = target if target is not None else steps[0]
-        remote = posixpath.join(self.root, step_folder(step))
-        self.fs.invalidate_cache(remote)
-        try:
-            entries = self.fs.ls(remote, detail=True)
-        except FileNotFoundError:
+        remote, sizes = self._listing(step)
+        if sizes is None:
             return
-        sizes = {_base(e["name"]): e.get("size") for e in entries if e.get("type") != "directory"}
         manifest = None
         if MANIFEST in sizes:  # committed: its list of files is the truth (read before the files it names)
             try:
@@ -185,6 +181,16 @@ class CheckpointPrefetch:
                     self._complete.add(step)
                     log.info("checkpoint prefetched to the local tier", step=step, files=len(wanted),
                              fetched_mb=round(self.fetched_bytes / 1e6, 1))
+
+    def _listing(self, step: int) -> tuple[str, dict | None]:
+        """The durable folder of ``step`` and the size of each file there (None: no such folder)."""
+        remote = posixpath.join(self.root, step_folder(step))
+        self.fs.invalidate_cache(remote)
+        try:
+            entries = self.fs.ls(remote, detail=True)
+        except FileNotFoundError:
+            return remote, None
+        return remote, {_base(e["name"]): e.get("size") for e in entries if e.get("type") != "directory"}
 
     def _fetch(self, source: str, target: Path) -> None:
         partial = target.with_name(f".{target.name}.prefetch")
@@ -227,13 +233,9 @@ class LocalFillIn(CheckpointPrefetch):
             step = self._target
         if step is None or step not in steps:
             return
-        remote = posixpath.join(self.root, step_folder(step))
-        self.fs.invalidate_cache(remote)
-        try:
-            entries = self.fs.ls(remote, detail=True)
-        except FileNotFoundError:
+        remote, sizes = self._listing(step)
+        if sizes is None:
             return
-        sizes = {_base(e["name"]): e.get("size") for e in entries if e.get("type") != "directory"}
         folder = self.local_root / step_folder(step)
         try:
             local = json.loads((folder / MANIFEST).read_text())
