@@ -2,8 +2,9 @@
 
 A heartbeat's time and progress are shown by ``status`` and the web page and decide nothing, so 2,000
 nodes beating once a second cost eight short write transactions a second (``FLUSH_BATCH`` beats each, in
-node order) instead of 2,000 that queue on the database's write lock. A controller that dies loses at most the last second of them; the next beat
-brings each node's back.
+node order) instead of 2,000. On SQLite they take the write lock; on Postgres they do not, and skip the
+rows another transaction holds, keeping those beats for the next flush (``Store.write_heartbeats``). A
+controller that dies loses at most the last second of them; the next beat brings each node's back.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from ..state import Store
 log = structlog.get_logger(__name__)
 
 FLUSH_SECONDS = 1.0
-# Beats written per transaction: each holds the write lock for a few milliseconds, so a report or a registration
-# waits behind one part of a flush, not all 2,000 beats of it (on Postgres, ~100 ms on a loaded machine).
+# Beats written per transaction: on SQLite each holds the write lock for a few milliseconds, so a report or a
+# registration waits behind one part of a flush, not all 2,000 beats of it; on Postgres each holds its rows as briefly.
 FLUSH_BATCH = 250
 
 
@@ -42,26 +43,29 @@ class HeartbeatBook:
             self.flush()
 
     def flush(self) -> int:
-        """Write every pending heartbeat; return how many (a failed write keeps them for the next flush)."""
+        """Write every pending heartbeat; return how many were written. A failed write keeps its beats for the next
+        flush, and so does a node whose row another transaction held (Postgres: the flush never waits for a row)."""
         with self._lock:
             pending, self._pending = self._pending, {}
         if not pending:
             return 0
-        # Encoded before the write lock is taken: under load this thread shares the interpreter with the event
-        # loop, and Python work inside the transaction would hold every other writer back for as long.
+        # Encoded before the transaction: under load this thread shares the interpreter with the event loop, and
+        # Python work inside the transaction would hold the rows (on SQLite the write lock) for as long.
         beats = sorted((node_id, when, json.dumps(progress)) for node_id, (when, progress) in pending.items())
-        written = 0
+        done, skipped = 0, set()
         try:
             for start in range(0, len(beats), FLUSH_BATCH):
-                with self.store.db.transaction() as tx:
-                    self.store.record_heartbeats(tx, beats[start:start + FLUSH_BATCH])
-                written = start + FLUSH_BATCH
-        except Exception:
-            unwritten = {node_id: pending[node_id] for node_id, _, _ in beats[written:]}
-            with self._lock:  # newer beats that arrived meanwhile win
-                self._pending = {**unwritten, **self._pending}
-            raise
-        return len(pending)
+                skipped |= self.store.write_heartbeats(beats[start:start + FLUSH_BATCH])
+                done = start + FLUSH_BATCH
+        finally:
+            self._keep({node_id for node_id, _, _ in beats[done:]} | skipped, pending)
+        return len(pending) - len(skipped)
+
+    def _keep(self, node_ids: set[str], pending: dict[str, tuple[float, dict]]) -> None:
+        """Put these nodes' beats back for the next flush, unless a newer one arrived meanwhile (that one wins)."""
+        if node_ids:
+            with self._lock:
+                self._pending = {**{node_id: pending[node_id] for node_id in node_ids}, **self._pending}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)

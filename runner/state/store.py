@@ -331,6 +331,25 @@ class Store:
                         "WHERE id = ? AND (last_heartbeat IS NULL OR last_heartbeat <= ?)",
                         [(when, progress, node_id, when) for node_id, when, progress in beats])
 
+    def write_heartbeats(self, beats: list[tuple[str, float, str]]) -> set[str]:
+        """``record_heartbeats`` in a transaction of its own; return the ids of the nodes whose beats it skipped
+        because another transaction held their rows (none on SQLite): to be written by a later flush.
+
+        On Postgres a heartbeat is not a serialized write (2,000 a second would hold the write lock a third of the
+        time, and every report would queue behind them). It never waits for a lock either: it updates only the
+        rows it could lock at once (``FOR UPDATE SKIP LOCKED``), so a serialized transaction holding some of these
+        rows, and updating others after them, cannot deadlock with it. Waiting on such a row while holding the
+        rest would make a cycle with any transaction that takes the same rows in another order."""
+        if self.db.kind != "postgres":  # SQLite has one writer at a time: no row is ever held by another
+            with self.db.transaction() as tx:
+                self.record_heartbeats(tx, beats)
+            return set()
+        rows = padded(beats)  # one statement text per power of two (a repeated beat changes nothing)
+        with self.db.transaction(serialized=False) as tx:
+            skipped = tx.all(_HEARTBEATS_UNLESS_LOCKED.format(beats=",".join(["(?, CAST(? AS REAL), ?)"] * len(rows))),
+                             tuple(value for beat in rows for value in beat))
+        return {row["id"] for row in skipped}
+
     # --- events -----------------------------------------------------------
     def add_event(self, tx: Tx, job_id: str, kind: str, message: str, attempt: int | None = None,
                   now: float | None = None) -> None:
@@ -344,6 +363,17 @@ class Store:
     def events(self, job_id: str, after_id: int = 0) -> list[Event]:
         rows = self.db.query("SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id", (job_id, after_id))
         return [Event.from_row(row) for row in rows]
+
+
+# Postgres only: the beats whose node rows this transaction could lock at once are written (each unless the stored
+# beat is newer); the ids of the existing rows it could not lock are returned (a plain read: it does not wait).
+_HEARTBEATS_UNLESS_LOCKED = """
+WITH beats (id, at, progress) AS (VALUES {beats}),
+     mine AS (SELECT id FROM nodes WHERE id IN (SELECT id FROM beats) FOR UPDATE SKIP LOCKED),
+     written AS (UPDATE nodes SET last_heartbeat = beats.at, progress = beats.progress FROM beats
+                 WHERE nodes.id = beats.id AND nodes.id IN (SELECT id FROM mine)
+                 AND (nodes.last_heartbeat IS NULL OR nodes.last_heartbeat <= beats.at))
+SELECT id FROM nodes WHERE id IN (SELECT id FROM beats) AND id NOT IN (SELECT id FROM mine)"""
 
 
 # --- the heartbeat's lean reads (heartbeat_views, watched_nodes): dicts of a few node columns, typed here ---------

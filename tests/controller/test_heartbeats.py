@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
@@ -38,9 +42,9 @@ class CountingTransactions:
     def __init__(self, db):
         self.db, self.count = db, 0
 
-    def transaction(self):
+    def transaction(self, **kwargs):
         self.count += 1
-        return self.db.transaction()
+        return self.db.transaction(**kwargs)
 
     def __getattr__(self, name):
         return getattr(self.db, name)
@@ -81,7 +85,9 @@ def test_beats_that_could_not_be_written_wait_for_the_next_flush(store, book):
     real = store.db
 
     class Down:
-        def transaction(self):
+        kind = real.kind
+
+        def transaction(self, **kwargs):
             book.record("n0", 11.0, {"phase": "running"})  # arrives while the write fails
             raise OSError("disk I/O error")
 
@@ -101,11 +107,13 @@ def test_a_large_flush_is_written_in_parts_and_a_failed_part_keeps_only_its_beat
     real, opened = store.db, []
 
     class SecondFails:
-        def transaction(self):
+        kind = real.kind
+
+        def transaction(self, **kwargs):
             opened.append(1)
             if len(opened) == 2:
                 raise OSError("disk I/O error")
-            return real.transaction()
+            return real.transaction(**kwargs)
 
     store.db = SecondFails()
     with pytest.raises(OSError):
@@ -128,3 +136,141 @@ def test_without_a_running_flusher_a_beat_is_written_at_once(store):
     book.record("n1", 11.0, {"phase": "running"})
     book.stop()  # writes what was pending
     assert store.node("n1").last_heartbeat == 11.0
+
+
+# --- Postgres: a flush takes no write lock and never waits for a node's row --------------------------------------
+ROW_LOCKS_ONLY_ON_POSTGRES = ("SQLite has one writer at a time: a flush takes the write lock like every write, and "
+                              "there are no row locks to skip")
+
+
+class OpenWriter(threading.Thread):
+    """A serialized write transaction, open on a thread of its own: ``step(fn)`` runs ``fn(tx)`` in it and returns
+    once done (raising what it raised); ``commit()`` ends it."""
+
+    def __init__(self, store):
+        super().__init__(name="open-writer", daemon=True)
+        self.store = store
+        self.error: Exception | None = None
+        self._steps: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+
+    def run(self) -> None:
+        try:
+            with self.store.db.transaction() as tx:
+                while (step := self._steps.get()) is not None:
+                    step(tx)
+                    self._done.put(None)
+        except Exception as exc:  # e.g. chosen as a deadlock's victim
+            self.error = exc
+            self._done.put(exc)
+
+    def step(self, fn) -> None:
+        self._steps.put(fn)
+        if (error := self._done.get(timeout=60)) is not None:
+            raise error
+
+    def commit(self) -> None:
+        self._steps.put(None)
+        self.join(60)
+        assert not self.is_alive(), "the open transaction did not end within 60 s"
+        if self.error is not None:
+            raise self.error
+
+
+@contextmanager
+def a_serialized_writer(store, first_step):
+    """A serialized write transaction that has run ``first_step`` and stays open (holding the write lock and the rows
+    it wrote) until the block ends, then commits."""
+    writer = OpenWriter(store)
+    writer.start()
+    try:
+        writer.step(first_step)
+        yield writer
+    finally:
+        if writer.is_alive():
+            writer.commit()
+
+
+def _waiting_for_a_lock(db) -> int:
+    """How many sessions wait for a lock another holds (seen from a connection outside the pool)."""
+    with db.connect() as conn:
+        return conn.execute("SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"]
+
+
+def _until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_flush_does_not_wait_for_a_serialized_writer_holding_the_write_lock(store, book, backend):
+    """2,000 beats a second written under the write lock made every report queue behind them: a flush writes its
+    beats while another controller's serialized transaction (one that touches no node) is still open."""
+    if backend == "sqlite":
+        pytest.skip(ROW_LOCKS_ONLY_ON_POSTGRES)
+    book.record("n0", 10.0, {"phase": "running", "checkpoint_step": 100})
+    with ThreadPoolExecutor(1) as pool, a_serialized_writer(
+            store, lambda tx: store.add_event(tx, "j1", "message", "a serialized write, still open")):
+        flushed = pool.submit(book.flush)
+        assert flushed.result(timeout=60) == 1  # before: it waited for the writer's commit (here: the timeout)
+        assert store.node("n0").last_heartbeat == 10.0  # committed, with the writer still open
+    assert store.node("n0").progress == {"phase": "running", "checkpoint_step": 100}
+
+
+def test_a_node_row_another_transaction_holds_is_skipped_and_its_newest_beat_written_by_a_later_flush(store, book,
+                                                                                                      backend):
+    """The flush writes the rows it can lock at once and keeps the beat of a row held by an open transaction for the
+    next flush, where the newest beat of that node that arrived meanwhile is the one written."""
+    if backend == "sqlite":
+        pytest.skip(ROW_LOCKS_ONLY_ON_POSTGRES)
+    for n in ("n0", "n1", "n2"):
+        book.record(n, 10.0, {"phase": "running"})
+    with ThreadPoolExecutor(1) as pool, a_serialized_writer(
+            store, lambda tx: store.update_node(tx, "n1", provider_ref="held")):
+        assert pool.submit(book.flush).result(timeout=60) == 2  # n1 skipped, without waiting for its row
+        assert [store.node(n).last_heartbeat for n in ("n0", "n1", "n2")] == [10.0, None, 10.0]
+        book.record("n1", 11.0, {"phase": "running", "checkpoint_step": 110})  # a newer beat arrives meanwhile
+    assert book.flush() == 1
+    assert store.node("n1").last_heartbeat == 11.0 and store.node("n1").progress["checkpoint_step"] == 110
+    assert store.node("n1").provider_ref == "held"  # the other transaction's write is kept too
+    assert book.flush() == 0  # nothing left over
+
+
+def test_a_skipped_beat_written_later_never_replaces_a_newer_one_stored_meanwhile(store, book, backend):
+    """A node's row is held by its registration, which stores a newer heartbeat time: the flush's older beat, kept
+    for the next flush, does not overwrite it."""
+    if backend == "sqlite":
+        pytest.skip(ROW_LOCKS_ONLY_ON_POSTGRES)
+    book.record("n1", 10.0, {"phase": "running", "checkpoint_step": 100})
+    with ThreadPoolExecutor(1) as pool, a_serialized_writer(
+            store, lambda tx: store.update_node(tx, "n1", registered_at=12.0, last_heartbeat=12.0)):
+        assert pool.submit(book.flush).result(timeout=60) == 0
+    assert book.flush() == 1  # written, unless older than what is stored: it is
+    assert store.node("n1").last_heartbeat == 12.0 and store.node("n1").progress is None
+
+
+def test_a_flush_and_a_serialized_writer_updating_the_same_nodes_in_reverse_order_do_not_deadlock(store, book,
+                                                                                                   backend):
+    """The writer holds n2 and then updates n1 and n0; the flush writes n0, n1, n2 in that order. A flush that waited
+    for n2 while holding n0 and n1 would deadlock with it (Postgres then aborts one of the two after
+    deadlock_timeout): both commit, and n2's beat is written once its row is free."""
+    if backend == "sqlite":
+        pytest.skip(ROW_LOCKS_ONLY_ON_POSTGRES)
+    for n in ("n0", "n1", "n2"):
+        book.record(n, 10.0, {"phase": "running"})
+    with ThreadPoolExecutor(1) as pool, a_serialized_writer(
+            store, lambda tx: store.update_node(tx, "n2", provider_ref="writer")) as writer:
+        flushed = pool.submit(book.flush)
+        _until(lambda: flushed.done() or _waiting_for_a_lock(store.db) > 0, "the flush to end or wait for a lock")
+
+        def the_rest_in_reverse(tx):
+            for n in ("n1", "n0"):
+                store.update_node(tx, n, provider_ref="writer")
+
+        writer.step(the_rest_in_reverse)  # raises if this transaction was the deadlock's victim
+        writer.commit()
+        flushed.result(timeout=60)  # ... and this, if the flush was
+    book.flush()  # n2's beat, skipped while the writer held its row
+    assert [store.node(n).last_heartbeat for n in ("n0", "n1", "n2")] == [10.0, 10.0, 10.0]
+    assert [store.node(n).provider_ref for n in ("n0", "n1", "n2")] == ["writer"] * 3
