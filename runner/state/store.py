@@ -335,11 +335,11 @@ class Store:
         """``record_heartbeats`` in a transaction of its own; return the ids of the nodes whose beats it skipped
         because another transaction held their rows (none on SQLite): to be written by a later flush.
 
-        On Postgres a heartbeat is not a serialized write (at 1,000 nodes the flush held the write lock a sixth of
-        the time, and the slowest reports had waited behind it). It never waits for a lock either: it updates only the
-        rows it could lock at once (``FOR UPDATE SKIP LOCKED``), so a serialized transaction holding some of these
-        rows, and updating others after them, cannot deadlock with it. Waiting on such a row while holding the
-        rest would make a cycle with any transaction that takes the same rows in another order."""
+        On Postgres a heartbeat is not a serialized write (at 1,000 nodes the flush held the write lock a sixth
+        of the time, and the slowest reports had waited behind it). It never waits for a lock either: it updates
+        only the rows it could lock at once (``FOR UPDATE SKIP LOCKED``), so a serialized transaction holding some
+        of these rows, and updating others after them, cannot deadlock with it. Waiting on such a row while
+        holding the rest would make a cycle with any transaction that takes the same rows in another order."""
         if self.db.kind != "postgres":  # SQLite has one writer at a time: no row is ever held by another
             with self.db.transaction() as tx:
                 self.record_heartbeats(tx, beats)
