@@ -33,21 +33,28 @@ def fold_oldest(tx: Tx, keep: int, buckets: Callable[[str], tuple[float, ...] | 
     ``buckets(name)``: the histogram bounds of a measurement name (None: drop it uncounted). The rollup keeps,
     per name, labels and bound, how many folded observations were at most that bound; bound ``+Inf`` holds
     the count and the sum. A report of a folded key that arrives again would be counted again: keys are
-    folded long after the agent's retries have stopped.
+    folded long after the agent's retries have stopped. The folded rows are added up here first, so the
+    rollup takes one upsert per name, labels and bound, whatever the number of rows (all inside the caller's
+    write transaction).
     """
     rows = tx.all("SELECT key, name, labels, value FROM measurements ORDER BY time DESC, key DESC "
                   "LIMIT -1 OFFSET ?", (keep,))
+    totals: dict[tuple[str, str, str], list[float]] = {}
     for row in rows:
         bounds = buckets(row["name"])
         if bounds is None:
             continue
         for le in [*(repr(float(b)) for b in bounds if row["value"] <= b), "+Inf"]:
-            tx.execute("INSERT INTO measurement_rollup (name, labels, le, n, total) VALUES (?,?,?,1,?) "
-                       "ON CONFLICT(name, labels, le) DO UPDATE SET n = measurement_rollup.n + 1, "
-                       "total = measurement_rollup.total + excluded.total",
-                       (row["name"], row["labels"], le, row["value"] if le == "+Inf" else 0.0))
-    for row in rows:
-        tx.execute("DELETE FROM measurements WHERE key = ?", (row["key"],))
+            total = totals.setdefault((row["name"], row["labels"], le), [0, 0.0])
+            total[0] += 1
+            total[1] += row["value"] if le == "+Inf" else 0.0
+    if not rows:
+        return 0
+    tx.execute_many("INSERT INTO measurement_rollup (name, labels, le, n, total) VALUES (?,?,?,?,?) "
+                    "ON CONFLICT(name, labels, le) DO UPDATE SET n = measurement_rollup.n + excluded.n, "
+                    "total = measurement_rollup.total + excluded.total",
+                    [(name, labels, le, n, total) for (name, labels, le), (n, total) in totals.items()])
+    tx.execute_many("DELETE FROM measurements WHERE key = ?", [(row["key"],) for row in rows])
     return len(rows)
 
 

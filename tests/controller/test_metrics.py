@@ -258,6 +258,29 @@ def test_metrics_survive_a_controller_restart(store, db_url):
     assert collect(reopened).get_sample_value("runner_recovery_seconds_sum", {"end_reason": "preempted"}) == 30
 
 
+def test_the_table_is_folded_in_batches_a_twentieth_over_its_maximum_and_every_observation_still_counts(store):
+    """Folding sorts every kept row: it is done once the table is a twentieth over its maximum (not for every report
+    group's few new rows), and folds it back to the maximum; the histograms count every observation throughout."""
+    from runner.state.measurements import measurements
+
+    keep, sizes, values = 100, [], []
+    for step in range(1, 301):
+        values.append(0.01 * step)
+        with store.db.transaction() as tx:
+            record_commit(tx, "j1", 2, {"step": step, "durable": True, "seconds": values[-1]}, now=5000.0 + step,
+                          keep=keep)
+        sizes.append(len(measurements(store.db)))
+    assert max(sizes) == keep + keep // 20 and min(sizes[keep:]) == keep  # bounded, and folded back in batches
+    assert sum(1 for before, after in zip(sizes, sizes[1:]) if after < before) == (300 - keep) // (keep // 20 + 1)
+    registry = collect(store)
+    labels = {"emergency": "false"}
+    assert registry.get_sample_value("runner_checkpoint_commit_seconds_count", labels) == 300
+    assert registry.get_sample_value("runner_checkpoint_commit_seconds_sum", labels) == pytest.approx(sum(values))
+    for le in (0.25, 1.0, 2.5):
+        expected = sum(v <= le for v in values)
+        assert registry.get_sample_value("runner_checkpoint_commit_seconds_bucket", {**labels, "le": str(le)}) == expected
+
+
 def test_the_measurements_table_stays_bounded_while_the_histograms_count_every_observation(store):
     """50 commits with room for 10 kept one by one: 10 rows remain, and count, sum and buckets cover all 50."""
     from runner.state.measurements import measurements
