@@ -18,12 +18,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
 import structlog
 
 from runner.protocol.messages import Op
+
+from .held_watch import HeldWatch
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +105,7 @@ class ElasticWorld:
         threading.Thread(target=self.report, args=(body,), name="world-report", daemon=True).start()
 
 
-class LauncherWatch:
+class LauncherWatch(HeldWatch):
     """Ends a launcher left waiting for nodes that left, once every training process has closed: in an elastic gang
     after its world changed, in any gang once the controller says the attempt ended on another node (a launcher
     whose workers all exited cleanly waits at its exit for the launchers of every node it started with, and one
@@ -112,29 +113,16 @@ class LauncherWatch:
 
     def __init__(self, peers_left: Callable[[], bool], trainees_left: Callable[[], bool], stop: Callable[[], None],
                  linger: float | Callable[[], float] = LAUNCHER_LINGER_SECONDS):
-        self.peers_left = peers_left  # True once a node this launcher started with may never reach its exit
-        self.trainees_left = trainees_left  # True once every connected training process has closed and gone
+        # peers_left: True once a node this launcher started with may never reach its exit; trainees_left: True
+        # once every connected training process has closed and gone
+        super().__init__(lambda: peers_left() and trainees_left(), self._end, linger, "launcher-watch")
         self.stop = stop
-        self.linger = linger
-        self.finished_training = False
-        self._done = threading.Event()
 
-    def start(self) -> "LauncherWatch":
-        threading.Thread(target=self._run, name="launcher-watch", daemon=True).start()
-        return self
+    @property
+    def finished_training(self) -> bool:
+        """The launcher was ended here, its training over: the attempt's end on this node is the training's."""
+        return self.acted
 
-    def close(self) -> None:
-        self._done.set()
-
-    def _run(self) -> None:
-        since = None
-        while not self._done.wait(0.5):
-            if not (self.peers_left() and self.trainees_left()):
-                since = None
-                continue
-            since = since or time.monotonic()
-            if time.monotonic() - since >= (self.linger() if callable(self.linger) else self.linger):
-                log.info("every training process has closed; ending the launcher, left waiting at its exit")
-                self.finished_training = True
-                self.stop()
-                return
+    def _end(self) -> None:
+        log.info("every training process has closed; ending the launcher, left waiting at its exit")
+        self.stop()

@@ -15,8 +15,6 @@ the deadline less the margin, as any launcher still running then).
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import TYPE_CHECKING, Callable
 
 import structlog
@@ -25,6 +23,7 @@ from runner.protocol.events import EventKind
 
 from . import process_tree
 from .elastic import LAUNCHER_LINGER_SECONDS, LauncherWatch
+from .held_watch import HeldWatch
 from .supervisor import LEFTOVER_GRACE_SECONDS
 
 if TYPE_CHECKING:
@@ -101,38 +100,18 @@ def watch_launcher(agent: "Agent") -> LauncherWatch | None:
                          else LAUNCHER_LINGER_SECONDS).start()
 
 
-class RanksFinished:
+class RanksFinished(HeldWatch):
     """Node 0's report that its part of the attempt is done while its launcher still runs (see the module's doc): once
     the training is over here (``finished``) and the launcher has outlived it ``linger`` seconds (a launcher whose
     worker failed exits at once, without waiting at its exit barrier), ``report`` is called, once."""
 
     def __init__(self, finished: Callable[[], bool], launcher_running: Callable[[], bool],
                  report: Callable[[], None], linger: float = LAUNCHER_LINGER_SECONDS):
-        self.finished = finished
-        self.launcher_running = launcher_running
-        self.report = report
-        self.linger = linger
-        self.reported = False
-        self._done = threading.Event()
+        super().__init__(lambda: finished() and launcher_running(), report, linger, "ranks-finished")
 
-    def start(self) -> "RanksFinished":
-        threading.Thread(target=self._run, name="ranks-finished", daemon=True).start()
-        return self
-
-    def close(self) -> None:
-        self._done.set()
-
-    def _run(self) -> None:
-        since = None
-        while not self._done.wait(0.5):
-            if not (self.finished() and self.launcher_running()):
-                since = None
-                continue
-            since = since or time.monotonic()
-            if time.monotonic() - since >= self.linger and not self._done.is_set():
-                self.reported = True
-                self.report()
-                return
+    @property
+    def reported(self) -> bool:
+        return self.acted
 
 
 def watch_ranks_finished(agent: "Agent") -> RanksFinished | None:
