@@ -194,8 +194,12 @@ class CheckpointPrefetch:
 
     def _fetch(self, source: str, target: Path) -> None:
         partial = target.with_name(f".{target.name}.prefetch")
-        self.fs.get_file(source, str(partial))
-        os.replace(partial, target)
+        try:
+            self.fs.get_file(source, str(partial))
+            os.replace(partial, target)
+        except BaseException:  # a full disk, a store gone mid-file: no half file is left to take the node's disk
+            partial.unlink(missing_ok=True)
+            raise
         self.fetched_bytes += target.stat().st_size
 
     def _drop_superseded(self, current: int) -> None:

@@ -125,3 +125,26 @@ def test_the_handover_may_name_another_step_which_is_followed_instead(tmp_path, 
         fill_in.stop()
     for name, data in FILES.items():
         assert (tmp_path / "kept-node" / folder_name(wanted) / name).read_bytes() == data
+
+
+def test_a_file_that_cannot_be_written_whole_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A full disk (or a store gone mid-file) while a file is fetched: the half-written copy is removed, so the next
+    try starts afresh and nothing takes the node's disk for good."""
+    durable = tmp_path / "durable" / folder_name(STEP)
+    durable.mkdir(parents=True)
+    (durable / "__1_0.distcp").write_bytes(FILES["__1_0.distcp"])
+    here = tmp_path / "kept-node" / folder_name(STEP)
+    here.mkdir(parents=True)
+    (here / OWN).write_bytes(FILES[OWN])
+    (here / "manifest.json").write_text(_manifest())
+    fill_in = LocalFillIn(f"file://{tmp_path / 'durable'}", tmp_path / "kept-node", target=STEP)
+
+    def disk_full(source, target, **kwargs):
+        Path(target).write_bytes(b"half a fi")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fill_in.fs, "get_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        fill_in._follow_newest()
+    assert sorted(p.name for p in here.iterdir()) == sorted([OWN, "manifest.json"])
+    assert fill_in.fetched_bytes == 0
