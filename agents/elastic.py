@@ -28,7 +28,9 @@ from .held_watch import HeldWatch
 
 log = structlog.get_logger(__name__)
 
-LAUNCHER_LINGER_SECONDS = 3.0  # how long a launcher may outlive every training process of a changed world
+# How long a launcher may outlive every training process of a changed world, at least (longer for one that looks at
+# its workers seldom: agents/launcher_interval.py)
+LAUNCHER_LINGER_SECONDS = 3.0
 
 
 class ElasticWorld:

@@ -24,6 +24,7 @@ from runner.protocol.events import EventKind
 from . import process_tree
 from .elastic import LAUNCHER_LINGER_SECONDS, LauncherWatch
 from .held_watch import HeldWatch
+from .launcher_interval import launcher_linger
 from .supervisor import LEFTOVER_GRACE_SECONDS
 
 if TYPE_CHECKING:
@@ -92,21 +93,23 @@ def watch_launcher(agent: "Agent") -> LauncherWatch | None:
         its launcher has nothing left but an exit barrier no other launcher may still reach."""
         return agent.gang.peers_exited and agent.stop_progress.done_training() and trainees_exited(agent)
 
+    # (a launcher that looks at its workers seldom is given longer: agents/launcher_interval.py)
+    linger = launcher_linger(supervisor)
     return LauncherWatch(lambda: agent.elastic.changed or agent.gang.ended_elsewhere or stopped_together()
                          or peers_exited() or leaving_with_training_over(),
                          trainees_left,
                          lambda: supervisor.stop(STOPPED_TOGETHER_LINGER_SECONDS if stopped_together() else grace),
-                         linger=lambda: STOPPED_TOGETHER_LINGER_SECONDS if stopped_together()
-                         else LAUNCHER_LINGER_SECONDS).start()
+                         linger=lambda: STOPPED_TOGETHER_LINGER_SECONDS if stopped_together() else linger()).start()
 
 
 class RanksFinished(HeldWatch):
     """Node 0's report that its part of the attempt is done while its launcher still runs (see the module's doc): once
     the training is over here (``finished``) and the launcher has outlived it ``linger`` seconds (a launcher whose
-    worker failed exits at once, without waiting at its exit barrier), ``report`` is called, once."""
+    worker failed exits once it has looked at its workers, without waiting at its exit barrier: the linger follows how
+    often it looks, agents/launcher_interval.py), ``report`` is called, once."""
 
     def __init__(self, finished: Callable[[], bool], launcher_running: Callable[[], bool],
-                 report: Callable[[], None], linger: float = LAUNCHER_LINGER_SECONDS):
+                 report: Callable[[], None], linger: float | Callable[[], float] = LAUNCHER_LINGER_SECONDS):
         super().__init__(lambda: finished() and launcher_running(), report, linger, "ranks-finished")
 
     @property
@@ -134,7 +137,8 @@ def watch_ranks_finished(agent: "Agent") -> RanksFinished | None:
                              on_delivered=lambda reply: _delivered(reply, attempt))
 
     return RanksFinished(lambda: on_notice_with_training_over(agent),
-                         lambda: supervisor is not None and supervisor.process.poll() is None, report).start()
+                         lambda: supervisor is not None and supervisor.process.poll() is None, report,
+                         linger=launcher_linger(supervisor)).start()
 
 
 def _delivered(reply: dict, attempt) -> None:

@@ -173,7 +173,7 @@ def _settle(state, current: Attempt, drill: dict | None, message: str | None) ->
         return None
     if outcome.reason == "failed":
         gone = _gone_node(state, ranks)
-        if gone is not None:  # a peer's process failed because a node of the gang vanished
+        if gone is not None:  # a peer's process failed because a node of the gang vanished (one still in it)
             rank, why = gone
             return end_attempt(store, job_id, attempt, "preempted" if why == "preempted" else "lost", ranks=(rank,),
                                message=f"node of rank {rank} is gone ({why}); its peers stopped")
@@ -236,7 +236,11 @@ def _release_preempted(state, node: Node) -> str | None:
 
 
 def _gone_node(state, ranks: list[AttemptNode]) -> tuple[int, str] | None:
+    """The first of ``ranks`` whose node the provider says is gone, and why; a node whose part of the attempt was
+    done before it went (its ranks had all finished) explains no peer's failure and is passed over."""
     for rank in ranks:
+        if reported_end(rank) == EndReason.SUCCEEDED:
+            continue
         node = state.store.node(rank.node_id)
         provider = state.scheduler.providers.get(node.provider) if node else None
         if provider is None:

@@ -44,7 +44,8 @@ class EndReason(StrEnum):
     RUNNING = "running"           # not ended yet
     STOPPED_BY_PEER = "stopped-by-peer"  # (agent) another node of the gang stopped; this one stays
     KEPT = "kept"                 # (gang node) carries on into the next attempt
-    RELEASED = "released"         # (gang node) healthy, but given up because the whole gang moved to another zone
+    RELEASED = "released"         # (gang node) healthy, but given up: the gang moved zone, the job ended, or its part
+    #                               was done before the attempt ended otherwise (it goes: on notice, or gone)
 
     @property
     def ends_attempt(self) -> bool:

@@ -33,7 +33,11 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
     ``trained_nothing``: the attempt failed before any training (a command not found): it lost no work.
     ``unless_finished``: of a gang's node found gone, the attempt is not ended when every node of ``ranks`` has
     reported ``succeeded`` (or its ranks finished) for it (checked in this transaction, after whatever report came first): a node that
-    finished its part and then vanished is no loss (see :func:`finished_ranks`)."""
+    finished its part and then vanished is no loss (see :func:`finished_ranks`).
+
+    A notice (the attempt's, or ``notice``) makes a failure or a loss that follows it the notice's preemption, of the
+    node on notice; of a gang, not once that node's part was done (its ranks never stopped for the notice): the
+    attempt then ends as ``reason`` says, with ``ranks``, and the node that finished is never blamed."""
     now = now or time.time()
     with store.db.transaction() as tx:
         job = store.job(job_id, tx)
@@ -43,7 +47,12 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         if unless_finished and current.num_nodes > 1 and finished_ranks(store, tx, job_id, attempt, ranks):
             return None
         notice = notice or current.notice
-        if reason in ("failed", "lost") and notice:
+        rows = GangStore(store).nodes_of(job_id, attempt, tx) if current.num_nodes > 1 else []
+        finished = {n.rank for n in rows if reported_end(n) == EndReason.SUCCEEDED}
+        noticed = notice.node_rank if notice else None
+        # A notice explains what follows it, unless its node's part was done first (its ranks never stopped for it)
+        explains = notice is not None and noticed not in finished
+        if reason in ("failed", "lost") and explains:
             reason = "preempted"  # the node was on notice: whatever happened next is the preemption
         checkpoint = job.checkpoint or {}
         own_checkpoint = checkpoint.get("attempt") == attempt
@@ -67,9 +76,10 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         if state in TERMINAL:  # a replacement prepared for a job that has ended goes too (before the job's nodes)
             _release_standbys(store, tx, job_id, now)
         if current.num_nodes > 1:
-            if notice and notice.node_rank is not None and reason == "preempted":
-                ranks = (notice.node_rank,)  # the node on notice ended it, whoever reported first
-            _end_gang(store, tx, current, reason, ranks, job_goes_on=state not in TERMINAL)
+            if explains and noticed is not None and reason == "preempted":
+                ranks = (noticed,)  # the node on notice ended it, whoever reported first
+            _end_gang(store, tx, current, reason, ranks, job_goes_on=state not in TERMINAL, finished=finished,
+                      noticed=noticed)
         elif drain_until is not None:
             store.drain_node(tx, current.node_id, drain_until)
         else:
@@ -145,12 +155,16 @@ def close_drained(store: Store, node: Node, exit_code: int | None) -> bool:
     return True
 
 
-def _end_gang(store: Store, tx, attempt: Attempt, reason: str, ranks: Iterable[int], job_goes_on: bool) -> None:
-    """Each node's end in the restart log; the nodes not kept are released."""
+def _end_gang(store: Store, tx, attempt: Attempt, reason: str, ranks: Iterable[int], job_goes_on: bool,
+              finished: set[int], noticed: int | None) -> None:
+    """Each node's end in the restart log; the nodes not kept are released. ``finished``: the ranks whose part was
+    done; of those, the node on notice (``noticed``) and any node found gone go with the attempt."""
     gangs = GangStore(store)
     rows = gangs.nodes_of(attempt.job_id, attempt.attempt, tx)
+    going = {n.rank for n in rows if n.rank in finished and (n.rank == noticed or not _live(store, tx, n.node_id))}
     # (an elastic gang's replacements hold ranks past num_nodes; a node that left its world keeps its own end)
-    reasons = node_end_reasons(max([attempt.num_nodes - 1, *(n.rank for n in rows)]) + 1, reason, ranks, job_goes_on)
+    reasons = node_end_reasons(max([attempt.num_nodes - 1, *(n.rank for n in rows)]) + 1, reason, ranks, job_goes_on,
+                               finished, going)
     reasons = {n.rank: reasons[n.rank] for n in rows if n.left_at is None} if rows else reasons
     gangs.set_end_reasons(tx, attempt.job_id, attempt.attempt, reasons)
     for node in rows:
@@ -159,6 +173,11 @@ def _end_gang(store: Store, tx, attempt: Attempt, reason: str, ranks: Iterable[i
             store.update_node(tx, node.node_id, state=NODE_TERMINATING)
     if not job_goes_on:
         release_nodes(store, tx, attempt.job_id)
+
+
+def _live(store: Store, tx, node_id: str) -> bool:
+    row = store.node(node_id, tx)
+    return row is not None and row.state in (NODE_LAUNCHING, NODE_RUNNING)
 
 
 def release_nodes(store: Store, tx, job_id: str, attempt: int | None = None) -> None:

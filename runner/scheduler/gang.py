@@ -7,7 +7,8 @@
   the job's failure or a cancel ends it at once; a node that stopped because a peer stopped waits for the
   peer's report; the attempt succeeds when every node's job exited 0.
 - **Node ends** (:func:`node_end_reasons`): per rank, for the restart log: the node that ended the attempt
-  gets the attempt's reason (``preempted``/``lost``), the others ``kept`` while the job goes on.
+  gets the attempt's reason (``preempted``/``lost``), the others ``kept`` while the job goes on; a node whose part
+  was done before the attempt ended otherwise is never blamed (``kept``, or ``released`` when its node goes).
 - **Rendezvous** (:func:`unregistered_ranks`): the ranks still missing once the bounded wait is over.
 - **The launcher's exit** (:func:`peers_exited`): every other node has reported, so none is coming to the exit
   barrier of a launcher still waiting there.
@@ -115,7 +116,8 @@ def gang_outcome(reports: Mapping[int, str | None], num_nodes: int) -> Outcome |
     return Outcome("failed", tuple(r for r in range(num_nodes) if reports[r] != EndReason.STOPPED_BY_PEER))
 
 
-def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], job_goes_on: bool) -> dict[int, str]:
+def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], job_goes_on: bool,
+                     finished: Iterable[int] = (), going: Iterable[int] = ()) -> dict[int, str]:
     """Each rank's ``end_reason`` in the restart log's ``nodes``.
 
     While the job goes on, a node that was preempted or lost gets that reason and every other node is
@@ -123,12 +125,19 @@ def node_end_reasons(num_nodes: int, reason: str, ending_ranks: Iterable[int], j
     releases every node (``moved``), since the gang relaunches on spot. When the
     job ends, every node ends with the attempt, except a preempted or lost one, which keeps its own reason
     while the others are ``released``.
+
+    A node whose part of the attempt was done (``finished``: it reported ``succeeded``, or its ranks finished) ended
+    nothing, whatever ends the attempt after it: it is ``kept`` while the job goes on, unless its node goes
+    (``going``: on notice, or gone already), and ``released`` otherwise, never ``preempted``, ``lost`` or
+    ``failed``.
     """
-    ending = set(ending_ranks)
+    ending, finished, going = set(ending_ranks), set(finished), set(going)
     reasons = {}
     for rank in range(num_nodes):
         if reason == EndReason.MOVED:  # the whole gang leaves on-demand for spot: every node goes
             reasons[rank] = EndReason.MOVED
+        elif rank in finished and reason != EndReason.SUCCEEDED:
+            reasons[rank] = EndReason.KEPT if job_goes_on and rank not in going else EndReason.RELEASED
         elif reason in ("preempted", "lost") and rank in ending:
             reasons[rank] = reason
         elif job_goes_on:

@@ -110,6 +110,19 @@ def test_when_the_job_ends_every_node_ends_with_it():
     assert node_end_reasons(2, "preempted", [0], job_goes_on=False) == {0: "preempted", 1: "released"}
 
 
+def test_a_node_whose_part_was_done_is_never_blamed():
+    """Rank 0 finished its part before rank 1 failed or was lost: kept while the job goes on (released where its node
+    goes: on notice, or gone), released when the job ends; never the attempt's reason."""
+    assert node_end_reasons(2, "failed", [1], job_goes_on=True, finished=[0]) == {0: "kept", 1: "kept"}
+    assert node_end_reasons(2, "failed", [1], job_goes_on=True, finished=[0], going=[0]) == {0: "released", 1: "kept"}
+    assert node_end_reasons(2, "failed", [1], job_goes_on=False, finished=[0]) == {0: "released", 1: "failed"}
+    assert node_end_reasons(2, "lost", [1], job_goes_on=True, finished=[0], going=[0]) == {0: "released", 1: "lost"}
+    assert node_end_reasons(2, "preempted", [0], job_goes_on=True, finished=[0], going=[0]) == {
+        0: "released", 1: "kept"}
+    assert node_end_reasons(2, "succeeded", [], job_goes_on=False, finished=[0, 1]) == {0: "succeeded",
+                                                                                       1: "succeeded"}
+
+
 def test_the_ranks_missing_at_the_end_of_the_wait_are_named():
     """Before the timeout nothing is missing; after it, the unregistered ranks are."""
     ranks = [AttemptNode(job_id="j", attempt=1, rank=rank, node_id=f"n{rank}", zone="z", instance_type="t", spot=True,
