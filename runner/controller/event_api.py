@@ -145,32 +145,39 @@ def _checkpoint_report(node, data: dict) -> CheckpointReport | None:
 
 
 def _write_checkpoints(state, tx, checkpoints: list[CheckpointReport]) -> list[Outcome]:
-    """A group's checkpoints in one savepoint; where that fails, each in a savepoint of its own, so one report's
-    error loses only its own write."""
+    """A group's checkpoints and their commit seconds at once, in a savepoint (runner/state/checkpoints.py); where
+    that fails, each in a savepoint of its own, so one report's error loses only its own write. Then the
+    measurements are kept bounded, once."""
     if not checkpoints:
         return []
+    counts: list[int | None] = []
     try:
-        with tx.savepoint():
-            return [(True, ({"accepted": accepted}, None)) for accepted in _record_checkpoints(state, tx, checkpoints)]
-    except Exception:
+        recorded = state.store.record_checkpoints(tx, checkpoints)
+        outcomes: list[Outcome] = [(True, ({"accepted": accepted}, None)) for accepted in recorded.accepted]
+        counts.append(recorded.measurements)
+    except Exception as exc:
         if len(checkpoints) == 1:
-            raise
-    outcomes: list[Outcome] = []
-    for checkpoint in checkpoints:
-        try:
-            with tx.savepoint():
-                outcomes.append((True, ({"accepted": _record_checkpoints(state, tx, [checkpoint])[0]}, None)))
-        except Exception as exc:
-            outcomes.append((False, exc))
+            return [(False, exc)]
+        outcomes = []
+        for checkpoint in checkpoints:
+            try:
+                recorded = state.store.record_checkpoints(tx, [checkpoint])
+            except Exception as exc:  # this report's own error: its savepoint undid its writes
+                outcomes.append((False, exc))
+                continue
+            outcomes.append((True, ({"accepted": recorded.accepted[0]}, None)))
+            counts.append(recorded.measurements)
+    measured = [count for count in counts if count is not None]
+    if measured:
+        metrics.bound_measurements(tx, count=measured[-1])
     return outcomes
 
 
-def _record_checkpoints(state, tx, checkpoints: list[CheckpointReport]) -> list[bool]:
-    """Write the checkpoints (and their commit seconds), keep the measurements bounded; whether each was kept."""
-    recorded = state.store.record_checkpoints(tx, checkpoints)
-    if recorded.measurements is not None:
-        metrics.bound_measurements(tx, count=recorded.measurements)
-    return recorded.accepted
+def _record_checkpoint(state, tx, checkpoint: CheckpointReport) -> bool:
+    ok, value = _write_checkpoints(state, tx, [checkpoint])[0]
+    if not ok:
+        raise value
+    return value[0]["accepted"]
 
 
 def record_report(state, authorization: str, body: bytes, tx, node=None) -> tuple[dict, Callable[[], None] | None]:
@@ -189,7 +196,7 @@ def record_report(state, authorization: str, body: bytes, tx, node=None) -> tupl
         return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}, None
     if kind == EventKind.CHECKPOINT:
         report = _checkpoint_report(node, data)
-        return {"accepted": report is not None and _record_checkpoints(state, tx, [report])[0]}, None
+        return {"accepted": report is not None and _record_checkpoint(state, tx, report)}, None
     if kind in NOTICE_KINDS:
         metrics.record_notice(tx, job_id, attempt, data)
     if kind == "notice":

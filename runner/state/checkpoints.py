@@ -7,8 +7,9 @@ two, and its commit seconds, where reported, are stored as a measurement once pe
 group come out as they would one after the other: the job keeps the report of the highest step, the last of them
 where several share it.
 
-On Postgres the whole group is one statement (every statement is a round trip, and under load each waits for the
-interpreter the event loop holds); on SQLite, where a statement is a call, a few statements for the group.
+On Postgres the whole group is one statement, sent with its savepoint in one round trip (every round trip waits
+for the server, and under load for the interpreter the event loop holds too); on SQLite, where a statement is a
+call, a few statements for the group.
 """
 
 from __future__ import annotations
@@ -45,10 +46,14 @@ class Recorded:
 
 
 def record_checkpoints(tx: Tx, reports: list[CheckpointReport], postgres: bool) -> Recorded:
-    """Write ``reports`` in ``tx`` (see the module's docstring)."""
+    """Write ``reports`` in ``tx`` (see the module's docstring), in a savepoint of their own: where that fails,
+    nothing of them is kept, the error is raised, and the transaction goes on."""
     if not reports:
         return Recorded([], None)
-    return _in_one_statement(tx, reports) if postgres else _statement_by_statement(tx, reports)
+    if postgres:
+        return _in_one_statement(tx, reports)
+    with tx.savepoint():
+        return _statement_by_statement(tx, reports)
 
 
 def _in_one_statement(tx: Tx, reports: list[CheckpointReport]) -> Recorded:
@@ -58,7 +63,7 @@ def _in_one_statement(tx: Tx, reports: list[CheckpointReport]) -> Recorded:
         m = report.measurement
         values += [i, report.job_id, report.attempt, report.step, json.dumps(report.checkpoint),
                    *((m.key, m.name, m.value, json.dumps(m.labels, sort_keys=True), m.time) if m else (None,) * 5)]
-    kept = tx.all(_ONE_STATEMENT.format(rows=",".join([_ROW] * len(rows))), tuple(values))
+    kept = tx.all_in_savepoint(_ONE_STATEMENT.format(rows=",".join([_ROW] * len(rows))), tuple(values))
     accepted = {row["i"] for row in kept}
     return Recorded([i in accepted for i in range(len(reports))], int(kept[0]["measurements"]) if kept else None)
 
