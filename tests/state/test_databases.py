@@ -150,6 +150,35 @@ def test_a_batched_chunk_whose_start_another_writer_took_stores_only_what_is_new
     assert logs.read("j", 1) == b"one\ntwo\nthree\n"
 
 
+_MEASURE = ("INSERT INTO measurements (key, job_id, attempt, time, name, labels, value) VALUES (?, 'j', 1, 0, 'n', "
+            "'{}', 1.0) RETURNING key")
+
+
+def test_a_statement_in_a_savepoint_of_its_own_fails_alone_and_a_failed_transaction_keeps_nothing(db_url):
+    """``all_in_savepoint`` (on Postgres the savepoint, the statement and the release in one round trip): its rows,
+    or its error with only its own write undone. A transaction whose work raises keeps nothing and leaves the
+    write lock to the next writer."""
+    db, other = open_database(db_url), open_database(db_url)
+    with db.transaction() as tx:
+        assert tx.all_in_savepoint(_MEASURE, ("a",)) == [{"key": "a"}]
+        with pytest.raises(Exception):
+            tx.all_in_savepoint(_MEASURE, ("a",))  # the key is taken
+        assert tx.all_in_savepoint(_MEASURE, ("b",)) == [{"key": "b"}]
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            tx.execute(_MEASURE, ("c",))
+            raise RuntimeError("the work failed")
+    with ThreadPoolExecutor(1) as pool:  # another controller's serialized write is not kept waiting
+        assert pool.submit(lambda: _keys_in_a_write(other)).result(timeout=30) == ["a", "b"]
+    db.close()
+    other.close()
+
+
+def _keys_in_a_write(db) -> list[str]:
+    with db.transaction() as tx:
+        return [row["key"] for row in tx.all("SELECT key FROM measurements ORDER BY key")]
+
+
 def test_a_workdir_archive_is_stored_once_and_streamed_back_whole(db_url, monkeypatch):
     monkeypatch.setattr("runner.state.workdirs.CHUNK_BYTES", 4)
     archives = DatabaseWorkdirs(open_database(db_url))
