@@ -4,9 +4,11 @@ the report lane writes a group (runner/controller/event_api.py ``record_reports`
 Two versions in the same run, their groups alternated: "one by one", the report lane as it was (each report in
 turn: its attempt's fence read, two UPDATEs, its commit seconds' INSERT; then the measurements counted), kept here
 only to be measured against; and "batched", the controller's code now (runner/state/checkpoints.py: on Postgres
-one statement for the whole group). Printed per store, version and group size: the statements a group sends
-inside its transaction (on Postgres each is a round trip; BEGIN, the write lock and COMMIT come on top, on SQLite
-BEGIN and COMMIT), and the transaction's p50 / p99 wall time. ``--busy`` adds a thread that keeps the interpreter
+one statement for the whole group, sent with its savepoint in one round trip). Printed per store, version and
+group size: the round trips a group makes inside its transaction (a savepoint taken and released is two, a
+statement sent with its savepoint one; on SQLite these are calls, not round trips; BEGIN with the write lock, and
+COMMIT, come on top: two round trips, three before BEGIN and the lock were one), and the transaction's p50 / p99
+wall time. ``--busy`` adds a thread that keeps the interpreter
 busy, as the controller's event loop does under load: a thread that waits for the database then waits for the
 interpreter too, once per round trip.
 
@@ -86,7 +88,7 @@ VERSIONS = {"one by one": one_by_one, "batched": record_reports}
 
 # --- the measurement -------------------------------------------------------------------------------------------
 class CountingTx:
-    """A transaction that counts the statements sent through it (a savepoint is two: taken and released)."""
+    """A transaction that counts its round trips (a savepoint taken and released is two; ``all_in_savepoint`` one)."""
 
     def __init__(self, tx):
         self.tx, self.statements = tx, 0
@@ -117,7 +119,7 @@ def prepare(store: Store) -> None:
 
 
 def run(store: Store, groups: int) -> dict[tuple[str, int], tuple[int, list[float]]]:
-    """Per (version, size): statements a group and each group's wall seconds."""
+    """Per (version, size): round trips a group and each group's wall seconds."""
     state = SimpleNamespace(store=store, admin_token="admin", scheduler=None)
     results: dict[tuple[str, int], tuple[int, list[float]]] = {}
     node, step = 0, 0
@@ -182,7 +184,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     print(machine())
     stores = ["sqlite"] + (["postgres"] if args.pg_url else [])
-    print(f"| store | busy threads | group | version | statements a group | p50 ms | p99 ms | x p50 | x p99 |")
+    print(f"| store | busy threads | group | version | round trips a group | p50 ms | p99 ms | x p50 | x p99 |")
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for kind in stores:
         for threads in (int(b) for b in args.busy.split(",")):

@@ -150,6 +150,29 @@ def test_a_batched_chunk_whose_start_another_writer_took_stores_only_what_is_new
     assert logs.read("j", 1) == b"one\ntwo\nthree\n"
 
 
+_REFUSE_LATER_CHUNKS_OF_BAD = {
+    "sqlite": ["CREATE TRIGGER refuse_bad BEFORE INSERT ON log_chunks WHEN NEW.job_id = 'bad' AND NEW.start > 0 "
+               "BEGIN SELECT RAISE(ABORT, 'refused'); END"],
+    "postgres": ["CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "IF NEW.job_id = 'bad' AND NEW.start > 0 THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
+                 "CREATE TRIGGER refuse_bad BEFORE INSERT ON log_chunks FOR EACH ROW EXECUTE FUNCTION refuse_bad()"],
+}
+
+
+def test_a_chunk_appended_after_the_batch_that_fails_loses_only_its_own_write(db_url, backend):
+    """A stream's second chunk in a batch is appended after the batch's INSERT: where the database refuses it, that
+    chunk is answered with the error, and the batch and every other chunk are kept."""
+    logs = DatabaseLogStore(open_database(db_url))
+    with logs.db.transaction() as tx:
+        for statement in _REFUSE_LATER_CHUNKS_OF_BAD[backend]:
+            tx.execute(statement)
+    with logs.db.transaction(serialized=False) as tx:
+        answers = logs.append_many_in(tx, [Chunk("bad", 1, 0, 0, b"first\n"), Chunk("ok", 1, 0, 0, b"fine\n"),
+                                           Chunk("bad", 1, 0, 6, b"second\n"), Chunk("ok", 1, 1, 0, b"too\n")])
+    assert answers[:2] == [6, 5] and isinstance(answers[2], Exception) and answers[3] == 4
+    assert (logs.read("bad", 1), logs.read("ok", 1), logs.read("ok", 1, node=1)) == (b"first\n", b"fine\n", b"too\n")
+
+
 _MEASURE = ("INSERT INTO measurements (key, job_id, attempt, time, name, labels, value) VALUES (?, 'j', 1, 0, 'n', "
             "'{}', 1.0) RETURNING key")
 
