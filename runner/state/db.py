@@ -118,10 +118,17 @@ class Tx:
 
 
 class PostgresTx(Tx):
-    """A transaction on Postgres, where every statement is a round trip."""
+    """A transaction on Postgres, where every statement is a round trip. ``pipelines``: whether the driver's libpq
+    has pipeline mode (libpq 14 and later; psycopg's binary wheels bring it)."""
+
+    def __init__(self, conn, translate: Callable[[str], str], pipelines: bool):
+        super().__init__(conn, translate)
+        self._pipelines = pipelines
 
     def all_in_savepoint(self, sql: str, params: tuple = ()) -> list[dict]:
         """The savepoint, the statement and the release in one round trip (psycopg's pipeline mode)."""
+        if not self._pipelines:
+            return super().all_in_savepoint(sql, params)
         try:
             with self._conn.pipeline():
                 self._conn.execute("SAVEPOINT part")
@@ -199,6 +206,7 @@ class PostgresDatabase(Database):
         self.url = url
         self.where = postgres_location(url)
         self._psycopg = psycopg
+        self._pipelines = psycopg.Pipeline.is_supported()
         self._options = dict(row_factory=dict_row, autocommit=True, **KEEPALIVES)
         self.connect().close()  # fail now, naming host and port, rather than in the pool's background thread
         self._held = threading.local()  # the connection of this thread's open transaction, if any
@@ -234,7 +242,7 @@ class PostgresDatabase(Database):
                 raise
             self._held.conn = conn
             try:
-                yield PostgresTx(conn, to_postgres)
+                yield PostgresTx(conn, to_postgres, self._pipelines)
             except BaseException:
                 _roll_back(conn)
                 raise
