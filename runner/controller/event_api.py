@@ -20,6 +20,7 @@ from fastapi import HTTPException
 from ..scheduler import elastic, gang_prestart, standby
 from ..scheduler.attempts import hand_over
 from ..protocol.events import NOTICE_KINDS, EventKind
+from ..state.checkpoints import CheckpointReport
 from ..state.standbys import PREPARED
 from ..state.values import Notice
 from ..wire import SetupReport
@@ -95,27 +96,94 @@ class ReportRequest:
 
 
 def record_reports(state, tx, requests: Sequence[ReportRequest]) -> list[Outcome]:
-    """The report lane's ``write_group``: the callers' nodes in one read, then each report (runner/controller/
-    group_commit.py, ``all_at_once``), and the measurements kept bounded once for the whole group."""
+    """The report lane's ``write_group``: the callers' nodes in one read; the group's durable checkpoints all at
+    once (:func:`_write_checkpoints`), then every other report (runner/controller/group_commit.py, ``all_at_once``).
+    A report refused for its token or its body (a 401, a 422) is answered without writing anything.
+
+    The checkpoints go first, wherever they stand in the group: no other report of this lane starts an attempt or
+    moves a job's step, so what a checkpoint's fence and step compare with is the same either way."""
     nodes = state.store.nodes_by_token_hashes(tx, list(dict.fromkeys(r.token_hash for r in requests)))
-    measured: list[bool] = []
-    outcomes = all_at_once(tx, [functools.partial(_record_for, state, nodes.get(r.token_hash), r.body, measured)
-                                for r in requests])
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    checkpoints: list[tuple[int, CheckpointReport]] = []
+    others: list[tuple[int, Callable]] = []
+    for i, request in enumerate(requests):
+        try:
+            node = live_node(nodes.get(request.token_hash))
+            kind, data = _event(json_object(request.body))
+            if kind != EventKind.CHECKPOINT:
+                others.append((i, functools.partial(_record_for, state, node, request.body)))
+                continue
+            report = _checkpoint_report(node, data)
+        except HTTPException as refused:
+            outcomes[i] = (False, refused)
+            continue
+        if report is None:
+            outcomes[i] = (True, ({"accepted": False}, None))
+        else:
+            checkpoints.append((i, report))
+    for (i, _), outcome in zip(checkpoints, _write_checkpoints(state, tx, [report for _, report in checkpoints])):
+        outcomes[i] = outcome
+    if others:
+        for (i, _), outcome in zip(others, all_at_once(tx, [work for _, work in others])):
+            outcomes[i] = outcome
+    return outcomes  # type: ignore[return-value]
+
+
+def _record_for(state, node, body: bytes, tx):
+    return record_report(state, "", body, tx, node=node)
+
+
+def _checkpoint_report(node, data: dict) -> CheckpointReport | None:
+    """A checkpoint report as the store takes it; None for one the controller does not keep (not on the durable
+    tier: it does not survive the node). A step that is not one is refused (422)."""
+    reports.step(data.get("step"), "data.step")
+    if not data.get("durable"):
+        return None
+    checkpoint = {**data, "attempt": node.attempt, "time": data.get("time", time.time())}
+    return CheckpointReport(node.job_id, node.attempt, checkpoint,
+                            metrics.commit_measurement(node.job_id, node.attempt, checkpoint))
+
+
+def _write_checkpoints(state, tx, checkpoints: list[CheckpointReport]) -> list[Outcome]:
+    """A group's checkpoints and their commit seconds at once, in a savepoint (runner/state/checkpoints.py); where
+    that fails, each in a savepoint of its own, so one report's error loses only its own write. Then the
+    measurements are kept bounded, once."""
+    if not checkpoints:
+        return []
+    counts: list[int | None] = []
+    try:
+        recorded = state.store.record_checkpoints(tx, checkpoints)
+        outcomes: list[Outcome] = [(True, ({"accepted": accepted}, None)) for accepted in recorded.accepted]
+        counts.append(recorded.measurements)
+    except Exception as exc:
+        if len(checkpoints) == 1:
+            return [(False, exc)]
+        outcomes = []
+        for checkpoint in checkpoints:
+            try:
+                recorded = state.store.record_checkpoints(tx, [checkpoint])
+            except Exception as exc:  # this report's own error: its savepoint undid its writes
+                outcomes.append((False, exc))
+                continue
+            outcomes.append((True, ({"accepted": recorded.accepted[0]}, None)))
+            counts.append(recorded.measurements)
+    measured = [count for count in counts if count is not None]
     if measured:
-        metrics.bound_measurements(tx)
+        metrics.bound_measurements(tx, count=measured[-1])
     return outcomes
 
 
-def _record_for(state, node, body: bytes, measured: list[bool], tx):
-    return record_report(state, "", body, tx, node=live_node(node), measured=measured)
+def _record_checkpoint(state, tx, checkpoint: CheckpointReport) -> bool:
+    ok, value = _write_checkpoints(state, tx, [checkpoint])[0]
+    if not ok:
+        raise value
+    return value[0]["accepted"]
 
 
-def record_report(state, authorization: str, body: bytes, tx, node=None,
-                  measured: list[bool] | None = None) -> tuple[dict, Callable[[], None] | None]:
+def record_report(state, authorization: str, body: bytes, tx, node=None) -> tuple[dict, Callable[[], None] | None]:
     """Any report but the handover and ``ready``, written in ``tx`` (every read in it too: a group holds the write
     lock); with what to do once it is committed (prepare a replacement), if anything. ``node``: the caller's, where
-    already read (else read from ``authorization``). ``measured``: where given, a measurement recorded is noted
-    there and the caller keeps the measurements bounded once for many reports."""
+    already read (else read from ``authorization``)."""
     node = node or node_caller(authorization, state, tx)
     kind, data = _event(json_object(body))
     job_id, attempt = node.job_id, node.attempt
@@ -126,6 +194,9 @@ def record_report(state, authorization: str, body: bytes, tx, node=None,
         return {"accepted": _record_setup(state, tx, node, data)}, None
     if kind == EventKind.MANIFEST:
         return {"accepted": telemetry.record_manifest(tx, job_id, attempt, data)}, None
+    if kind == EventKind.CHECKPOINT:
+        report = _checkpoint_report(node, data)
+        return {"accepted": report is not None and _record_checkpoint(state, tx, report)}, None
     if kind in NOTICE_KINDS:
         metrics.record_notice(tx, job_id, attempt, data)
     if kind == "notice":
@@ -142,17 +213,6 @@ def record_report(state, authorization: str, body: bytes, tx, node=None,
         state.store.set_attempt_notice(tx, job_id, attempt, notice)
         if elastic.is_elastic(state.store.job(job_id, tx)):
             return {"accepted": True}, None
-    elif kind == "checkpoint":
-        reports.step(data.get("step"), "data.step")
-        if not data.get("durable"):
-            return {"accepted": False}, None  # only a checkpoint on the durable tier survives the node
-        checkpoint = {**data, "attempt": attempt, "time": data.get("time", time.time())}
-        accepted = state.store.record_checkpoint(tx, job_id, attempt, checkpoint)
-        if accepted:
-            metrics.record_commit(tx, job_id, attempt, checkpoint, bound=measured is None)
-            if measured is not None:
-                measured.append(True)
-        return {"accepted": accepted}, None
     else:
         if kind == "restored":
             _record_restored_step(state, tx, job_id, attempt, data)

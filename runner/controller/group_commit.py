@@ -9,8 +9,10 @@ transaction, commits once, and only then answers them: an acknowledged write is 
 - A request whose own work fails (a 401, a 422, a chunk that raced) is undone alone, by a savepoint, and
   answered with its own error; the others of its group still commit. Savepoints are taken per request only
   once a request of the group failed (:func:`all_at_once`).
-- A lane may write its whole group at once (``write_group``): log chunks are stored by one read of their
-  streams' sizes and one multi-row INSERT, not five statements each.
+- A lane may write its whole group at once (``write_group``): log chunks are stored by one read of their nodes
+  and streams' sizes and one multi-row INSERT, not five statements each; a group's durable checkpoints by one
+  statement on Postgres (runner/state/checkpoints.py), not four each. On Postgres a statement that needs a
+  savepoint of its own is sent with it in one round trip (``Tx.all_in_savepoint``).
 - A group whose transaction fails (the database went away, the commit was refused) fails every request of the
   group with that error, and none of their writes is kept: each agent sends its request again.
 """

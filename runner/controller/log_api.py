@@ -8,7 +8,7 @@ from typing import Sequence
 
 from fastapi import HTTPException
 
-from ..state.logs import Chunk
+from ..state.logs import Chunk, nodes_and_log_sizes
 from . import reports
 from .auth import live_node, node_caller, node_token_hash
 from .front_door import AWAITED, LeanRoute, json_object
@@ -56,8 +56,9 @@ def store_chunk(state, authorization: str, body: bytes) -> dict:
 
 
 def store_chunks(state, tx, requests: Sequence[ChunkRequest]) -> list[Outcome]:
-    """A lane's ``write_group``: the callers' nodes in one read, the chunks in one batch (runner/state/logs.py)."""
-    nodes = state.store.nodes_by_token_hashes(tx, list(dict.fromkeys(r.token_hash for r in requests)))
+    """A lane's ``write_group``: the callers' nodes and their streams' sizes in one read, the chunks in one batch
+    (runner/state/logs.py)."""
+    nodes, sizes = nodes_and_log_sizes(tx, list(dict.fromkeys(r.token_hash for r in requests)))
     outcomes: list[Outcome | None] = [None] * len(requests)
     chunks, where = [], []
     for i, request in enumerate(requests):
@@ -70,11 +71,10 @@ def store_chunks(state, tx, requests: Sequence[ChunkRequest]) -> list[Outcome]:
             continue
         chunks.append(Chunk(node.job_id, node.attempt, node.rank, request.offset, request.data))
         where.append(i)
-    try:
-        with tx.savepoint():
-            offsets = state.logs.append_many_in(tx, chunks)
-        stored = [(True, {"offset": offset}) for offset in offsets]
-    except Exception:  # one chunk's error (a stream raced past its retries): undo the batch, store them one by one
+    try:  # the batch's INSERT in a savepoint of its own
+        stored = [(False, answer) if isinstance(answer, Exception) else (True, {"offset": answer})
+                  for answer in state.logs.append_many_in(tx, chunks, sizes)]
+    except Exception:  # one chunk's error: nothing of the batch was kept; store them one by one
         stored = [_append_alone(state, tx, chunk) for chunk in chunks]
     for i, outcome in zip(where, stored):
         outcomes[i] = outcome

@@ -156,17 +156,23 @@ class StateCollector:
 
 # --- agent reports -> measurements -----------------------------------------------------------------
 def record_commit(tx: Tx, job_id: str, attempt: int, checkpoint: dict, now: float | None = None,
-                  keep: int = MAX_MEASUREMENTS, bound: bool = True) -> None:
-    """A durable commit the controller accepted: its commit seconds, once per job, attempt and step. ``bound``:
-    fold what is over ``keep`` now (False: the caller calls :func:`bound_measurements` once for many)."""
+                  keep: int = MAX_MEASUREMENTS) -> None:
+    """A durable commit the controller accepted: its commit seconds, once per job, attempt and step."""
+    measured = commit_measurement(job_id, attempt, checkpoint, now)
+    if measured is None:
+        return
+    m.add_measurement(tx, measured.key, job_id, attempt, measured.name, measured.value, measured.labels,
+                      measured.time)
+    _bound(tx, keep)
+
+
+def commit_measurement(job_id: str, attempt: int, checkpoint: dict, now: float | None = None) -> m.Measurement | None:
+    """The measurement of a durable commit's seconds, as ``record_commit`` stores it (None: none reported)."""
     seconds = _number(checkpoint.get("seconds"))
     if seconds is None:
-        return
-    labels = {"emergency": "true" if checkpoint.get("emergency") else "false"}
-    m.add_measurement(tx, f"{job_id}/{attempt}/step-{checkpoint.get('step')}/commit", job_id, attempt,
-                      "checkpoint_commit_seconds", seconds, labels, now or time.time())
-    if bound:
-        _bound(tx, keep)
+        return None
+    return m.Measurement(f"{job_id}/{attempt}/step-{checkpoint.get('step')}/commit", "checkpoint_commit_seconds",
+                         seconds, {"emergency": "true" if checkpoint.get("emergency") else "false"}, now or time.time())
 
 
 def record_notice(tx: Tx, job_id: str, attempt: int, notice: dict, now: float | None = None,
@@ -179,16 +185,17 @@ def record_notice(tx: Tx, job_id: str, attempt: int, notice: dict, now: float | 
     _bound(tx, keep)
 
 
-def bound_measurements(tx: Tx, keep: int = MAX_MEASUREMENTS) -> None:
-    """Fold what is over ``keep`` observations (after many were recorded with ``bound=False``)."""
-    _bound(tx, keep)
+def bound_measurements(tx: Tx, keep: int = MAX_MEASUREMENTS, count: int | None = None) -> None:
+    """Fold what is over ``keep`` observations (after many were recorded at once); ``count``: how many the table
+    holds, where the caller knows it (else read)."""
+    _bound(tx, keep, count)
 
 
-def _bound(tx: Tx, keep: int) -> None:
+def _bound(tx: Tx, keep: int, count: int | None = None) -> None:
     """Keep the newest ``keep`` observations one by one; fold the rest into the histograms' totals, once they are a
     twentieth over ``keep``. Folding sorts the kept rows: at 2,000 nodes, done for every report group's few new
     rows it made each group's write transaction four times as long once the table was full."""
-    if m.measurement_count(tx) > keep + keep // FOLD_SLACK_DIVISOR:
+    if (m.measurement_count(tx) if count is None else count) > keep + keep // FOLD_SLACK_DIVISOR:
         m.fold_oldest(tx, keep, lambda name: MEASURED[name].buckets if name in MEASURED else None)
 
 

@@ -63,10 +63,14 @@ class UnitGuard:
             log.exception("reconciler work failed for one job; the rest of the tick goes on", unit=unit,
                           job=job_id, failures_in_a_row=count, retry_in_seconds=round(delay, 1))
             return False
-        if failing is not None:
-            del self._failing[key]
-            log.info("reconciler work succeeded again", unit=unit, job=job_id, failures_in_a_row=failing.failures)
+        self.succeeded(unit, job_id)
         return True
+
+    def succeeded(self, unit: str, job_id: str) -> None:
+        """``unit`` of ``job_id`` was done (by ``run``, or with other jobs' in one transaction): its backoff ends."""
+        failing = self._failing.pop((unit, job_id), None)
+        if failing is not None:
+            log.info("reconciler work succeeded again", unit=unit, job=job_id, failures_in_a_row=failing.failures)
 
     def step(self, name: str, work: Callable[[], object]) -> None:
         """Run one worker of the tick; an exception is logged and counted, and the next worker runs."""

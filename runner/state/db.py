@@ -110,6 +110,36 @@ class Tx:
             raise
         self._conn.execute("RELEASE SAVEPOINT part")
 
+    def all_in_savepoint(self, sql: str, params: tuple = ()) -> list[dict]:
+        """``all`` in a savepoint of its own: the statement's rows, or its error with nothing of it kept (the
+        transaction goes on)."""
+        with self.savepoint():
+            return self.all(sql, params)
+
+
+class PostgresTx(Tx):
+    """A transaction on Postgres, where every statement is a round trip. ``pipelines``: whether the driver's libpq
+    has pipeline mode (libpq 14 and later; psycopg's binary wheels bring it)."""
+
+    def __init__(self, conn, translate: Callable[[str], str], pipelines: bool):
+        super().__init__(conn, translate)
+        self._pipelines = pipelines
+
+    def all_in_savepoint(self, sql: str, params: tuple = ()) -> list[dict]:
+        """The savepoint, the statement and the release in one round trip (psycopg's pipeline mode)."""
+        if not self._pipelines:
+            return super().all_in_savepoint(sql, params)
+        try:
+            with self._conn.pipeline():
+                self._conn.execute("SAVEPOINT part")
+                cursor = self._conn.execute(self._translate(sql), params)
+                self._conn.execute("RELEASE SAVEPOINT part")
+        except BaseException:  # raised as the pipeline ends: the release was skipped, the savepoint is still there
+            self._conn.execute("ROLLBACK TO SAVEPOINT part")
+            self._conn.execute("RELEASE SAVEPOINT part")
+            raise
+        return [dict(row) for row in cursor.fetchall()]
+
 
 class SQLiteDatabase(Database):
     """SQLite with WAL, one connection per thread, ``BEGIN IMMEDIATE`` writes."""
@@ -176,6 +206,7 @@ class PostgresDatabase(Database):
         self.url = url
         self.where = postgres_location(url)
         self._psycopg = psycopg
+        self._pipelines = psycopg.Pipeline.is_supported()
         self._options = dict(row_factory=dict_row, autocommit=True, **KEEPALIVES)
         self.connect().close()  # fail now, naming host and port, rather than in the pool's background thread
         self._held = threading.local()  # the connection of this thread's open transaction, if any
@@ -203,14 +234,21 @@ class PostgresDatabase(Database):
         if getattr(self._held, "conn", None) is not None:
             raise DatabaseError("a transaction was begun inside another on the same thread; pass the open "
                                 "transaction down instead")
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
+            try:  # BEGIN and the write lock in one round trip: one simple query (it takes no parameters)
+                conn.execute(_BEGIN_SERIALIZED if serialized else "BEGIN")
+            except BaseException:
+                _roll_back(conn)
+                raise
             self._held.conn = conn
             try:
-                if serialized:
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
-                yield Tx(conn, to_postgres)
+                yield PostgresTx(conn, to_postgres, self._pipelines)
+            except BaseException:
+                _roll_back(conn)
+                raise
             finally:
                 self._held.conn = None
+            conn.execute("COMMIT")
 
     def query(self, sql: str, params: tuple = ()) -> list[dict]:
         held = getattr(self._held, "conn", None)
@@ -223,6 +261,18 @@ class PostgresDatabase(Database):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
+
+
+_BEGIN_SERIALIZED = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"
+
+
+def _roll_back(conn) -> None:
+    """End the connection's failed transaction; where even that fails (the connection is gone), the pool discards
+    the connection, and the error the caller sees is the first one."""
+    try:
+        conn.execute("ROLLBACK")
+    except Exception:  # noqa: BLE001 - the original error is the one raised
+        pass
 
 
 # The server drops a dead client's session (and so its locks) within ~10 s; the client notices a dead server too.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .db import Database, Tx, padded
+from .rows import Node
 
 _STREAM = "job_id = ? AND attempt = ? AND node = ?"
 _RACES = 5  # an agent sends one chunk at a time: more than one racing append is a retry at most
@@ -63,16 +64,22 @@ class DatabaseLogStore:
                 return max(size, offset + len(data))
         raise RuntimeError(f"log stream {job_id}/{attempt}/{node}: {_RACES} appends raced this one; send it again")
 
-    def append_many_in(self, tx: Tx, chunks: list[Chunk]) -> list[int]:
-        """``append_in`` for many chunks in three statements, whatever their number: the streams' sizes in one
-        read, the new bytes in one multi-row INSERT; the offset to send next for each chunk, in order.
+    def append_many_in(self, tx: Tx, chunks: list[Chunk],
+                       sizes: dict[tuple[str, int, int], int] | None = None) -> list[int | Exception]:
+        """``append_in`` for many chunks: the streams' sizes in one read (unless given: ``sizes``, as
+        :func:`nodes_and_log_sizes` reads them), the new bytes in one multi-row INSERT, sent with a savepoint of its
+        own in one round trip on Postgres (it raises, keeping nothing of the batch, where it fails); the offset to
+        send next for each chunk, in order.
 
         A chunk whose start another controller took meanwhile (the INSERT skips it: its stream moved on), and a
-        stream's second chunk in one call (a retry), are appended one by one, as ``append_in`` does."""
+        stream's second chunk in one call (a retry), are appended one by one after it, as ``append_in`` does, each
+        in a savepoint of its own: one that fails (raced past its retries) is answered with its error, in the
+        list, and loses only its own write."""
         if not chunks:
             return []
-        sizes = _sizes(tx, list(dict.fromkeys(chunk.stream for chunk in chunks)))
-        answers: list[int | None] = [None] * len(chunks)
+        if sizes is None:
+            sizes = _sizes(tx, list(dict.fromkeys(chunk.stream for chunk in chunks)))
+        answers: list[int | Exception | None] = [None] * len(chunks)
         rows, one_by_one, batched = [], [], set()
         for i, chunk in enumerate(chunks):
             if chunk.stream in batched:
@@ -89,14 +96,19 @@ class DatabaseLogStore:
                 rows.append((i, (*chunk.stream, size, new)))
         if rows:
             stored = {(row["job_id"], int(row["attempt"]), int(row["node"]), int(row["start"]))
-                      for row in tx.all("INSERT INTO log_chunks (job_id, attempt, node, start, data) VALUES "
-                                        + ",".join(["(?,?,?,?,?)"] * len(rows))
-                                        + " ON CONFLICT DO NOTHING RETURNING job_id, attempt, node, start",
-                                        tuple(value for _, row in rows for value in row))}
+                      for row in tx.all_in_savepoint(
+                          "INSERT INTO log_chunks (job_id, attempt, node, start, data) VALUES "
+                          + ",".join(["(?,?,?,?,?)"] * len(rows))
+                          + " ON CONFLICT DO NOTHING RETURNING job_id, attempt, node, start",
+                          tuple(value for _, row in rows for value in row))}
             one_by_one += [i for i, row in rows if row[:4] not in stored]
         for i in sorted(one_by_one):
             chunk = chunks[i]
-            answers[i] = self.append_in(tx, chunk.job_id, chunk.attempt, chunk.offset, chunk.data, chunk.node)
+            try:
+                with tx.savepoint():
+                    answers[i] = self.append_in(tx, chunk.job_id, chunk.attempt, chunk.offset, chunk.data, chunk.node)
+            except Exception as exc:  # this chunk's own error: its savepoint undid its writes
+                answers[i] = exc
         return answers  # type: ignore[return-value]
 
     def read(self, job_id: str, attempt: int, offset: int = 0, limit: int = 1 << 20, node: int = 0) -> bytes:
@@ -108,6 +120,23 @@ class DatabaseLogStore:
         joined = b"".join(bytes(row["data"]) for row in rows)
         skip = offset - rows[0]["start"]
         return joined[skip:skip + limit]
+
+
+def nodes_and_log_sizes(tx: Tx, token_hashes: list[str]) -> tuple[dict[str, Node], dict[tuple[str, int, int], int]]:
+    """The nodes of many tokens, by token hash (an unknown one absent), and the size of each one's stream (its
+    attempt, its rank) that has output: ``Store.nodes_by_token_hashes`` and ``_sizes`` in one read."""
+    nodes: dict[str, Node] = {}
+    sizes: dict[tuple[str, int, int], int] = {}
+    for start in range(0, len(token_hashes), 500):
+        part = padded(token_hashes[start:start + 500])
+        for row in tx.all(
+                "SELECT n.*, (SELECT c.start + LENGTH(c.data) FROM log_chunks c WHERE c.job_id = n.job_id "
+                "AND c.attempt = n.attempt AND c.node = n.rank ORDER BY c.start DESC LIMIT 1) AS log_size "
+                f"FROM nodes n WHERE n.token_hash IN ({','.join('?' * len(part))})", tuple(part)):
+            node = nodes[row["token_hash"]] = Node.from_row(row)
+            if row["log_size"] is not None:
+                sizes[(node.job_id, node.attempt, node.rank)] = int(row["log_size"])
+    return nodes, sizes
 
 
 def _sizes(tx: Tx, streams: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], int]:

@@ -7,9 +7,22 @@ its label values. Its ``key`` names what was measured, so a report that arrives 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Callable
 
 from .db import Database, Tx
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One observation as it is stored: what was measured (``key``, unique), the measurement's ``name``, its
+    ``value`` and label values, and when it was recorded."""
+
+    key: str
+    name: str
+    value: float
+    labels: dict[str, str]
+    time: float
 
 
 def add_measurement(tx: Tx, key: str, job_id: str, attempt: int | None, name: str, value: float,

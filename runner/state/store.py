@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from ..protocol.events import EndReason
 from ..protocol.states import NodeState
+from .checkpoints import CheckpointReport, Recorded, record_checkpoints
 from .db import Database, Tx, padded
 from .job_changes import add_event
 from ..spec.stored import StoredJob, load_stored_job
@@ -116,19 +117,11 @@ class Store:
 
     def record_checkpoint(self, tx: Tx, job_id: str, attempt: int, checkpoint: dict) -> bool:
         """Remember a committed checkpoint unless a newer attempt has started (fencing)."""
-        latest = tx.one("SELECT MAX(attempt) AS a FROM attempts WHERE job_id = ?", (job_id,))
-        if latest["a"] is not None and attempt < latest["a"]:
-            return False
-        tx.execute(
-            "UPDATE jobs SET step = ?, checkpoint = ? WHERE id = ? AND step <= ?",
-            (checkpoint["step"], json.dumps(checkpoint), job_id, checkpoint["step"]),
-        )
-        tx.execute(
-            """UPDATE attempts SET checkpoint_step = CASE WHEN COALESCE(checkpoint_step, 0) > ? THEN checkpoint_step
-                   ELSE ? END WHERE job_id = ? AND attempt = ?""",
-            (checkpoint["step"], checkpoint["step"], job_id, attempt),
-        )
-        return True
+        return self.record_checkpoints(tx, [CheckpointReport(job_id, attempt, checkpoint)]).accepted[0]
+
+    def record_checkpoints(self, tx: Tx, reports: list[CheckpointReport]) -> Recorded:
+        """Many reported checkpoints at once, each as ``record_checkpoint`` would (runner/state/checkpoints.py)."""
+        return record_checkpoints(tx, reports, postgres=self.db.kind == "postgres")
 
     # --- attempts ---------------------------------------------------------
     def insert_attempt(self, tx: Tx, job_id: str, node_id: str, offer: Offer, spot: bool,

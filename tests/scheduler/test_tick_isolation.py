@@ -104,7 +104,7 @@ def test_a_failing_launch_answer_of_one_job_is_applied_for_every_other(world, mo
     """The first worker of a tick applies launch answers: one that raises (as the backoff's overflow once did on
     every tick) leaves the others' answers applied and the rest of the tick running."""
     jobs = [world.submit(name=f"job{i}") for i in range(3)]
-    fail_for(monkeypatch, "_apply_launch", jobs[1], job_of=lambda ctx, node, answer: node.job_id)
+    fail_for(monkeypatch, "_record_launch", jobs[1], job_of=lambda ctx, tx, node, answer: node.job_id)
     world.tick()
     states = [world.store.job(j).state for j in jobs]
     assert states == ["PROVISIONING", "PENDING", "PROVISIONING"] and world.ctx.guard.failures == 1
@@ -126,3 +126,33 @@ def test_a_launch_refused_after_ten_thousand_failures_is_backed_off_at_the_cap(d
     assert world.ctx.backoff.remaining(key, time.time()) > BACKOFF_CAP_SECONDS - 60
     job = world.store.job(job_id)
     assert job.state == "PENDING" and "no capacity" in job.message
+
+
+class CountingTransactions:
+    """The store's database, counting the write transactions opened through it."""
+
+    def __init__(self, db):
+        self.db, self.count = db, 0
+
+    def transaction(self, **kwargs):
+        self.count += 1
+        return self.db.transaction(**kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_the_launch_answers_of_a_tick_are_applied_in_one_transaction(world):
+    """Five launched nodes' answers take one transaction (each of its own paid a BEGIN, the write lock and a flushed
+    commit while other writers waited), and every job provisions."""
+    jobs = [world.submit(name=f"job{i}") for i in range(5)]
+    reconciler.launch_pending_jobs(world.ctx)  # the launches are asked for (and answered: the provider is inline)
+    assert [world.store.job(j).state for j in jobs] == ["PENDING"] * 5
+    counting = CountingTransactions(world.store.db)
+    world.store.db = counting
+    try:
+        reconciler.collect_launches(world.ctx)
+    finally:
+        world.store.db = counting.db
+    assert counting.count == 1
+    assert [world.store.job(j).state for j in jobs] == ["PROVISIONING"] * 5

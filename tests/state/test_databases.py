@@ -150,6 +150,58 @@ def test_a_batched_chunk_whose_start_another_writer_took_stores_only_what_is_new
     assert logs.read("j", 1) == b"one\ntwo\nthree\n"
 
 
+_REFUSE_LATER_CHUNKS_OF_BAD = {
+    "sqlite": ["CREATE TRIGGER refuse_bad BEFORE INSERT ON log_chunks WHEN NEW.job_id = 'bad' AND NEW.start > 0 "
+               "BEGIN SELECT RAISE(ABORT, 'refused'); END"],
+    "postgres": ["CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "IF NEW.job_id = 'bad' AND NEW.start > 0 THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
+                 "CREATE TRIGGER refuse_bad BEFORE INSERT ON log_chunks FOR EACH ROW EXECUTE FUNCTION refuse_bad()"],
+}
+
+
+def test_a_chunk_appended_after_the_batch_that_fails_loses_only_its_own_write(db_url, backend):
+    """A stream's second chunk in a batch is appended after the batch's INSERT: where the database refuses it, that
+    chunk is answered with the error, and the batch and every other chunk are kept."""
+    logs = DatabaseLogStore(open_database(db_url))
+    with logs.db.transaction() as tx:
+        for statement in _REFUSE_LATER_CHUNKS_OF_BAD[backend]:
+            tx.execute(statement)
+    with logs.db.transaction(serialized=False) as tx:
+        answers = logs.append_many_in(tx, [Chunk("bad", 1, 0, 0, b"first\n"), Chunk("ok", 1, 0, 0, b"fine\n"),
+                                           Chunk("bad", 1, 0, 6, b"second\n"), Chunk("ok", 1, 1, 0, b"too\n")])
+    assert answers[:2] == [6, 5] and isinstance(answers[2], Exception) and answers[3] == 4
+    assert (logs.read("bad", 1), logs.read("ok", 1), logs.read("ok", 1, node=1)) == (b"first\n", b"fine\n", b"too\n")
+
+
+_MEASURE = ("INSERT INTO measurements (key, job_id, attempt, time, name, labels, value) VALUES (?, 'j', 1, 0, 'n', "
+            "'{}', 1.0) RETURNING key")
+
+
+def test_a_statement_in_a_savepoint_of_its_own_fails_alone_and_a_failed_transaction_keeps_nothing(db_url):
+    """``all_in_savepoint`` (on Postgres the savepoint, the statement and the release in one round trip): its rows,
+    or its error with only its own write undone. A transaction whose work raises keeps nothing and leaves the
+    write lock to the next writer."""
+    db, other = open_database(db_url), open_database(db_url)
+    with db.transaction() as tx:
+        assert tx.all_in_savepoint(_MEASURE, ("a",)) == [{"key": "a"}]
+        with pytest.raises(Exception):
+            tx.all_in_savepoint(_MEASURE, ("a",))  # the key is taken
+        assert tx.all_in_savepoint(_MEASURE, ("b",)) == [{"key": "b"}]
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            tx.execute(_MEASURE, ("c",))
+            raise RuntimeError("the work failed")
+    with ThreadPoolExecutor(1) as pool:  # another controller's serialized write is not kept waiting
+        assert pool.submit(lambda: _keys_in_a_write(other)).result(timeout=30) == ["a", "b"]
+    db.close()
+    other.close()
+
+
+def _keys_in_a_write(db) -> list[str]:
+    with db.transaction() as tx:
+        return [row["key"] for row in tx.all("SELECT key FROM measurements ORDER BY key")]
+
+
 def test_a_workdir_archive_is_stored_once_and_streamed_back_whole(db_url, monkeypatch):
     monkeypatch.setattr("runner.state.workdirs.CHUNK_BYTES", 4)
     archives = DatabaseWorkdirs(open_database(db_url))
