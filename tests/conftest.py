@@ -199,8 +199,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker more than the cores this process may use, three at least (PYTEST_XDIST_AUTO_NUM_WORKERS
-    says otherwise). Most end-to-end tests wait on real processes much of the time, so a third worker keeps two
-    cores busy; xdist's own auto (one per core) would leave them idle."""
+    says otherwise). The slowest tests alternate between starting torch in their processes (CPU) and waiting on them:
+    run alone, each keeps 0.2 to 1.1 of a core busy, 0.8 on average, so a third worker keeps two cores busy (xdist's
+    own auto, one per core, would leave them idle), and a fourth would only queue for them."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # macOS: none

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import re
 
+# Where a number in a message ends: before a non-digit, or where another process's log line that landed right after
+# it starts with its timestamp ("resumed from step 20" + "2026-11-26 19:50:34 [info ] ..." reads "step 202026-11-26");
+# a plain ``(?!\d)`` misses that message.
+NUMBER_END = r"(?=\D|$|\d{4}-\d\d-\d\d )"
+
 
 def occurrences(pattern: str, output: str) -> list:
     """Every occurrence of ``pattern`` in ``output``, whether or not it starts a line (``re.findall``'s results: the
