@@ -12,6 +12,7 @@ import pytest
 
 from runner.controller.heartbeats import HeartbeatBook
 from runner.state import Store, open_database
+from counting_db import CountingTransactions
 from stored import job_spec, offer as make_offer
 
 OFFER = make_offer(cloud="memory", region="mem", zone="mem-a", spot_price=0.01, on_demand_price=0.05)
@@ -34,20 +35,6 @@ def store(db_url):
         for n in range(3):
             store.insert_node(tx, f"n{n}", "j1", 1, "memory", f"hash-{n}", OFFER, True, time.time())
     return store
-
-
-class CountingTransactions:
-    """The store's database, counting the write transactions opened through it."""
-
-    def __init__(self, db):
-        self.db, self.count = db, 0
-
-    def transaction(self, **kwargs):
-        self.count += 1
-        return self.db.transaction(**kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.db, name)
 
 
 def test_a_flush_writes_every_nodes_newest_beat_in_one_transaction(store, book):

@@ -11,6 +11,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
+from runner.controller.auth import hash_token
 from runner.providers.memory import MemoryProvider
 from runner.scheduler.reconciler import Reconciler, SchedulerContext
 from runner.scheduler.states import PROVISIONING, RUNNING
@@ -71,3 +72,13 @@ def make_world(db_url: str, provider: MemoryProvider | None = None, **settings) 
                            node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}",
                            **settings)
     return World(store, provider, ctx, Reconciler(ctx))
+
+
+ADMIN = "admin-token"  # the admin token of the controller app over a world (conftest.py's ``api``)
+
+
+def agent_api_world(db_url: str, provider: MemoryProvider | None = None, **settings) -> World:
+    """``make_world`` whose node tokens the real agent API accepts (it hashes them as the controller does)."""
+    world = make_world(db_url, provider, **settings)
+    world.ctx.token_hasher = hash_token
+    return world

@@ -4,7 +4,6 @@ defined answer, never a 500 (once: `InvalidTransition PENDING -> SUCCEEDED` for 
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from fastapi.testclient import TestClient

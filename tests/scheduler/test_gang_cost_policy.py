@@ -14,11 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
-from runner.controller.app import ControllerState, create_app
-from runner.controller.auth import hash_token
-from runner.controller.logstore import LogStore
 from runner.protocol.actions import Action
 from runner.protocol.events import EndReason
 from runner.providers.memory import MemoryProvider, memory_offers
@@ -27,9 +23,8 @@ from runner.scheduler.policy import BackoffBook
 from runner.scheduler.spot_return import CHECK_EVERY_SECONDS, MOVE_EVENT
 from runner.state.values import Notice
 
-from scheduler_world import make_world
+from scheduler_world import ADMIN, agent_api_world
 
-ADMIN = "admin-token"
 ZONE_B = ("memory", "zone-b")
 DEADLINE = {"resume_drill": "off", "deadline": "10h", "total_steps": 10000}
 
@@ -44,17 +39,9 @@ class Clock:
 
 @pytest.fixture
 def world(db_url):
-    world = make_world(db_url, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
+    world = agent_api_world(db_url, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
                        backoff=BackoffBook(base=3600, cap=3600), clock=Clock())
-    world.ctx.token_hasher = hash_token
     return world
-
-
-@pytest.fixture
-def api(world, tmp_path):
-    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
-    with TestClient(create_app(state)) as client:
-        yield client
 
 
 def nodes_of(world, job_id: str, attempt: int):
@@ -139,7 +126,7 @@ def test_a_deadline_gang_counts_only_zones_that_hold_all_its_nodes(db_url):
     """zone-a is cheaper but holds 2 nodes; a gang of 3 goes to zone-b, and says why in the restart log."""
     provider = MemoryProvider(memory_offers(("zone-a", "zone-b")))
     provider.free_slots = lambda zone, live_here: (2 if zone == "zone-a" else 8) - live_here
-    world = make_world(db_url, provider)
+    world = agent_api_world(db_url, provider)
     job_id = world.submit(resources={"spot_policy": "auto", "num_nodes": 3}, recovery=DEADLINE)
     world.tick()
     (attempt,) = world.store.attempts(job_id)

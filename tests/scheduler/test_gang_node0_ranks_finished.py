@@ -13,29 +13,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from fastapi.testclient import TestClient
-
-from runner.controller.app import ControllerState, create_app
-from runner.controller.auth import hash_token
-from runner.controller.logstore import LogStore
-
-from scheduler_world import make_world
-
-ADMIN = "admin-token"
-
-
-@pytest.fixture
-def world(db_url):
-    world = make_world(db_url)
-    world.ctx.token_hasher = hash_token
-    return world
-
-
-@pytest.fixture
-def api(world, tmp_path):
-    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
-    with TestClient(create_app(state)) as client:
-        yield client
 
 
 def running_gang(world, api, max_failures: int = 0) -> tuple[str, list[str], dict[int, dict]]:

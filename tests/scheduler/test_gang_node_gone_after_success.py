@@ -11,32 +11,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-from fastapi.testclient import TestClient
 
-from runner.controller.app import ControllerState, create_app
-from runner.controller.auth import hash_token
-from runner.controller.logstore import LogStore
 from runner.scheduler.attempts import end_attempt
 from runner.state.gangs import GangStore
-
-from scheduler_world import make_world
-
-ADMIN = "admin-token"
-
-
-@pytest.fixture
-def world(db_url):
-    world = make_world(db_url)
-    world.ctx.token_hasher = hash_token
-    return world
-
-
-@pytest.fixture
-def api(world, tmp_path):
-    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
-    with TestClient(create_app(state)) as client:
-        yield client
 
 
 def running_gang(world, api, num_nodes: int = 2) -> tuple[str, list[str], dict[int, dict]]:

@@ -10,30 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from runner.controller.app import ControllerState, create_app
-from runner.controller.auth import hash_token
 from runner.controller.logstore import LogStore
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.cloud_calls import CloudCalls
 
-from scheduler_world import make_world
+from scheduler_world import ADMIN, agent_api_world
 
-ADMIN = "admin-token"
 BEAT = {"phase": "running", "progress": {"checkpoint_step": 100}}
-
-
-@pytest.fixture
-def world(db_url):
-    world = make_world(db_url)
-    world.ctx.token_hasher = hash_token  # node tokens the agent API accepts
-    return world
-
-
-@pytest.fixture
-def api(world, tmp_path):
-    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
-    with TestClient(create_app(state)) as client:
-        client.controller = state
-        yield client
 
 
 def running_job(world) -> tuple[str, dict]:
@@ -188,8 +171,7 @@ def test_an_agent_that_beats_before_its_launch_is_applied_keeps_running(db_url, 
     """The node's launch answer is not applied yet (the next leader asked for it again after a failover, or the
     tick is late) while its agent already registers and beats: it is told to continue, never to shut down (its
     agent would stop the job and report it cancelled), and once the answer is applied the job is RUNNING."""
-    world = make_world(db_url, launches=CloudCalls.threaded(2, "launch"))
-    world.ctx.token_hasher = hash_token
+    world = agent_api_world(db_url, launches=CloudCalls.threaded(2, "launch"))
     world.provider.hold_launches()
     job_id = world.submit()
     world.tick()  # the node row is written and its launch is out

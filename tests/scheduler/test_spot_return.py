@@ -12,11 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
-from runner.controller.app import ControllerState, create_app
-from runner.controller.auth import hash_token
-from runner.controller.logstore import LogStore
 from runner.protocol.actions import Action
 from runner.protocol.events import EndReason
 from runner.providers.memory import MemoryProvider, memory_offers
@@ -25,9 +21,8 @@ from runner.scheduler.policy import BackoffBook
 from runner.scheduler.spot_return import CHECK_EVERY_SECONDS, MOVE_EVENT, MOVE_GRACE_SECONDS
 from runner.state.values import Notice
 
-from scheduler_world import make_world
+from scheduler_world import ADMIN, agent_api_world
 
-ADMIN = "admin-token"
 ZONE_B = ("memory", "zone-b")
 
 
@@ -43,17 +38,9 @@ class Clock:
 
 @pytest.fixture
 def world(db_url):
-    world = make_world(db_url, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
+    world = agent_api_world(db_url, MemoryProvider(memory_offers(("zone-a", "zone-b"))),
                        backoff=BackoffBook(base=3600, cap=3600), clock=Clock())
-    world.ctx.token_hasher = hash_token  # node tokens the agent API accepts
     return world
-
-
-@pytest.fixture
-def api(world, tmp_path):
-    state = ControllerState(world.store, ADMIN, tmp_path, LogStore(tmp_path / "logs"), world.ctx)
-    with TestClient(create_app(state)) as client:
-        yield client
 
 
 def as_node(world, job_id: str) -> dict:

@@ -17,6 +17,7 @@ from runner.scheduler.isolation import UnitGuard
 from runner.scheduler.policy import BACKOFF_CAP_SECONDS, BackoffBook
 from runner.scheduler.reconciler import CANCEL_GRACE_SECONDS
 
+from counting_db import CountingTransactions
 from scheduler_world import make_world
 
 
@@ -126,20 +127,6 @@ def test_a_launch_refused_after_ten_thousand_failures_is_backed_off_at_the_cap(d
     assert world.ctx.backoff.remaining(key, time.time()) > BACKOFF_CAP_SECONDS - 60
     job = world.store.job(job_id)
     assert job.state == "PENDING" and "no capacity" in job.message
-
-
-class CountingTransactions:
-    """The store's database, counting the write transactions opened through it."""
-
-    def __init__(self, db):
-        self.db, self.count = db, 0
-
-    def transaction(self, **kwargs):
-        self.count += 1
-        return self.db.transaction(**kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.db, name)
 
 
 def test_the_launch_answers_of_a_tick_are_applied_in_one_transaction(world):
