@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 
+from api_world import api, world  # noqa: F401 - pytest fixtures
 from scheduler_world import ADMIN
 
 

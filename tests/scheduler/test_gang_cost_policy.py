@@ -23,6 +23,7 @@ from runner.scheduler.policy import BackoffBook
 from runner.scheduler.spot_return import CHECK_EVERY_SECONDS, MOVE_EVENT
 from runner.state.values import Notice
 
+from api_world import api  # noqa: F401 - pytest fixtures
 from scheduler_world import ADMIN, agent_api_world
 
 ZONE_B = ("memory", "zone-b")

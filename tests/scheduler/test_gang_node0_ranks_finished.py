@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from api_world import api, world  # noqa: F401 - pytest fixtures
+
 
 def running_gang(world, api, max_failures: int = 0) -> tuple[str, list[str], dict[int, dict]]:
     """A running 2-node gang whose node 0 trains through a notice; its node ids and each rank's node headers."""

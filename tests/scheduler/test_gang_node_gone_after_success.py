@@ -15,6 +15,8 @@ import time
 from runner.scheduler.attempts import end_attempt
 from runner.state.gangs import GangStore
 
+from api_world import api, world  # noqa: F401 - pytest fixtures
+
 
 def running_gang(world, api, num_nodes: int = 2) -> tuple[str, list[str], dict[int, dict]]:
     """A running gang whose last node trains through a notice; its node ids and each rank's node headers."""

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from api_world import api, world  # noqa: F401 - pytest fixtures
+
 
 def gang(world, api, noticed: int | None, max_failures: int = 0) -> tuple[str, list[str], dict[int, dict]]:
     """A running 2-node gang, the node of rank ``noticed`` on a notice it trains through (None: no notice)."""

@@ -14,6 +14,7 @@ from runner.controller.logstore import LogStore
 from runner.scheduler.attempts import end_attempt
 from runner.scheduler.cloud_calls import CloudCalls
 
+from api_world import api, world  # noqa: F401 - pytest fixtures
 from scheduler_world import ADMIN, agent_api_world
 
 BEAT = {"phase": "running", "progress": {"checkpoint_step": 100}}

@@ -1,6 +1,7 @@
-"""What the scheduler's API tests share: a world whose node tokens the agent API accepts, and the real controller
-app over it. A module that needs another world (another provider, a clock) defines its own ``world``; ``api`` then
-serves that one."""
+"""Fixtures the scheduler's API tests share: a world whose node tokens the agent API accepts, and the real
+controller app over it. A test module imports them (``from api_world import api, world``; a conftest.py here would
+shadow tests/conftest.py for the modules that import names from it); one that needs another world (another
+provider, a clock) defines its own ``world``, and ``api`` then serves that one."""
 
 from __future__ import annotations
 
