@@ -145,31 +145,24 @@ def _checkpoint_report(node, data: dict) -> CheckpointReport | None:
 
 
 def _write_checkpoints(state, tx, checkpoints: list[CheckpointReport]) -> list[Outcome]:
-    """A group's checkpoints and their commit seconds at once, in a savepoint (runner/state/checkpoints.py); where
-    that fails, each in a savepoint of its own, so one report's error loses only its own write. Then the
-    measurements are kept bounded, once."""
+    """A group's checkpoints and their commit seconds at once, in a savepoint (metrics.record_commits); where that
+    fails, each in a savepoint of its own, so one report's error loses only its own write."""
     if not checkpoints:
         return []
-    counts: list[int | None] = []
     try:
-        recorded = state.store.record_checkpoints(tx, checkpoints)
-        outcomes: list[Outcome] = [(True, ({"accepted": accepted}, None)) for accepted in recorded.accepted]
-        counts.append(recorded.measurements)
+        recorded = metrics.record_commits(state.store, tx, checkpoints)
+        return [(True, ({"accepted": accepted}, None)) for accepted in recorded.accepted]
     except Exception as exc:
         if len(checkpoints) == 1:
             return [(False, exc)]
-        outcomes = []
-        for checkpoint in checkpoints:
-            try:
-                recorded = state.store.record_checkpoints(tx, [checkpoint])
-            except Exception as exc:  # this report's own error: its savepoint undid its writes
-                outcomes.append((False, exc))
-                continue
-            outcomes.append((True, ({"accepted": recorded.accepted[0]}, None)))
-            counts.append(recorded.measurements)
-    measured = [count for count in counts if count is not None]
-    if measured:
-        metrics.bound_measurements(tx, count=measured[-1])
+    outcomes: list[Outcome] = []
+    for checkpoint in checkpoints:
+        try:
+            recorded = metrics.record_commits(state.store, tx, [checkpoint])
+        except Exception as exc:  # this report's own error: its savepoint undid its writes
+            outcomes.append((False, exc))
+            continue
+        outcomes.append((True, ({"accepted": recorded.accepted[0]}, None)))
     return outcomes
 
 

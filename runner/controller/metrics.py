@@ -2,7 +2,7 @@
 
 Every figure is computed from the database at scrape time (a custom collector), so the metrics survive
 a controller restart and never drift from the restart log. Agent-reported figures (checkpoint commit
-seconds, notice timing) are stored as measurements when the report arrives (:func:`record_commit`,
+seconds, notice timing) are stored as measurements when the report arrives (:func:`record_commits`,
 :func:`record_notice`) and turned into histograms at scrape time.
 """
 
@@ -21,7 +21,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from ..scheduler.states import ALLOWED
-from ..state import Database, Tx
+from ..state import Database, Store, Tx
+from ..state.checkpoints import CheckpointReport, Recorded
 from ..state import measurements as m
 from .auth import Principal, require_admin
 
@@ -155,19 +156,18 @@ class StateCollector:
 
 
 # --- agent reports -> measurements -----------------------------------------------------------------
-def record_commit(tx: Tx, job_id: str, attempt: int, checkpoint: dict, now: float | None = None,
-                  keep: int = MAX_MEASUREMENTS) -> None:
-    """A durable commit the controller accepted: its commit seconds, once per job, attempt and step."""
-    measured = commit_measurement(job_id, attempt, checkpoint, now)
-    if measured is None:
-        return
-    m.add_measurement(tx, measured.key, job_id, attempt, measured.name, measured.value, measured.labels,
-                      measured.time)
-    _bound(tx, keep)
+def record_commits(store: Store, tx: Tx, reports: list[CheckpointReport], keep: int = MAX_MEASUREMENTS) -> Recorded:
+    """Durable commits the agents reported (a report group's, or one): each checkpoint as the store keeps it and its
+    commit seconds once per job, attempt and step (runner/state/checkpoints.py), then the measurements kept
+    bounded, with the count that write returned (no statement of its own)."""
+    recorded = store.record_checkpoints(tx, reports)
+    if recorded.measurements is not None:
+        _bound(tx, keep, recorded.measurements)
+    return recorded
 
 
 def commit_measurement(job_id: str, attempt: int, checkpoint: dict, now: float | None = None) -> m.Measurement | None:
-    """The measurement of a durable commit's seconds, as ``record_commit`` stores it (None: none reported)."""
+    """The measurement of a durable commit's seconds, as :func:`record_commits` stores it (None: none reported)."""
     seconds = _number(checkpoint.get("seconds"))
     if seconds is None:
         return None

@@ -9,10 +9,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import Controller, Runner, kill_nodes, write_job
-from runner.controller.metrics import StateCollector, record_commit, record_notice
+from runner.controller.metrics import (MAX_MEASUREMENTS, StateCollector, commit_measurement, record_commits,
+                                      record_notice)
 from runner.scheduler.states import PROVISIONING, RECOVERING, RUNNING
 from runner.scheduler.transitions import AttemptEnd, transition
 from runner.state import Store, open_database
+from runner.state.checkpoints import CheckpointReport
 from stored import job_spec, offer as make_offer
 
 STATES = ("PENDING", "PROVISIONING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -201,6 +203,25 @@ def collect(store: Store, now: float = 1205.0) -> CollectorRegistry:
     return registry
 
 
+def report_commit(store: Store, checkpoint: dict, now: float | None = None, keep: int = MAX_MEASUREMENTS) -> None:
+    """Attempt 2 of j1 reports a durable commit, written as the report lane writes it (metrics.record_commits)."""
+    report = CheckpointReport("j1", 2, checkpoint, commit_measurement("j1", 2, checkpoint, now))
+    with store.db.transaction() as tx:
+        record_commits(store, tx, [report], keep=keep)
+
+
+def assert_every_commit_counted(store: Store, values: list[float]) -> None:
+    """The commit-seconds histogram (not emergency) counts every one of ``values``: count, sum and buckets."""
+    registry = collect(store)
+    labels = {"emergency": "false"}
+    assert registry.get_sample_value("runner_checkpoint_commit_seconds_count", labels) == len(values)
+    assert registry.get_sample_value("runner_checkpoint_commit_seconds_sum", labels) == pytest.approx(sum(values))
+    for le in (0.25, 1.0, 2.5):
+        expected = sum(v <= le for v in values)
+        bucket = registry.get_sample_value("runner_checkpoint_commit_seconds_bucket", {**labels, "le": str(le)})
+        assert bucket == expected
+
+
 def test_recovery_seconds_run_from_the_preempted_end_to_the_next_attempt_running(store):
     """Preempted at 1100, next attempt running at 1130: one recovery of 30 seconds."""
     registry = collect(store)
@@ -245,8 +266,7 @@ def test_a_report_delivered_twice_is_observed_once(store):
     """The same durable commit reported twice counts once in the commit histogram."""
     commit = {"step": 40, "durable": True, "emergency": True, "seconds": 1.5}
     for _ in range(2):
-        with store.db.transaction() as tx:
-            record_commit(tx, "j1", 2, commit)
+        report_commit(store, commit)
     registry = collect(store)
     assert registry.get_sample_value("runner_checkpoint_commit_seconds_count", {"emergency": "true"}) == 1
     assert registry.get_sample_value("runner_checkpoint_commit_seconds_sum", {"emergency": "true"}) == 1.5
@@ -266,19 +286,11 @@ def test_the_table_is_folded_in_batches_a_twentieth_over_its_maximum_and_every_o
     keep, sizes, values = 100, [], []
     for step in range(1, 301):
         values.append(0.01 * step)
-        with store.db.transaction() as tx:
-            record_commit(tx, "j1", 2, {"step": step, "durable": True, "seconds": values[-1]}, now=5000.0 + step,
-                          keep=keep)
+        report_commit(store, {"step": step, "durable": True, "seconds": values[-1]}, now=5000.0 + step, keep=keep)
         sizes.append(len(measurements(store.db)))
     assert max(sizes) == keep + keep // 20 and min(sizes[keep:]) == keep  # bounded, and folded back in batches
     assert sum(1 for before, after in zip(sizes, sizes[1:]) if after < before) == (300 - keep) // (keep // 20 + 1)
-    registry = collect(store)
-    labels = {"emergency": "false"}
-    assert registry.get_sample_value("runner_checkpoint_commit_seconds_count", labels) == 300
-    assert registry.get_sample_value("runner_checkpoint_commit_seconds_sum", labels) == pytest.approx(sum(values))
-    for le in (0.25, 1.0, 2.5):
-        expected = sum(v <= le for v in values)
-        assert registry.get_sample_value("runner_checkpoint_commit_seconds_bucket", {**labels, "le": str(le)}) == expected
+    assert_every_commit_counted(store, values)
 
 
 def test_the_measurements_table_stays_bounded_while_the_histograms_count_every_observation(store):
@@ -287,14 +299,6 @@ def test_the_measurements_table_stays_bounded_while_the_histograms_count_every_o
 
     values = [0.05 * step for step in range(1, 51)]  # 0.05 s .. 2.5 s
     for step, seconds in enumerate(values, 1):
-        with store.db.transaction() as tx:
-            record_commit(tx, "j1", 2, {"step": step, "durable": True, "seconds": seconds}, now=2000.0 + step,
-                          keep=10)
+        report_commit(store, {"step": step, "durable": True, "seconds": seconds}, now=2000.0 + step, keep=10)
     assert len(measurements(store.db)) == 10
-    registry = collect(store)
-    labels = {"emergency": "false"}
-    assert registry.get_sample_value("runner_checkpoint_commit_seconds_count", labels) == 50
-    assert registry.get_sample_value("runner_checkpoint_commit_seconds_sum", labels) == pytest.approx(sum(values))
-    for le in (0.25, 1.0, 2.5):
-        expected = sum(v <= le for v in values)
-        assert registry.get_sample_value("runner_checkpoint_commit_seconds_bucket", {**labels, "le": str(le)}) == expected
+    assert_every_commit_counted(store, values)
