@@ -1,6 +1,9 @@
-"""A database wrapper for tests that count how many write transactions some code opens."""
+"""What tests use to watch a database from outside the code under test: the write transactions some code opens, and
+the sessions waiting for a lock (Postgres)."""
 
 from __future__ import annotations
+
+import time
 
 
 class CountingTransactions:
@@ -15,3 +18,17 @@ class CountingTransactions:
 
     def __getattr__(self, name):
         return getattr(self.db, name)
+
+
+def waiting_for_a_lock(db) -> int:
+    """How many sessions wait for a lock another holds (seen from a connection outside the pool)."""
+    with db.connect() as conn:
+        return conn.execute("SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"]
+
+
+def until(condition, what: str, timeout: float = 60) -> None:
+    """Wait for ``condition()`` (an overall bound, never an expected duration)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from contextlib import contextmanager
 
 import pytest
@@ -14,6 +13,8 @@ import pytest
 from runner.controller.group_commit import GroupCommit, GroupCommitFailed
 from runner.state.db import open_database
 from runner.state.logs import DatabaseLogStore
+
+from database_probes import until, waiting_for_a_lock
 
 STREAMS = 12
 CHUNKS = 25
@@ -142,19 +143,6 @@ def test_a_failed_transaction_fails_its_whole_group_and_stores_none_of_it(logs):
     assert logs.read("job", 1, node=1) == b"sent again\n"
 
 
-def _waiting_for_a_lock(db) -> int:
-    """How many sessions wait for a lock another holds (seen from a connection outside the pool)."""
-    with db.connect() as conn:
-        return conn.execute("SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"]
-
-
-def _until(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_a_group_never_waits_for_a_pooled_connection_that_writers_waiting_on_it_hold(db_url, backend):
     """The deadlock found at 2,000 nodes: every other pooled connection belongs to a writer that waits for what the
     group's open transaction holds; a read made by the group's work (a node's token looked up without the open
@@ -180,7 +168,7 @@ def test_a_group_never_waits_for_a_pooled_connection_that_writers_waiting_on_it_
         writers = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(2)]
         for thread in writers:
             thread.start()
-        _until(lambda: _waiting_for_a_lock(db) >= 2, "the writers never queued behind the group's row")
+        until(lambda: waiting_for_a_lock(db) >= 2, "the writers never queued behind the group's row")
         # reads without the transaction: served on the group's own connection, seeing its write
         return store.node_by_token_hash("no-such-token"), db.query("SELECT value FROM controller_secrets "
                                                                    "WHERE name = 'report'"), writers

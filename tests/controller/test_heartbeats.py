@@ -12,7 +12,7 @@ import pytest
 
 from runner.controller.heartbeats import HeartbeatBook
 from runner.state import Store, open_database
-from counting_db import CountingTransactions
+from database_probes import CountingTransactions, until, waiting_for_a_lock
 from stored import job_spec, offer as make_offer
 
 OFFER = make_offer(cloud="memory", region="mem", zone="mem-a", spot_price=0.01, on_demand_price=0.05)
@@ -178,19 +178,6 @@ def a_serialized_writer(store, first_step):
             writer.commit()
 
 
-def _waiting_for_a_lock(db) -> int:
-    """How many sessions wait for a lock another holds (seen from a connection outside the pool)."""
-    with db.connect() as conn:
-        return conn.execute("SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"]
-
-
-def _until(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_a_flush_does_not_wait_for_a_serialized_writer_holding_the_write_lock(store, book, backend):
     """2,000 beats a second written under the write lock made every report queue behind them: a flush writes its
     beats while another controller's serialized transaction (one that touches no node) is still open."""
@@ -249,7 +236,7 @@ def test_a_flush_and_a_serialized_writer_updating_the_same_nodes_in_reverse_orde
     with ThreadPoolExecutor(1) as pool, a_serialized_writer(
             store, lambda tx: store.update_node(tx, "n2", provider_ref="writer")) as writer:
         flushed = pool.submit(book.flush)
-        _until(lambda: flushed.done() or _waiting_for_a_lock(store.db) > 0, "the flush to end or wait for a lock")
+        until(lambda: flushed.done() or waiting_for_a_lock(store.db) > 0, "the flush to end or wait for a lock")
 
         def the_rest_in_reverse(tx):
             for n in ("n1", "n0"):

@@ -17,7 +17,7 @@ from runner.scheduler.isolation import UnitGuard
 from runner.scheduler.policy import BACKOFF_CAP_SECONDS, BackoffBook
 from runner.scheduler.reconciler import CANCEL_GRACE_SECONDS
 
-from counting_db import CountingTransactions
+from database_probes import CountingTransactions
 from scheduler_world import make_world
 
 
