@@ -3,13 +3,15 @@ kept in the database, shared secrets and the leader's lock."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runner.state import DatabaseUnreachable, SchemaTooNew, open_database
+from runner.state import DatabaseError, DatabaseUnreachable, SchemaTooNew, open_database
+from runner.state.db import PostgresDatabase
 from runner.state import migrations
 from runner.state.dialect import to_postgres
 from runner.state.leader import Leadership
@@ -200,6 +202,62 @@ def test_a_statement_in_a_savepoint_of_its_own_fails_alone_and_a_failed_transact
 def _keys_in_a_write(db) -> list[str]:
     with db.transaction() as tx:
         return [row["key"] for row in tx.all("SELECT key FROM measurements ORDER BY key")]
+
+
+def _round_trips(db, work) -> int:
+    """How many times ``work(db)`` waited for the server: the ReadyForQuery messages that end each of its round trips,
+    read from libpq's protocol trace of the pool's one connection."""
+    with tempfile.TemporaryFile("w+") as trace:
+        with db._pool.connection() as conn:
+            conn.pgconn.trace(trace.fileno())
+        try:
+            work(db)
+        finally:
+            with db._pool.connection() as conn:
+                conn.pgconn.untrace()
+        trace.seek(0)
+        return sum("ReadyForQuery" in line for line in trace)
+
+
+def test_a_postgres_write_begins_with_its_first_statement_in_one_round_trip(postgres):
+    """Every round trip of a write waits for the server and, under load, for the interpreter: BEGIN and the write lock
+    go out with the first statement, so a one-statement write is two round trips (three before), and a transaction
+    that sends nothing costs none."""
+    url = postgres.new_database()
+    open_database(url).close()  # migrated
+    db = PostgresDatabase(url, pool_size=1)
+
+    def one_statement(db):
+        with db.transaction() as tx:
+            tx.execute(_MEASURE, ("a",))
+
+    def nothing(db):
+        with db.transaction():
+            pass
+
+    assert _round_trips(db, one_statement) == 2
+    assert _round_trips(db, nothing) == 0
+    assert [row["key"] for row in db.query("SELECT key FROM measurements")] == ["a"]
+    db.close()
+
+
+def test_a_failed_statement_whose_error_was_caught_fails_the_commit_instead_of_losing_the_writes_in_silence(postgres):
+    """On Postgres a statement's error aborts the whole transaction, and COMMIT then rolls back without an error: a
+    caller that caught the error without undoing a savepoint would take its earlier writes for stored. The commit
+    says so instead, and nothing is kept."""
+    db = open_database(postgres.new_database())
+    with pytest.raises(DatabaseError, match="failed and nothing of it was stored"):
+        with db.transaction() as tx:
+            tx.execute(_MEASURE, ("a",))
+            try:
+                tx.execute(_MEASURE, ("a",))  # the key is taken
+            except Exception:  # noqa: BLE001 - the mistake under test
+                pass
+    assert db.query("SELECT key FROM measurements") == []
+    with db.transaction() as tx:  # the connection went back to the pool usable
+        tx.execute(_MEASURE, ("b",))
+    assert [row["key"] for row in db.query("SELECT key FROM measurements")] == ["b"]
+    db.close()
 
 
 def test_a_workdir_archive_is_stored_once_and_streamed_back_whole(db_url, monkeypatch):
