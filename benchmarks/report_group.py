@@ -6,8 +6,8 @@ turn: its attempt's fence read, two UPDATEs, its commit seconds' INSERT; then th
 only to be measured against; and "batched", the controller's code now (runner/state/checkpoints.py: on Postgres
 one statement for the whole group, sent with its savepoint in one round trip). Printed per store, version and
 group size: the round trips a group makes inside its transaction (a savepoint taken and released is two, a
-statement sent with its savepoint one; on SQLite these are calls, not round trips; BEGIN with the write lock, and
-COMMIT, come on top: two round trips, three before BEGIN and the lock were one), and the transaction's p50 / p99
+statement sent with its savepoint one; on SQLite these are calls, not round trips; COMMIT comes on top, and BEGIN
+with the write lock goes out with the first statement, the callers' nodes' read), and the transaction's p50 / p99
 wall time. ``--busy`` adds a thread that keeps the interpreter
 busy, as the controller's event loop does under load: a thread that waits for the database then waits for the
 interpreter too, once per round trip.
