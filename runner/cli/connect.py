@@ -28,6 +28,8 @@ def connect(start_if_needed: bool = True) -> Client:
         if not token:
             token = _read_token(home)
         if not token:
+            # A controller that cannot be reached is exit 3 whatever the token; one that answers needs the token.
+            Client(url, "", timeout=5).get("/healthz")
             raise ClientError(f"no token for {url}: set RUNNER_TOKEN (the admin token of that controller)")
         return Client(url, token)
     client = _local_client(home)
