@@ -66,11 +66,13 @@ class Supervisor:
             self.sink.write(data)
 
     def wait(self) -> int:
+        """The command's exit code, as a shell gives it: 128 + the signal's number for one a signal ended (143
+        for SIGTERM), which Python's ``returncode`` gives as minus the number."""
         code = self.process.wait()
         if self.ends_leftovers or self.stopped_by_agent:
             self.end_leftovers()
         self._pump.join(10)  # every byte the group printed is in the sink before we report the exit
-        return code
+        return 128 - code if code < 0 else code
 
     def end_leftovers(self) -> None:
         """End whatever the exited command left running (workers in sessions of their own, daemons)."""

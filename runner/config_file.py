@@ -43,6 +43,19 @@ class LocalConfig(Section):
     boot_seconds: Any = None
     durable_mb_per_s: Any = None
 
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zones(cls, value):
+        """A list of zone names: a bare name or a number would pass as its characters or fail at start."""
+        if value is None:
+            return value
+        if not isinstance(value, list) or not value or not all(isinstance(z, str) and z.strip() for z in value):
+            raise ValueError(f"{value!r} is not a list of zone names; give e.g. [local-a, local-b, local-c]")
+        twice = next((z for i, z in enumerate(value) if z in value[:i]), None)
+        if twice is not None:
+            raise ValueError(f"lists {twice} twice; list each zone once")
+        return value
+
 
 class CloudsConfig(Section):
     """``clouds:``: the clouds to launch on, each checked by its provider (runner/providers/)."""

@@ -12,10 +12,11 @@ from pathlib import Path
 import click
 
 from ..client import Client, ClientError, ControllerUnreachable
-from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, load_config, runner_home
+from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, ConfigError, load_config, runner_home
 from ..private import private_dir
 
 START_TIMEOUT_SECONDS = 30.0
+BAD_INPUT_EXIT = 2  # `runner server`'s exit code for a configuration it refused
 
 
 def connect(start_if_needed: bool = True) -> Client:
@@ -28,6 +29,8 @@ def connect(start_if_needed: bool = True) -> Client:
         if not token:
             token = _read_token(home)
         if not token:
+            # A controller that cannot be reached is exit 3 whatever the token; one that answers needs the token.
+            Client(url, "", timeout=5).get("/healthz")
             raise ClientError(f"no token for {url}: set RUNNER_TOKEN (the admin token of that controller)")
         return Client(url, token)
     client = _local_client(home)
@@ -80,8 +83,10 @@ def _start_local(home: Path) -> Client:
             port = 0  # someone else took the old port: any free one will do
             process = _spawn_server(home, port, log_path)
         elif process.poll() is not None:
-            raise ControllerUnreachable(f"the local controller exited at start: {_last_line(log_path)} "
-                                        f"(full log: {log_path})")
+            why = f"the local controller exited at start: {_last_line(log_path)} (full log: {log_path})"
+            if process.returncode == BAD_INPUT_EXIT:  # config.yaml holds a value it refused: bad input
+                raise ConfigError(why)
+            raise ControllerUnreachable(why)
         time.sleep(0.1)
     raise ControllerUnreachable(f"the local controller did not answer within {START_TIMEOUT_SECONDS:.0f}s; "
                                 f"see {log_path}")

@@ -35,6 +35,12 @@ MAX_ARGUMENT_BYTES = 128 * 1024 - 1
 MAX_COMMAND_AND_ENV_BYTES = 1024 * 1024
 
 
+def _not_a_boolean(value, expected: str) -> None:
+    """A duration key given true or false (which would otherwise pass as 1 or 0 seconds)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not {expected}")
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -61,13 +67,13 @@ class Resources(_Section):
     accelerators: Optional[Union[str, list[str]]] = Field(
         default=None, description="NAME:COUNT (T4:1), or a list of alternatives any of which will do "
                                   "([A100:1, L4:1, T4:1]): the job runs where a step is cheapest; omit for CPU only.")
-    cpus: Optional[int] = Field(default=None, ge=1, description="Minimum vCPUs.")
-    memory_gb: Optional[float] = Field(default=None, gt=0, description="Minimum memory in GiB.")
+    cpus: Optional[int] = Field(default=None, ge=1, strict=True, description="Minimum vCPUs.")
+    memory_gb: Optional[float] = Field(default=None, gt=0, strict=True, description="Minimum memory in GiB.")
     regions: Optional[list[str]] = Field(default=None, min_length=1, description="Allowed regions.")
     spot_policy: Literal["spot", "on-demand", "auto"] = Field(
         default="spot", description="spot, on-demand, or auto (spot, falling back to on-demand)."
     )
-    max_price_per_hour: Optional[float] = Field(default=None, gt=0, description="USD cap per node-hour.")
+    max_price_per_hour: Optional[float] = Field(default=None, gt=0, strict=True, description="USD cap per node-hour.")
     num_nodes: int = Field(default=1, ge=1, le=MAX_NUM_NODES, strict=True,
                            description="Nodes launched together as one gang in one zone (docs/multinode.md).")
     min_nodes: Optional[int] = Field(
@@ -99,6 +105,14 @@ class Resources(_Section):
     @classmethod
     def _one_cloud_as_list(cls, value):
         return [value] if isinstance(value, str) else value
+
+    @field_validator("cloud")
+    @classmethod
+    def _some_cloud(cls, value, info):
+        if value == [] and not (info.context or {}).get(STORED):  # an older version stored [] as every cloud
+            raise ValueError("is an empty list; list at least one of local, aws, gcp, or omit the key for every "
+                             "configured cloud")
+        return value
 
     @field_validator("accelerators", mode="before")
     @classmethod
@@ -147,7 +161,7 @@ class CheckpointSpec(_Section):
     local_dir: Optional[str] = Field(default=None, description="Fast node-local tier.")
     durable_url: Optional[str] = Field(default=None, description="Any fsspec URL (s3://, gs://, file://).")
     interval: Union[str, float] = Field(default="auto", description="auto, or a duration such as 30s, 10m, 1h.")
-    keep: int = Field(default=3, ge=1, description="Committed checkpoints kept.")
+    keep: int = Field(default=3, ge=1, strict=True, description="Committed checkpoints kept.")
 
     @field_validator("durable_url")
     @classmethod
@@ -159,6 +173,7 @@ class CheckpointSpec(_Section):
     @field_validator("interval", mode="before")
     @classmethod
     def _finite_interval(cls, value):
+        _not_a_boolean(value, "'auto' or a duration such as 30s, 10m or 1h")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{value!r} is not a duration; use 'auto' or a duration such as 30s, 10m or 1h")
         return value
@@ -176,8 +191,8 @@ class CheckpointSpec(_Section):
 class RecoverySpec(_Section):
     """How many relaunches a job gets, and when the resume drill runs."""
 
-    max_preemptions: int = Field(default=50, ge=0, description="Relaunches after a preemption.")
-    max_failures: int = Field(default=2, ge=0, description="Relaunches after the job's own non-zero exit.")
+    max_preemptions: int = Field(default=50, ge=0, strict=True, description="Relaunches after a preemption.")
+    max_failures: int = Field(default=2, ge=0, strict=True, description="Relaunches after the job's own non-zero exit.")
     resume_drill: Union[str, float] = Field(default="10m", description="When to prove resume works (≤ 15m), or 'off'.")
     deadline: Optional[Union[str, float]] = Field(
         default=None, description="Finish by then: a duration from submission (36h) or an RFC 3339 time; "
@@ -203,6 +218,12 @@ class RecoverySpec(_Section):
             if item not in PREPARE_SIGNALS:
                 raise ValueError(f"{item!r} is not one of {', '.join(PREPARE_SIGNALS)}")
         return list(dict.fromkeys(value))
+
+    @field_validator("standby_timeout", mode="before")
+    @classmethod
+    def _standby_timeout_not_a_boolean(cls, value):
+        _not_a_boolean(value, "a duration such as 10m")
+        return value
 
     @field_validator("standby_timeout")
     @classmethod
@@ -232,10 +253,18 @@ class RecoverySpec(_Section):
                              "(the scheduler measures progress as step / total_steps)")
         return value
 
+    @field_validator("resume_drill", mode="before")
+    @classmethod
+    def _drill_off(cls, value):
+        if value is False:  # YAML reads an unquoted off as false
+            return "off"
+        _not_a_boolean(value, "a duration such as 10m (at most 15m), or 'off'")
+        return value
+
     @field_validator("resume_drill")
     @classmethod
     def _drill(cls, value):
-        if value in ("off", False):
+        if value == "off":
             return "off"
         seconds = parse_duration(value)
         if seconds > MAX_RESUME_DRILL_SECONDS:

@@ -58,6 +58,14 @@ def test_stop_ends_the_whole_group(tmp_path):
     assert not _alive(child)
 
 
+def test_a_command_ended_by_a_signal_exits_128_plus_its_number_as_in_a_shell(tmp_path):
+    """The restart log's exit_code of a job stopped with SIGTERM is 143 (a shell's $?), not Python's -15."""
+    supervisor = Supervisor("exec sleep 60", str(tmp_path), dict(os.environ), Sink())
+    supervisor.start()
+    supervisor.stop(grace=5.0)
+    assert supervisor.wait() == 143
+
+
 def _wait_for_pids(sink: Sink, count: int) -> list[int]:
     deadline = time.monotonic() + 30
     while len(sink.data.split()) < count and time.monotonic() < deadline:

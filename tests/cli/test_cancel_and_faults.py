@@ -93,3 +93,19 @@ def test_controller_down_exits_3_and_says_how_to_start_it(tmp_path, runner):
     result = runner("jobs", env={"RUNNER_SERVER": "http://127.0.0.1:9", "RUNNER_TOKEN": "x"})
     assert result.returncode == 3
     assert "runner server" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_controller_down_exits_3_without_a_token_too(runner):
+    """RUNNER_SERVER naming a controller that does not answer is exit 3 even when no token is set anywhere."""
+    result = runner("jobs", env={"RUNNER_SERVER": "http://127.0.0.1:9"})
+    assert result.returncode == 3, result.stderr
+    assert "cannot reach the controller" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_controller_that_answers_without_a_token_is_named_with_the_fix(tmp_path, runner, controller):
+    """RUNNER_SERVER naming a live controller, and no token in RUNNER_TOKEN or this RUNNER_HOME: exit 1 naming
+    RUNNER_TOKEN."""
+    other_home = tmp_path / "elsewhere"
+    other_home.mkdir()
+    result = runner("jobs", env={"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": "", "RUNNER_HOME": str(other_home)})
+    assert result.returncode == 1 and "set RUNNER_TOKEN" in result.stderr, result.stderr

@@ -39,6 +39,19 @@ BAD = [
     ("name: ok\nrun: x\nrecovery: {resume_drill: 20m}", "recovery.resume_drill"),
     ("name: ok\nrun: x\nrecovery: {max_failures: -1}", "recovery.max_failures"),
     ("name: ok\nrun: x\nenv: {1BAD: x}", "env"),
+    # wrong types that would otherwise pass as numbers (true as 1, '5' as 5), and an impossible drill time
+    ("name: ok\nrun: x\ncheckpoint: {keep: true}", "checkpoint.keep"),
+    ("name: ok\nrun: x\ncheckpoint: {keep: '5'}", "checkpoint.keep"),
+    ("name: ok\nrun: x\ncheckpoint: {interval: true}", "checkpoint.interval"),
+    ("name: ok\nrun: x\nresources: {cpus: true}", "resources.cpus"),
+    ("name: ok\nrun: x\nresources: {memory_gb: '16'}", "resources.memory_gb"),
+    ("name: ok\nrun: x\nresources: {max_price_per_hour: true}", "resources.max_price_per_hour"),
+    ("name: ok\nrun: x\nresources: {cloud: []}", "resources.cloud"),
+    ("name: ok\nrun: x\nrecovery: {max_preemptions: false}", "recovery.max_preemptions"),
+    ("name: ok\nrun: x\nrecovery: {max_failures: true}", "recovery.max_failures"),
+    ("name: ok\nrun: x\nrecovery: {resume_drill: 0}", "recovery.resume_drill"),
+    ("name: ok\nrun: x\nrecovery: {resume_drill: true}", "recovery.resume_drill"),
+    ("name: ok\nrun: x\nrecovery: {standby_timeout: true}", "recovery.standby_timeout"),
 ]
 
 
@@ -76,6 +89,13 @@ def test_drill_can_be_turned_off_and_accelerators_parse():
     spec = parse_job(GOOD + "recovery: {resume_drill: 'off'}\nresources: {accelerators: 'A100:8'}")
     assert spec.recovery.resume_drill_seconds() is None
     assert spec.resources.accelerator() == ("A100", 8)
+
+
+def test_an_unquoted_off_turns_the_drill_off_and_numbers_keep_their_meaning():
+    """YAML's unquoted off (read as false) disables the drill; whole numbers are accepted where a number is."""
+    assert parse_job(GOOD + "recovery: {resume_drill: off}").recovery.resume_drill_seconds() is None
+    spec = parse_job(GOOD + "resources: {memory_gb: 16, max_price_per_hour: 2}\ncheckpoint: {interval: 30}")
+    assert (spec.resources.memory_gb, spec.resources.max_price_per_hour, spec.checkpoint.interval) == (16, 2, 30)
 
 
 def test_workdir_resolves_against_the_job_files_folder(tmp_path: Path):
