@@ -8,7 +8,7 @@ from collections import deque
 
 import click
 
-from ..client import Client
+from ..client import Client, NotFound
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -104,9 +104,18 @@ def follow_logs(client: Client, job_id: str, attempt: int | None, follow: bool, 
     follower = LogFollower(client, job_id, attempt, only_node)
     while True:
         done = follower.poll()
-        if not follow or done and client.get(f"/v1/jobs/{job_id}")["state"] in TERMINAL:
+        if attempt is not None and not follower.rows:  # no such attempt (yet: --follow waits for it)
+            if not follow or client.get(f"/v1/jobs/{job_id}")["state"] in TERMINAL:
+                raise NotFound(_no_attempt(client, job_id, attempt))
+        elif not follow or done and client.get(f"/v1/jobs/{job_id}")["state"] in TERMINAL:
             return
         time.sleep(interval)
+
+
+def _no_attempt(client: Client, job_id: str, attempt: int) -> str:
+    count = len(client.get(f"/v1/jobs/{job_id}/restarts"))
+    has = "has no attempt yet" if count == 0 else f"has attempt{'s 1 to' if count > 1 else ''} {count}"
+    return f"job {job_id} has no attempt {attempt} (it {has}); see runner restarts {job_id}"
 
 
 def follow_job(client: Client, job_id: str, interval: float = 0.5) -> str:

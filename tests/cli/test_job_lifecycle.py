@@ -71,6 +71,10 @@ recovery: {max_failures: 1, resume_drill: "off"}
     assert f"attempt 1 of {job_id}" in logs and f"attempt 2 of {job_id}" in logs
     only_second = runner("logs", job_id, "--attempt", "2").stdout
     assert "attempt 1 of" not in only_second and "attempt 2 of" in only_second
+    missing = runner("logs", job_id, "--attempt", "5")  # a typo is an error, not an empty log
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert f"job {job_id} has no attempt 5 (it has attempts 1 to 2)" in missing.stderr
+    assert runner("logs", job_id, "--attempt", "5", "--follow").returncode == 1  # the job has ended: none will come
 
 
 def test_setup_failure_fails_the_attempt_and_names_setup(tmp_path, runner, controller):
