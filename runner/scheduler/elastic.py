@@ -175,7 +175,7 @@ def heartbeat_world(store, node: dict, known_generation: int) -> tuple[str, dict
 def elastic_attempts(store) -> list[tuple[Job, Attempt]]:
     """Running elastic jobs with their running attempt."""
     found = []
-    for job in store.jobs((RUNNING,)):
+    for job in store.jobs_running_a_gang():
         if is_elastic(job):
             current = store.current_attempt(job.id)
             if current is not None:

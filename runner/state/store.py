@@ -59,6 +59,14 @@ class Store:
             rows = self.db.query("SELECT * FROM jobs ORDER BY created_at")
         return [Job.from_row(r) for r in rows]
 
+    def jobs_running_a_gang(self) -> list[Job]:
+        """RUNNING jobs whose running attempt is a gang's (more than one node): the only ones that can be elastic.
+        The reconciler asks at every tick, so the other running jobs are not read (nor their specs decoded)."""
+        rows = self.db.query(
+            "SELECT j.* FROM jobs j WHERE j.state = 'RUNNING' AND EXISTS (SELECT 1 FROM attempts a WHERE "
+            "a.job_id = j.id AND a.num_nodes > 1 AND a.end_reason = 'running') ORDER BY j.created_at")
+        return [Job.from_row(r) for r in rows]
+
     def job_listing(self, *, states: tuple[str, ...] | None = None, active: tuple[str, ...] = (),
                     ended_since: float | None = None, limit: int | None = None) -> tuple[list[Job], int]:
         """The newest jobs that match (at most ``limit``), oldest first, and how many jobs there are in all.

@@ -172,3 +172,20 @@ def test_world_sizes_are_recorded_once_per_generation(world):
     assert store.current_attempt(JOB).world_sizes == [
         {"step": 0, "world_size": 3}, {"step": 140, "world_size": 2}, {"step": 300, "world_size": 3}]
     assert restart_row(store.current_attempt(JOB))["world_sizes"][1] == {"step": 140, "world_size": 2}
+
+
+def test_the_reconcilers_elastic_pass_reads_only_the_jobs_running_a_gang(world, monkeypatch):
+    """The pass runs at every tick: with thousands of single-node jobs running, decoding each one's job file there
+    cost the controller a tenth of its CPU. It reads the jobs whose running attempt is a gang's, and finds the
+    elastic ones among them."""
+    store, _, _ = world()
+    spec = stored_job(validate_job({"name": "single", "run": "train"}), None)
+    with store.db.transaction() as tx:
+        for i in range(20):
+            store.insert_job(tx, f"single-{i}", "single", spec, "RUNNING", time.time())
+    from runner.state import rows
+    decoded = []
+    load = rows.load_stored_job
+    monkeypatch.setattr(rows, "load_stored_job", lambda text: decoded.append(text) or load(text))
+    assert [job.id for job, _ in elastic.elastic_attempts(store)] == [JOB]
+    assert len(decoded) == 1
