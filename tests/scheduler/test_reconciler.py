@@ -69,6 +69,30 @@ def test_with_every_zone_out_of_capacity_the_job_waits_pending_and_says_why(worl
     assert len(world.events(job_id, "launch-failed")) == 3  # each zone once, then all are backed off
 
 
+def test_a_long_queue_costs_a_tick_the_same_reads_as_a_short_one(world):
+    """Jobs waiting for capacity are looked at every tick: their nodes and attempts are read once for the whole
+    queue, not once a job (on Postgres two round trips a job made a queue of 10,000 hold every tick up for
+    seconds: node watch, cancels, launches and releases wait for it)."""
+    world.provider.refuse(times=10**6)
+
+    def reads_a_tick(jobs: int) -> int:
+        for _ in range(jobs):
+            world.submit()
+        world.tick(3)  # every zone refused once, then backed off: the jobs wait
+        reads = []
+        query = world.store.db.query
+        world.store.db.query = lambda *args: reads.append(args) or query(*args)
+        try:
+            world.tick()
+        finally:
+            world.store.db.query = query
+        return len(reads)
+
+    short = reads_a_tick(2)
+    assert reads_a_tick(40) == short  # 42 jobs waiting now
+    assert all(job.state == "PENDING" for job in world.store.jobs())
+
+
 def test_bad_credentials_fail_the_job_at_once_with_the_providers_message(world):
     """A non-retryable refusal (credentials, permissions) fails the job after one try, naming the fix."""
     world.provider.refuse(error=AuthError("the role may not launch instances; grant it ec2:RunInstances"))
