@@ -10,7 +10,8 @@
 
 An attempt trains the steps after its first reported step up to its last, ``(first_step, last_step]``, over
 ``last_step_at - first_step_at`` seconds on each of its nodes (the first step's own compute is part of the
-gap before it, so no second is counted twice). A step ``s`` of attempt ``a`` is lost when a later attempt
+gap before it, so no second is counted twice); an elastic gang's steps count the nodes of the world that trained
+them (its ``world_sizes``), not the nodes it started with. A step ``s`` of attempt ``a`` is lost when a later attempt
 resumed from a step below ``s``; it counts as redone once a later attempt has trained past it again, and as
 neither kept nor redone when none has (the job ended first). The seconds a step took are the attempt's
 average: its span over the steps in it.
@@ -32,6 +33,7 @@ class AttemptTimes(Protocol):
     first_step_at: float | None
     last_step: int | None
     last_step_at: float | None
+    world_sizes: list | None  # an elastic gang's [{"step", "world_size"}, ...] (in ranks); None for any other
 
 
 def boot_seconds(launched_at: float, registered_before: bool, now: float) -> float | None:
@@ -96,6 +98,23 @@ def goodput(attempts: Sequence[AttemptTimes], node_spans: Sequence[tuple[float, 
             continue
         kept, again = split[row.attempt]
         per_step = max(0.0, row.last_step_at - row.first_step_at) / (row.last_step - row.first_step)
-        training += kept * per_step * row.num_nodes
-        redone += again * per_step * row.num_nodes
+        kept_to = row.first_step + kept  # steps (first, kept_to] were kept; the next ``again`` were redone
+        training += node_steps(row, row.first_step, kept_to) * per_step
+        redone += node_steps(row, kept_to, kept_to + again) * per_step
     return Goodput(paid, training, redone)
+
+
+def node_steps(row: AttemptTimes, low: int, high: int) -> float:
+    """Steps ``(low, high]`` of an attempt times the nodes that trained each: all of its nodes, or for an elastic
+    gang the nodes of the world each step was trained in (its first world holds every node)."""
+    sizes = row.world_sizes or []
+    if high <= low or len(sizes) < 2 or not sizes[0].get("world_size"):
+        return max(0, high - low) * row.num_nodes
+    ranks_per_node = sizes[0]["world_size"] / row.num_nodes
+    total = 0.0
+    for index, entry in enumerate(sizes):  # each world holds from its step to the next change
+        start = low if index == 0 else max(low, entry["step"])
+        end = min(high, sizes[index + 1]["step"]) if index + 1 < len(sizes) else high
+        if end > start:
+            total += (end - start) * entry["world_size"] / ranks_per_node
+    return total

@@ -94,13 +94,15 @@ def node_rows(attempt: Attempt) -> list[dict]:
             for n in attempt.nodes]
 
 
-def restart_rows(attempts: list[Attempt], now: float | None = None) -> list[dict]:
-    """The restart log: the job's attempts in order, each with its gap from the training before it."""
+def restart_rows(attempts: list[Attempt], now: float | None = None, elastic: bool = False) -> list[dict]:
+    """The restart log: the job's attempts in order, each with its gap from the training before it
+    (``elastic``: the job is an elastic gang, whose every row has ``world_sizes``)."""
     gap = ledger.gaps(attempts)
-    return [restart_row(a, now, gap_seconds=gap[a.attempt]) for a in attempts]
+    return [restart_row(a, now, gap_seconds=gap[a.attempt], elastic=elastic) for a in attempts]
 
 
-def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float | None = None) -> dict:
+def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float | None = None,
+                elastic: bool = False) -> dict:
     """One row of the restart log (``gap_seconds`` needs the attempts before it: see :func:`restart_rows`)."""
     row = {
         "attempt": attempt.attempt,
@@ -137,8 +139,9 @@ def restart_row(attempt: Attempt, now: float | None = None, gap_seconds: float |
     if attempt.num_nodes > 1:
         row["num_nodes"] = attempt.num_nodes
         row["nodes"] = node_rows(attempt)
-    if attempt.world_sizes is not None or any(n.joined_at or n.left_at for n in attempt.nodes):
-        row["world_sizes"] = attempt.world_sizes or []  # an elastic gang's: each change with its step
+    if elastic or attempt.world_sizes is not None or any(n.joined_at or n.left_at for n in attempt.nodes):
+        # an elastic gang's: each change with its step ([] until its training has reported its first world)
+        row["world_sizes"] = attempt.world_sizes or []
     return row
 
 
@@ -175,6 +178,7 @@ def job_summary(job: Job, attempts: list[Attempt], now: float | None = None) -> 
         "age_seconds": round(now - job.created_at, 1),
         "message": job.message,
         "checkpoint": job.checkpoint,
-        "current_attempt": restart_row(current, now, gap_seconds=current_gap) if current else None,
+        "current_attempt": (restart_row(current, now, gap_seconds=current_gap, elastic=job.spec.resources.elastic)
+                            if current else None),
         "cancel_requested": bool(job.cancel_requested),
     }

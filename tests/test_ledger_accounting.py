@@ -20,6 +20,7 @@ class Row:
     last_step_at: float | None = None
     resumed_from_step: int = 0
     num_nodes: int = 1
+    world_sizes: list | None = None
 
 
 def trained(attempt: int, first: int, last: int, start: float, per_step: float, resumed: int = 0,
@@ -85,6 +86,18 @@ def test_a_gang_counts_node_seconds_and_paid_time_counts_every_node_until_its_re
     assert result.paid_seconds == 13 + 13 + 3 + 10
     assert result.to_json() == {"paid_seconds": 39.0, "training_seconds": 20.0, "redone_seconds": 0.0,
                                 "ratio": round(20 / 39, 4)}
+
+
+def test_an_elastic_gang_counts_the_nodes_of_the_world_each_step_was_trained_in():
+    """Two nodes of two ranks each; node 1 is lost at step 31 and its replacement, launched then, joins at step 81:
+    steps 31..81 were trained by one node, so training is 150 node-seconds of the 200 paid, not 200."""
+    row = trained(1, 1, 101, T0, 1.0, nodes=2)
+    row.world_sizes = [{"step": 0, "world_size": 4}, {"step": 31, "world_size": 2}, {"step": 81, "world_size": 4}]
+    spans = [(T0, T0 + 100), (T0, T0 + 30), (T0 + 30, T0 + 100)]  # node 0, node 1, the replacement
+    result = ledger.goodput([row], spans, now=T0 + 1000)
+    assert result.paid_seconds == 200.0
+    assert result.training_seconds == 30 * 2 + 50 * 1 + 20 * 2
+    assert result.ratio == 0.75
 
 
 def test_nothing_paid_yet_has_no_ratio():

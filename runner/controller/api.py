@@ -208,6 +208,8 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     job = _job_or_404(state, job_id)
     attempts = state.store.attempts(job_id)
     summary = wire.job_summary(job, attempts)
+    if summary["current_attempt"] is not None:  # the running attempt's row as `runner restarts` shows it
+        summary["current_attempt"] = restart_log(state.store, job, attempts)[-1]
     spans = stored_ledger.node_spans(state.store.db, job_id)
     summary["goodput"] = ledger.goodput(attempts, spans, time.time()).to_json()
     summary["spec"] = job.spec.model_dump(exclude={"env"})  # env may hold secrets: only its names
@@ -234,11 +236,17 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
 @router.get("/jobs/{job_id}/restarts")
 def restarts(job_id: str, request: Request, who: Principal = Depends(require_job_access)):
     state = _state(request)
-    _job_or_404(state, job_id)
+    job = _job_or_404(state, job_id)
+    return restart_log(state.store, job, state.store.attempts(job_id))
+
+
+def restart_log(store, job: Job, attempts: list) -> list[dict]:
+    """The job's restart-log rows (``attempts`` in order), each with its launch failures, notable events and, for a
+    placement the cost policy chose, why it was chosen."""
     failures: dict[int, list[str]] = {}
     notable: dict[int, list[dict]] = {}
     placed: dict[int, str] = {}
-    for event in state.store.events(job_id):
+    for event in store.events(job.id):
         if event.kind == "launch-failed":
             failures.setdefault(event.attempt, []).append(event.message)
         elif event.kind in ATTEMPT_EVENT_KINDS:
@@ -246,10 +254,10 @@ def restarts(job_id: str, request: Request, who: Principal = Depends(require_job
                 {"kind": event.kind, "time": wire.iso(event.time), "message": event.message})
         elif event.kind == PLACEMENT_EVENT:
             placed[event.attempt] = event.message
-    attempts = state.store.attempts(job_id)
     return [{**_placement_first(row, placed.get(a.attempt)),
              "launch_failures": failures.get(a.attempt, []),
-             "events": notable.get(a.attempt, [])} for a, row in zip(attempts, wire.restart_rows(attempts))]
+             "events": notable.get(a.attempt, [])}
+            for a, row in zip(attempts, wire.restart_rows(attempts, elastic=job.spec.resources.elastic))]
 
 
 def _placement_first(row: dict, reason: str | None) -> dict:

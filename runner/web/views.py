@@ -23,7 +23,7 @@ def job_page(store, status: dict, now: float | None = None) -> dict:
     restored = _restored_at(events)
     rows = [{**row, "started": a.started_at, "ended": a.ended_at, "first_step_at": a.first_step_at,
              "last_step_at": a.last_step_at, "restored_at": restored.get(a.attempt)}
-            for a, row in zip(attempts, wire.restart_rows(attempts, now))]
+            for a, row in zip(attempts, wire.restart_rows(attempts, now, elastic=_elastic(store, job_id)))]
     return {
         "job": status,
         "terminal": status["state"] in TERMINAL,
@@ -35,6 +35,11 @@ def job_page(store, status: dict, now: float | None = None) -> dict:
         "lost_seconds": sum(r["lost_seconds"] or 0.0 for r in rows),
         "logs": [source for r in rows for source in _log_sources(r)],
     }
+
+
+def _elastic(store, job_id: str) -> bool:
+    job = store.job(job_id)
+    return job is not None and job.spec.resources.elastic
 
 
 def _log_sources(row: dict) -> list[dict]:

@@ -64,6 +64,17 @@ def test_a_tight_deadline_relaunches_on_demand_and_says_why(world, tmp_path):
     assert job["cost_policy"] == rows[1]["message"]
 
 
+def test_status_shows_the_running_attempt_as_the_restart_log_does_with_why_its_market_was_chosen(world, tmp_path):
+    """`runner status --json`'s current_attempt is the running attempt's restart-log row: the same message."""
+    job_id = submit(world, "9h10m")
+    first_hour_then_preempted(world, job_id)
+    rows, job = restart_log(world, job_id, tmp_path)
+    assert rows[-1]["end_reason"] == "running" and rows[-1]["message"].startswith("on-demand: ")
+    current = job["current_attempt"]
+    assert {k: current[k] for k in ("attempt", "message", "launch_failures", "events")} == \
+        {k: rows[-1][k] for k in ("attempt", "message", "launch_failures", "events")}
+
+
 def test_a_deadline_with_slack_relaunches_on_spot_away_from_the_preempting_zone(world, tmp_path):
     job_id = submit(world, "48h")
     first_hour_then_preempted(world, job_id)

@@ -62,6 +62,19 @@ def test_a_notice_that_would_leave_too_few_tells_the_node_to_checkpoint_and_stop
     assert world.store.current_attempt(job_id).attempt == 1  # its exit report ends the attempt, as for any gang
 
 
+def test_every_restart_log_row_of_an_elastic_gang_has_world_sizes_before_its_training_reports_one(world, api):
+    """A running elastic attempt whose training has not restored yet: `world_sizes` is there, empty, in
+    `runner restarts` and in `runner status`'s current attempt; a gang that is not elastic has none."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    job_id, _ = elastic_gang(world, api)
+    (row,) = api.get(f"/v1/jobs/{job_id}/restarts", headers=admin).json()
+    assert row["world_sizes"] == [] and row["end_reason"] == "running"
+    assert api.get(f"/v1/jobs/{job_id}", headers=admin).json()["current_attempt"]["world_sizes"] == []
+    rigid = world.submit(resources={"num_nodes": 3})
+    world.tick()
+    assert all("world_sizes" not in r for r in api.get(f"/v1/jobs/{rigid}/restarts", headers=admin).json())
+
+
 def test_the_world_report_is_kept_for_the_callers_own_job_only(world, api):
     job_id, headers = elastic_gang(world, api)
     other_id, other_headers = elastic_gang(world, api)
