@@ -7,7 +7,8 @@ benchmark runs on it (its nodes are played by the benchmark). What it can be tol
 - ``hold_launches()`` / ``release_launches()``: launches wait until released (a cloud operation that
   takes minutes), so a test can see what a slow launch holds up; ``hold_describes(*node_ids)`` and
   ``hold_terminates()`` likewise for describes (of some nodes, or all) and terminates, until
-  ``release_describes()`` / ``release_terminates()``;
+  ``release_describes()`` / ``release_terminates()``; ``describe_held(node_id)`` says whether a describe call about
+  the node is waiting at that hold now (one asked for before the hold may still be out, and answer);
 - ``fail_terminates(times, error)``: the next terminates raise (an API error; terminate is retried);
 - ``preempt(node_id)`` / ``lose(node_id)``: a node is reclaimed after a notice, or vanishes without one.
 
@@ -70,6 +71,7 @@ class PerNodeMemoryProvider(Provider, HoldsGangs, CheckpointBucket):
         self._gate.set()
         self._describe_gate, self._held_describes = threading.Event(), None  # None: all held while the gate is shut
         self._describe_gate.set()
+        self._describes_waiting: Counter = Counter()  # node id -> describes waiting at the hold now
         self._terminate_gate = threading.Event()
         self._terminate_gate.set()
         self._terminate_failures: list[ProviderError] = []
@@ -116,6 +118,11 @@ class PerNodeMemoryProvider(Provider, HoldsGangs, CheckpointBucket):
         self.nodes[node_id].state = LOST
 
     # --- what a test reads ------------------------------------------------
+    def describe_held(self, node_id: str) -> bool:
+        """Whether a describe of ``node_id`` is waiting at :meth:`hold_describes` now (it answers only once released)."""
+        with self._lock:
+            return self._describes_waiting[node_id] > 0
+
     def alive(self) -> list[str]:
         """Ids of the nodes running now, in launch order."""
         return [node_id for node_id, node in self.nodes.items() if node.state == ALIVE]
@@ -151,8 +158,23 @@ class PerNodeMemoryProvider(Provider, HoldsGangs, CheckpointBucket):
         return node.ref
 
     def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
-        if not self._describe_gate.is_set() and (self._held_describes is None or node_id in self._held_describes):
+        self._wait_if_held([node_id])
+        return self._status(node_id)
+
+    def _wait_if_held(self, node_ids: list[str]) -> None:
+        """A describe call about ``node_ids`` waits while :meth:`hold_describes` holds any of them."""
+        held = self._held_describes
+        if self._describe_gate.is_set() or (held is not None and not held.intersection(node_ids)):
+            return
+        with self._lock:
+            self._describes_waiting.update(node_ids)
+        try:
             self._describe_gate.wait()
+        finally:
+            with self._lock:
+                self._describes_waiting.subtract(node_ids)
+
+    def _status(self, node_id: str) -> NodeStatus:
         node = self.nodes.get(node_id)
         if node is None:
             return NodeStatus(alive=False, reason=LOST)
@@ -172,3 +194,7 @@ class PerNodeMemoryProvider(Provider, HoldsGangs, CheckpointBucket):
 
 class MemoryProvider(PerNodeMemoryProvider, DescribesInBatch):
     """The in-memory provider whose describes of a tick are one call."""
+
+    def describe_many(self, nodes: list[tuple[str, str | None]]) -> dict[str, NodeStatus]:
+        self._wait_if_held([node_id for node_id, _ in nodes])  # one call: held, it hangs for all of them
+        return {node_id: self._status(node_id) for node_id, _ in nodes}

@@ -45,7 +45,8 @@ def test_a_describe_that_hangs_holds_up_no_other_jobs_launch_cancel_or_loss(per_
     a, b, c = start_jobs(world, "a", "b", "c")
     held = world.node(a).id
     world.provider.hold_describes(held)
-    tick_until(world, lambda: world.ctx.describes.in_flight(held), "a's describe to go out")
+    # (a describe asked for before the hold may be out still, and answer: wait for one that hangs)
+    tick_until(world, lambda: world.provider.describe_held(held), "a's describe to hang")
 
     world.cancel(b, at=time.time() - CANCEL_GRACE_SECONDS - 1)
     lost = world.node(c).id
@@ -57,7 +58,8 @@ def test_a_describe_that_hangs_holds_up_no_other_jobs_launch_cancel_or_loss(per_
                                and world.store.attempts(c)[0].end_reason == "lost"
                                and world.store.job(d).state == "PROVISIONING"), "b's cancel, c's loss and d's launch")
     assert lost in world.store.attempts(c)[0].message
-    assert world.ctx.describes.in_flight(held) and world.store.job(a).state == "RUNNING"
+    assert world.provider.describe_held(held) and world.ctx.describes.in_flight(held)
+    assert world.store.job(a).state == "RUNNING"
 
 
 def test_a_provider_whose_every_describe_hangs_holds_up_no_cancel_or_launch(batched):
@@ -65,14 +67,15 @@ def test_a_provider_whose_every_describe_hangs_holds_up_no_cancel_or_launch(batc
     world = batched
     a, b = start_jobs(world, "a", "b")
     world.provider.hold_describes()
-    tick_until(world, lambda: world.ctx.describes.in_flight(world.node(a).id), "a describe to go out")
+    tick_until(world, lambda: world.provider.describe_held(world.node(a).id), "a's describe to hang")
     world.cancel(b, at=time.time() - CANCEL_GRACE_SECONDS - 1)
     d = world.submit(name="d")
     tick_until(world, lambda: world.store.job(b).state == "CANCELLED" and world.store.job(d).state == "PROVISIONING",
                "b's cancel and d's launch")
     # b's terminate is asked for and answered on the provider's threads: a tick or two after the cancel
     tick_until(world, lambda: world.store.node(world.node(b).id).state == "terminated", "b's node released")
-    assert world.ctx.describes.in_flight(world.node(a).id)  # with a's describe still hung all along
+    assert world.provider.describe_held(world.node(a).id)  # with a's describe still hung all along
+    assert world.ctx.describes.in_flight(world.node(a).id)
 
 
 def test_a_describe_answer_about_a_node_released_meanwhile_is_ignored(per_node):
@@ -82,7 +85,7 @@ def test_a_describe_answer_about_a_node_released_meanwhile_is_ignored(per_node):
     (a,) = start_jobs(world, "a")
     node_id = world.node(a).id
     world.provider.hold_describes(node_id)
-    tick_until(world, lambda: world.ctx.describes.in_flight(node_id), "a's describe to go out")
+    tick_until(world, lambda: world.provider.describe_held(node_id), "a's describe to hang")
     world.cancel(a, at=time.time() - CANCEL_GRACE_SECONDS - 1)
     tick_until(world, lambda: world.store.node(node_id).state == "terminated", "a's node to be released")
     assert world.provider.nodes[node_id].state == "terminated"  # so the held describe will answer 'gone'

@@ -1,6 +1,12 @@
 """A simulated node: its own metadata servers, then the agent, in one process session.
 
-Run by the local provider as ``python -m runner.providers.local.node NODE_DIR``.
+Run by the local provider as ``python -m runner.providers.local.node NODE_DIR GATE_FD``.
+
+The process does nothing until its launcher has recorded it: it first reads its gate (a pipe from the launcher)
+to the end, which comes when the launcher closes it after writing ``NODE_DIR/ref``, or when the launcher dies.
+It then goes on only if the ref names this process. So a launcher killed between starting the process and
+recording it leaves no node running that no controller can find (it would train, and on a cloud bill, for
+nobody); the next leader's launch of the node finds it gone and starts it again.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import time
 from pathlib import Path
 
 
-def main(node_dir: Path) -> int:
+def main(node_dir: Path, gate_fd: int) -> int:
+    if not recorded_by_launcher(node_dir, gate_fd):
+        print("its launcher stopped before recording this node; not starting", flush=True)
+        return 0
     env = dict(os.environ)
     endpoints = {}
     try:
@@ -37,6 +46,20 @@ def main(node_dir: Path) -> int:
     return code
 
 
+def recorded_by_launcher(node_dir: Path, gate_fd: int) -> bool:
+    """Wait until the launcher closes the gate (or dies), then whether ``NODE_DIR/ref`` names this process."""
+    from .processes import process_ref
+
+    while os.read(gate_fd, 4096):
+        pass
+    os.close(gate_fd)
+    try:
+        recorded = (node_dir / "ref").read_text()
+    except FileNotFoundError:
+        return False
+    return recorded == process_ref(os.getpid())
+
+
 def boot(node_dir: Path) -> None:
     """Wait out the simulated VM's boot (``clouds.local.boot_seconds`` from the launch) before the agent starts.
     The metadata servers are up meanwhile, as a cloud's are: a notice may reach a node that is still booting.
@@ -51,4 +74,4 @@ def boot(node_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2])))

@@ -33,6 +33,9 @@ DEFAULT_ZONE_CAPACITY = 8  # nodes per simulated zone, all jobs together (clouds
 NODE_ADDRESS = "127.0.0.1"  # every simulated node is this machine
 # Seconds from a notice to the loss of the node, per cloud (docs/aws.md, docs/gcp.md).
 GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+# How long a node process found holding its lock may take to be recorded or to end at its gate (its Python's start,
+# on a busy machine) before a launch or terminate of it fails, to be asked for again.
+GATE_SECONDS = 60.0
 
 
 class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
@@ -108,24 +111,33 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
         return count
 
     def launch(self, request: LaunchRequest) -> str:
+        """Start the node's process, or adopt the one a launcher before a controller restart started. Crash-safe as
+        a cloud's launch with its idempotency token: the process does nothing until its ``ref`` is on disk (the
+        node's gate, :mod:`.node`), so a node that runs can always be found again from its id."""
         if request.offer.zone in self.no_capacity:
             raise NoCapacityError(f"no {request.offer.instance_type} capacity in {request.offer.zone} (simulated)")
         node_dir = self.node_dir(request.node_id)
-        with self._lock:
-            node_dir.mkdir(parents=True, exist_ok=True)
-            lock_fd = _try_lock(node_dir / "alive.lock")
-            if lock_fd is None:  # a node process holds it: launched before a controller restart, adopt it
-                return self._wait_for_ref(node_dir)
-            try:
-                if (node_dir / "ref").exists():
-                    raise ProviderError(f"node {request.node_id} was launched before and is gone")
-                if self._live_in_zone(request.offer.zone) >= self.zone_capacity:
-                    raise NoCapacityError(f"{request.offer.zone} is full: it holds {self.zone_capacity} nodes "
-                                          "(simulated; clouds.local.zone_capacity)")
-                (node_dir / "zone").write_text(request.offer.zone)
-                return self._spawn(request, node_dir, lock_fd)
-            finally:
-                os.close(lock_fd)  # the node process keeps its inherited copy of the lock
+        while True:
+            with self._lock:
+                node_dir.mkdir(parents=True, exist_ok=True)
+                lock_fd = _try_lock(node_dir / "alive.lock")
+                if lock_fd is not None:
+                    try:
+                        if (node_dir / "ref").exists():
+                            raise ProviderError(f"node {request.node_id} was launched before and is gone")
+                        if self._live_in_zone(request.offer.zone) >= self.zone_capacity:
+                            raise NoCapacityError(f"{request.offer.zone} is full: it holds {self.zone_capacity} "
+                                                  "nodes (simulated; clouds.local.zone_capacity)")
+                        (node_dir / "zone").write_text(request.offer.zone)
+                        return self._spawn(request, node_dir, lock_fd)
+                    finally:
+                        os.close(lock_fd)  # the node process keeps its inherited copy of the lock
+            # A node process holds the lock: started by a launcher before a controller restart. Adopt it once it
+            # is recorded; one whose launcher died before recording it ends at its gate, and is launched again.
+            ref = self._recorded_ref(node_dir)
+            if ref is not None:
+                log.info("node adopted", node=request.node_id, ref=ref)
+                return ref
 
     def _spawn(self, request: LaunchRequest, node_dir: Path, lock_fd: int) -> str:
         scratch = node_dir / "scratch"
@@ -150,26 +162,41 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
         }))
         # The simulated VM's boot: the node process starts its agent this long after the launch.
         (node_dir / "boot.json").write_text(json.dumps({"launched_at": time.time(), "boot_seconds": self.boot_seconds}))
-        with open(node_dir / "node.log", "ab") as out:
-            # The lock fd is inherited: the node holds it from its first instant until it dies.
-            child = subprocess.Popen(
-                [sys.executable, "-m", "runner.providers.local.node", str(node_dir)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=(lock_fd,), env=_node_environment(node_dir, self.durable_mb_per_s),
-            )
-        self._children[request.node_id] = child
-        ref = process_ref(child.pid)
-        (node_dir / "ref").write_text(ref)
+        gate_out, gate_in = os.pipe()  # the node reads its gate to the end before it starts anything
+        try:
+            try:
+                with open(node_dir / "node.log", "ab") as out:
+                    # The lock fd is inherited: the node holds it from its first instant until it dies.
+                    child = subprocess.Popen(
+                        [sys.executable, "-m", "runner.providers.local.node", str(node_dir), str(gate_out)],
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                        pass_fds=(lock_fd, gate_out), env=_node_environment(node_dir, self.durable_mb_per_s),
+                    )
+            finally:
+                os.close(gate_out)  # the node's own copy is the only one left
+            self._children[request.node_id] = child
+            ref = process_ref(child.pid)
+            _write_atomically(node_dir / "ref", ref)
+        finally:
+            os.close(gate_in)  # the gate opens (here, or at this process's death): the node starts only if recorded
         log.info("node launched", node=request.node_id, zone=request.offer.zone, pid=child.pid)
         return ref
 
-    def _wait_for_ref(self, node_dir: Path, timeout: float = 10.0) -> str:
+    def _recorded_ref(self, node_dir: Path, timeout: float = GATE_SECONDS) -> str | None:
+        """The ref of the node process that holds ``node_dir``'s lock, once its launcher has recorded it; None once
+        the lock is free and no ref was recorded (the process ended at its gate: its launcher died first)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             if (node_dir / "ref").exists():
                 return (node_dir / "ref").read_text()
+            lock_fd = _try_lock(node_dir / "alive.lock")
+            if lock_fd is not None:
+                os.close(lock_fd)
+                return (node_dir / "ref").read_text() if (node_dir / "ref").exists() else None
+            if time.monotonic() > deadline:
+                raise ProviderError(f"node {node_dir.name} is alive but neither recorded nor ended at its gate "
+                                    f"after {timeout:.0f}s")
             time.sleep(0.05)
-        raise ProviderError(f"node {node_dir.name} is alive but never recorded its process")
 
     def describe(self, node_id: str, provider_ref: str | None) -> NodeStatus:
         child = self._children.get(node_id)
@@ -184,8 +211,8 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
 
     def terminate(self, node_id: str, provider_ref: str | None) -> None:
         node_dir = self.node_dir(node_id)
-        if provider_ref is None and (node_dir / "ref").exists():
-            provider_ref = (node_dir / "ref").read_text()
+        if provider_ref is None and node_dir.exists():
+            provider_ref = self._recorded_ref(node_dir)  # a node process at its gate: recorded, or it ends there
         if provider_ref:
             # Everything the node started dies, as at a power-off: its session, even processes that outlived the node
             # process, and their descendants in sessions of their own (torchrun's workers: a next attempt started
@@ -240,6 +267,13 @@ def _try_lock(path: Path) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole or not at all, whenever its writer is killed."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _write_private(path: Path, text: str) -> None:
