@@ -104,9 +104,11 @@ def follow_logs(client: Client, job_id: str, attempt: int | None, follow: bool, 
     follower = LogFollower(client, job_id, attempt, only_node)
     while True:
         done = follower.poll()
-        if attempt is not None and not follower.rows:  # no such attempt (yet: --follow waits for it)
-            if not follow or client.get(f"/v1/jobs/{job_id}")["state"] in TERMINAL:
+        if attempt is not None and not follower.rows:  # no such attempt: an error once none can come
+            if client.get(f"/v1/jobs/{job_id}")["state"] in TERMINAL:
                 raise NotFound(_no_attempt(client, job_id, attempt))
+            if not follow:
+                return  # the job goes on: the attempt may come (--follow waits for it)
         elif not follow or done and client.get(f"/v1/jobs/{job_id}")["state"] in TERMINAL:
             return
         time.sleep(interval)
