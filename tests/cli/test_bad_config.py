@@ -11,6 +11,14 @@ from conftest import Runner
 AWS = {"regions": ["us-east-1"], "image_id": "ami-0abc"}
 
 
+@pytest.fixture(autouse=True)
+def no_controller_left(tmp_path):
+    """Where a test fails because a controller did start, it is stopped: nothing outlives the test."""
+    yield
+    if (tmp_path / "controller.json").exists():
+        Runner(tmp_path)("server", "stop")
+
+
 @pytest.mark.parametrize("config, said", [
     ({"servr": "http://127.0.0.1:8470"}, "servr: unknown key (did you mean 'server'?)"),
     ({"clouds": {"azure": {}}}, "clouds.azure: unknown key (known keys: local, aws, gcp)"),
