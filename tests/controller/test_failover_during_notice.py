@@ -2,12 +2,14 @@
 pending handover on. Two controllers on one Postgres (as test_failover.py sets them up), the local market's
 clock at 0.2 (AWS's notice leaves 24 s). The replacement's setup waits until the first attempt has ended (an
 event, not a time), so the old node trains on to its deadline, holds at a durable checkpoint and is reclaimed,
-all under the new leader; the replacement then takes the next attempt from exactly that step."""
+all under the new leader; the replacement then takes the next attempt from exactly that step, its boot and setup
+in that attempt's ledger and its time billed from its launch."""
 
 from __future__ import annotations
 
 import re
 import time
+from datetime import datetime
 
 import psycopg
 import pytest
@@ -45,6 +47,10 @@ ckpt.close()
 STEP = re.compile(r"^step (\d+) at ", re.M)
 
 
+def _unix(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 @pytest.mark.timeout(900)
 def test_a_leader_killed_while_the_replacement_boots_leaves_the_handover_to_the_next(tmp_path, postgres):
     home = tmp_path / "home"
@@ -78,6 +84,15 @@ def test_a_leader_killed_while_the_replacement_boots_leaves_the_handover_to_the_
         assert second["node"] == standby["node"]
         trained = int(STEP.findall(cli.output(job_id, 1))[-1])
         assert first["checkpoint_step"] == second["resumed_from_step"] == trained  # nothing redone
+        # The ledger of a replacement not ready by the deadline: its boot and its setup (which ended only after the
+        # first attempt had) are the next attempt's, and it is billed from its launch during the notice, the old
+        # node until its reclaim: paid time covers both spans (the restart log's times are whole seconds).
+        launched, ended = _unix(standby["launched_at"]), _unix(first["ended_at"])
+        assert second["boot_seconds"] is not None and second["setup_seconds"] is not None
+        assert launched + second["boot_seconds"] + second["setup_seconds"] >= ended - 1
+        both = (ended - _unix(first["started_at"])) + (_unix(job["ended_at"]) - launched)
+        assert job["goodput"]["paid_seconds"] >= both - 3, job["goodput"]
+
         def nodes() -> list[tuple[str, str]]:
             with psycopg.connect(team.db_url) as conn:
                 return conn.execute("SELECT id, state FROM nodes WHERE job_id = %s", (job_id,)).fetchall()
