@@ -15,6 +15,7 @@ from runner.scheduler import standby
 from runner.scheduler.attempts import end_attempt, hand_over
 from runner.scheduler.cloud_calls import CloudCalls
 from runner.scheduler.reconciler import CANCEL_GRACE_SECONDS
+from runner.scheduler.transitions import transition
 from runner.state.ledger import node_spans
 from runner.state.standbys import PREPARED
 from runner.state.values import Notice
@@ -114,6 +115,34 @@ def test_a_replacement_refused_after_it_took_the_next_attempt_leaves_the_job_to_
     assert attempts[0].standby["outcome"] == "failed" and "no capacity" in attempts[0].standby["failure"]
     assert attempts[-1].resumed_from_step == 40 and attempts[-1].node_id != prepared_id
     assert [a.attempt for a in attempts] == list(range(1, len(attempts) + 1))
+
+
+def test_a_gangs_refused_replacement_leaves_the_gang_running_and_tells_its_node_on_notice_to_stop(world):
+    """A gang's replacement has no room in the gang's zone after all: the refusal releases no node of the running
+    gang (a gang's failed launch otherwise takes its whole attempt back); the node on notice is told to stop, and
+    the restart log says why."""
+    from runner.state.gangs import GangStore
+
+    job_id = world.submit(resources={"num_nodes": 2}, recovery={"resume_drill": "off", "max_preemptions": 3})
+    tick_until(world, lambda: len(world.store.nodes(("running",), job_id=job_id)) == 2, "the gang's launch")
+    with world.store.db.transaction() as tx:
+        for rank in (0, 1):
+            GangStore(world.store).register(tx, job_id, 1, rank, f"10.0.0.{rank}", time.time())
+        world.store.mark_attempt_running(tx, job_id, 1, time.time())
+        transition(tx, job_id, "RUNNING", now=time.time(), message="the gang runs")
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    node0, node1 = sorted(world.store.nodes(("running",), job_id=job_id), key=lambda n: n.rank)
+    world.provider.refuse(times=1)
+    prepared_id = standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 30)
+    tick_until(world, lambda: world.store.node(prepared_id).state == "terminated", "the refused launch's answer")
+    world.tick(2)
+    assert {world.store.node(n.id).state for n in (node0, node1)} == {"running"}
+    assert world.store.job(job_id).state == "RUNNING"
+    beat = {n.rank: standby.old_node_action(world.store, {"job_id": job_id, "attempt": 1, "rank": n.rank})
+            for n in (node0, node1)}
+    assert beat == {0: "continue", 1: "checkpoint"}
+    record = world.store.current_attempt(job_id).standby
+    assert record["outcome"] == "failed" and "no capacity" in record["failure"]
 
 
 # --- the replacement's setup fails -----------------------------------------------------------------------
