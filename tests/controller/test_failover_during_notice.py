@@ -98,6 +98,7 @@ def test_a_leader_killed_while_the_replacement_boots_leaves_the_handover_to_the_
                 return conn.execute("SELECT id, state FROM nodes WHERE job_id = %s", (job_id,)).fetchall()
 
         assert len(nodes()) == 2, nodes()  # one replacement, however the launch was asked for again
+        assert len(list(home.glob("nodes/*/ref"))) == 2  # and one simulated VM each
         deadline = time.monotonic() + 120
         while {state for _, state in nodes()} != {"terminated"}:  # and no node left running
             assert time.monotonic() < deadline, nodes()
