@@ -145,7 +145,7 @@ def unsaved_checkpoint_note(store, node: Node) -> str:
     on the durable tier after the job's newest durable one (an emergency checkpoint held at a notice's deadline
     while the tier was unreachable, say). Empty when none did."""
     failure = store.last_event(node.job_id, EventKind.CHECKPOINT_FAILED.value)
-    if failure is None or failure.attempt != node.attempt or "durable" not in (failure.message or ""):
+    if failure is None or failure.attempt != node.attempt or "on the durable tier" not in (failure.message or ""):
         return ""
     checkpoint = (store.job(node.job_id).checkpoint or {})
     if checkpoint.get("attempt") == node.attempt and (checkpoint.get("time") or 0) > failure.time:

@@ -228,3 +228,23 @@ def test_a_new_leader_takes_over_a_pending_handover_without_a_second_replacement
         assert follower.store.node(prepared_id).attempt == 2 != PREPARED
     finally:
         follower.ctx.launches.shutdown()
+
+
+# --- the durable tier refused the checkpoint held at the deadline ----------------------------------------
+
+@pytest.mark.parametrize("tier, named", [("durable", True), ("local", False)])
+def test_a_node_gone_after_its_checkpoint_failed_on_the_durable_tier_says_which_step_is_durable(world, tier, named):
+    """The node on notice held at a checkpoint the durable tier refused and was then reclaimed: its attempt's
+    message names the newest durable step (the one the next attempt resumes from) and the tier's error. A local
+    tier's failure loses nothing durable and is not named."""
+    job_id, old = _running(world)
+    _commit(world, job_id, 30)
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE)
+        world.store.add_event(tx, job_id, "checkpoint_failed", f"checkpoint of step 228 not saved on the {tier} tier: "
+                              "OSError: unreachable", attempt=1)
+    world.provider.preempt(old.id)
+    tick_until(world, lambda: world.store.attempts(job_id)[0].end_reason != "running", "the reclaim")
+    message = world.store.attempts(job_id)[0].message
+    note = "its newest durable checkpoint: step 30 (checkpoint of step 228 not saved on the durable tier"
+    assert (note in message) == named, message
