@@ -26,7 +26,7 @@ import structlog
 
 from ..spec import JobSpec
 from ..state.rows import Attempt, Node
-from ..state.standbys import StandbyStore
+from ..state.standbys import PREPARED, StandbyStore
 from ..state.store import NODE_RUNNING
 from ..protocol.actions import Action
 from . import gang_prestart, gang_standby, placement
@@ -182,8 +182,10 @@ def launch_refused(store, tx, node: Node, error: Exception) -> None:
     record says so and why; the node on notice, no longer waiting for one, is told to stop now, and the job
     relaunches as it would without one (a next attempt already started on it is taken back by the caller)."""
     why = f"launch refused in {node.offer.zone} ({node.offer.instance_type}): {error}"
-    StandbyStore(store).update_record(tx, node.job_id, node.prepared_for, outcome="failed", failure=why,
-                                      released_at=time.time())
+    standbys = StandbyStore(store)
+    taken_back = {"took_over_at": None, "next_attempt": None} if node.attempt != PREPARED else {}
+    standbys.update_record(tx, node.job_id, node.prepared_for, outcome="failed", failure=why,
+                           released_at=time.time(), **taken_back)
     store.add_event(tx, node.job_id, "standby", f"replacement {node.id}: {why}", attempt=node.prepared_for)
 
 

@@ -113,6 +113,7 @@ def test_a_replacement_refused_after_it_took_the_next_attempt_leaves_the_job_to_
                "a relaunch after the refusal")
     attempts = world.store.attempts(job_id)
     assert attempts[0].standby["outcome"] == "failed" and "no capacity" in attempts[0].standby["failure"]
+    assert attempts[0].standby["next_attempt"] is None  # it never ran the attempt it had been given
     assert attempts[-1].resumed_from_step == 40 and attempts[-1].node_id != prepared_id
     assert [a.attempt for a in attempts] == list(range(1, len(attempts) + 1))
 
