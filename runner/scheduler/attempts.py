@@ -74,7 +74,7 @@ def end_attempt(store: Store, job_id: str, attempt: int, reason: str, *, now: fl
         )
         transition(tx, job_id, state, now=now, message=why, attempt_end=end)
         if state in TERMINAL:  # a replacement prepared for a job that has ended goes too (before the job's nodes)
-            _release_standbys(store, tx, job_id, now)
+            release_standbys(store, tx, job_id, now)
         if current.num_nodes > 1:
             if explains and noticed is not None and reason == "preempted":
                 ranks = (noticed,)  # the node on notice ended it, whoever reported first
@@ -95,7 +95,7 @@ def finished_ranks(store: Store, tx, job_id: str, attempt: int, ranks: Iterable[
     return bool(ranks) and set(reported) == ranks and all(r == EndReason.SUCCEEDED for r in reported.values())
 
 
-def _release_standbys(store: Store, tx, job_id: str, now: float) -> None:
+def release_standbys(store: Store, tx, job_id: str, now: float) -> None:
     """The job has ended: its prepared replacement goes, and the attempt it stood by for says so (released, and
     when: its cost runs until then)."""
     standbys = StandbyStore(store)

@@ -21,6 +21,7 @@ import structlog
 
 from ..providers.base import DescribesInBatch, NodeStatus, Provider
 from ..providers.errors import ProviderError
+from ..protocol.events import EventKind
 from ..state.rows import Node
 from ..state.store import NODE_DRAINING, NODE_RUNNING, NODE_TERMINATING
 from .attempts import end_attempt
@@ -128,11 +129,26 @@ def _node_gone(ctx, node_id: str, status: NodeStatus, asked_attempt: int) -> Non
                  state=node.state if node else None)
         return
     ctx.described_at.pop(node_id, None)
+    why = unsaved_checkpoint_note(store, node)
     if store.job(node.job_id).num_nodes > 1:
-        gang_node_gone(ctx, node, reason, f"node {node.id} (rank {node.rank}) is gone ({status.reason})")
+        gang_node_gone(ctx, node, reason, f"node {node.id} (rank {node.rank}) is gone ({status.reason}){why}")
     else:
-        end_attempt(store, node.job_id, node.attempt, reason, message=f"node {node.id} is gone ({status.reason})")
+        end_attempt(store, node.job_id, node.attempt, reason, message=f"node {node.id} is gone ({status.reason}){why}")
     with store.db.transaction() as tx:  # ending the attempt released it; a draining node is released here
         if store.node(node_id, tx).state in WATCHED:
             store.update_node(tx, node_id, state=NODE_TERMINATING)
     ctx.nudge.set()
+
+
+def unsaved_checkpoint_note(store, node: Node) -> str:
+    """Why the next attempt resumes from an older step than the node trained to: a checkpoint of its attempt failed
+    on the durable tier after the job's newest durable one (an emergency checkpoint held at a notice's deadline
+    while the tier was unreachable, say). Empty when none did."""
+    failure = store.last_event(node.job_id, EventKind.CHECKPOINT_FAILED.value)
+    if failure is None or failure.attempt != node.attempt or "on the durable tier" not in (failure.message or ""):
+        return ""
+    checkpoint = (store.job(node.job_id).checkpoint or {})
+    if checkpoint.get("attempt") == node.attempt and (checkpoint.get("time") or 0) > failure.time:
+        return ""  # a later checkpoint of this attempt reached the durable tier
+    newest = f"step {checkpoint['step']}" if checkpoint.get("step") is not None else "none"
+    return f"; its newest durable checkpoint: {newest} ({failure.message})"

@@ -26,7 +26,7 @@ from ..state.store import NODES_HOLDING_A_JOB, NODE_LAUNCHING, NODE_RUNNING, NOD
 from ..costpolicy import observe
 from ..state.spot_history import zone_preemptions
 from . import elastic, placement
-from .attempts import end_attempt
+from .attempts import end_attempt, release_standbys
 from .gang import GANG_FORM_SECONDS
 from .cloud_calls import DESCRIBE_WORKERS, LAUNCH_WORKERS, TERMINATE_WORKERS, Answer, CloudCalls
 from .gang_workers import abandon_gang_launch, plan_gang_attempt, watch_gang_formation
@@ -35,7 +35,7 @@ from .node_watch import describe_wakes, watch_running_nodes
 from .policy import BackoffBook
 from .releases import release_nodes, terminate_wakes
 from .spot_return import move_to_spot
-from .standby import release_unneeded, take_over
+from .standby import launch_refused, release_unneeded, take_over
 from .states import ALLOWED, CANCELLED, FAILED, PENDING, PROVISIONING, RECOVERING, RUNNING, TERMINAL
 
 ACTIVE_STATES = tuple(state for state in ALLOWED if state not in TERMINAL)
@@ -286,6 +286,13 @@ def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
             store.delete_running_attempt(tx, node.job_id, node.attempt)
             store.add_event(tx, node.job_id, "launch-failed",
                             f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node.attempt)
+            if node.prepared_for is not None:  # a replacement prepared during a notice
+                launch_refused(store, tx, node, exc)
+            job = store.job(node.job_id, tx)
+            if job.state == PROVISIONING and job.num_nodes == 1 and store.current_attempt(job.id, tx) is None:
+                # The next attempt had started on the still-launching replacement (standby.take_over): it waits again
+                transition(tx, job.id, RECOVERING, now=time.time(),
+                           message=f"the replacement {node.id} the next attempt started on could not be launched")
             waiting = store.job(node.job_id, tx).state in (PENDING, RECOVERING)
             if not exc.retryable:  # credentials or permissions: retrying cannot help; the user must act
                 if waiting:
@@ -370,6 +377,7 @@ def _apply_cancellation(ctx: SchedulerContext, job: Job) -> None:
         with store.db.transaction() as tx:
             if store.job(job.id, tx).state not in TERMINAL:
                 transition(tx, job.id, CANCELLED, now=now, message="cancelled by the user")
+                release_standbys(store, tx, job.id, now)  # (between a handover and the attempt on its replacement)
                 store.release_job_nodes(tx, job.id)
 
 

@@ -26,7 +26,7 @@ import structlog
 
 from ..spec import JobSpec
 from ..state.rows import Attempt, Node
-from ..state.standbys import StandbyStore
+from ..state.standbys import PREPARED, StandbyStore
 from ..state.store import NODE_RUNNING
 from ..protocol.actions import Action
 from . import gang_prestart, gang_standby, placement
@@ -168,12 +168,25 @@ def mark_ready(store, node: Node, now: float | None = None) -> bool:
 def release_failed_standby(store, node: Node, exit_code: int | None, message: str | None) -> None:
     """The prepared node's agent could not get ready (its setup failed): release it; the job's node on notice
     is then told to stop now, and the next attempt launches as it would without one."""
-    standbys = StandbyStore(store)
+    standbys, why = StandbyStore(store), message or f"exit code {exit_code}"
     with store.db.transaction() as tx:
         standbys.release(tx, node)
-        standbys.update_record(tx, node.job_id, node.prepared_for, outcome="failed", released_at=time.time())
-        store.add_event(tx, node.job_id, "standby", f"replacement {node.id} could not get ready "
-                        f"({message or f'exit code {exit_code}'}); released", attempt=node.prepared_for)
+        standbys.update_record(tx, node.job_id, node.prepared_for, outcome="failed", failure=why,
+                               released_at=time.time())
+        store.add_event(tx, node.job_id, "standby", f"replacement {node.id} could not get ready ({why}); released",
+                        attempt=node.prepared_for)
+
+
+def launch_refused(store, tx, node: Node, error: Exception) -> None:
+    """Inside the failed launch's transaction: the prepared node's launch was refused (no capacity, a quota). Its
+    record says so and why; the node on notice, no longer waiting for one, is told to stop now, and the job
+    relaunches as it would without one (a next attempt already started on it is taken back by the caller)."""
+    why = f"launch refused in {node.offer.zone} ({node.offer.instance_type}): {error}"
+    standbys = StandbyStore(store)
+    taken_back = {"took_over_at": None, "next_attempt": None} if node.attempt != PREPARED else {}
+    standbys.update_record(tx, node.job_id, node.prepared_for, outcome="failed", failure=why,
+                           released_at=time.time(), **taken_back)
+    store.add_event(tx, node.job_id, "standby", f"replacement {node.id}: {why}", attempt=node.prepared_for)
 
 
 def take_over(ctx, job) -> bool:

@@ -55,7 +55,9 @@ def record_steps(tx: Tx, job_id: str, attempt: int, *, first: tuple[int, float] 
 
 
 def node_spans(db: Database, job_id: str) -> list[tuple[float, float | None]]:
-    """Every node the job ever had, standbys and draining ones included: (launched, released or None)."""
-    rows = db.query("SELECT created_at, terminated_at FROM nodes WHERE job_id = ? ORDER BY created_at", (job_id,))
+    """Every node the job ever had, standbys and draining ones included: (launched, released or None). A node whose
+    launch the cloud refused (it never had a cloud id nor a launch time) never ran and is not billed."""
+    rows = db.query("SELECT created_at, terminated_at FROM nodes WHERE job_id = ? AND NOT (launched_at IS NULL "
+                    "AND provider_ref IS NULL AND terminated_at IS NOT NULL) ORDER BY created_at", (job_id,))
     return [(float(r["created_at"]), None if r["terminated_at"] is None else float(r["terminated_at"]))
             for r in rows]

@@ -74,12 +74,15 @@ def test_the_first_and_last_steps_keep_the_earliest_and_the_newest_whatever_the_
 
 
 def test_node_spans_are_every_node_of_the_job_from_launch_to_release(store):
-    """Released nodes with their release time, live ones with None; other jobs' nodes are not counted."""
+    """Released nodes with their release time, live ones with None; other jobs' nodes are not counted, nor is a node
+    whose launch the cloud refused (it never ran)."""
     now = _job(store, "spans")
     _job(store, "other")
     with store.db.transaction() as tx:
         store.insert_node(tx, "a", "spans", 1, "local", "h1", OFFER, True, now)
         store.insert_node(tx, "b", "spans", 1, "local", "h2", OFFER, True, now + 5)
         store.insert_node(tx, "c", "other", 1, "local", "h3", OFFER, True, now)
-        store.update_node(tx, "a", state="terminated", terminated_at=now + 30)
+        store.insert_node(tx, "refused", "spans", 2, "local", "h4", OFFER, True, now + 40)
+        store.update_node(tx, "a", provider_ref="ref-a", launched_at=now, state="terminated", terminated_at=now + 30)
+        store.update_node(tx, "refused", state="terminated", terminated_at=now + 45)
     assert ledger.node_spans(store.db, "spans") == [(now, now + 30), (now + 5, None)]
