@@ -4,6 +4,8 @@ One process per node (the test's harness plays the agents). Every step appends a
 ``--report``.<pid>.jsonl: the step, the world, this rank, the sample indices it trained and whether the world
 changed. After each step a rank holds while the step is at or past the number in ``--gate`` (the harness
 moves it), so the harness acts between known steps. At the end each rank writes its model to ``--out``.<pid>.pt.
+``ELASTIC_TRAINEE_DIE_AT=send:N`` (or ``recv:N``) kills the process (SIGKILL) at its Nth point-to-point send (or
+receive) of the state to (from) a peer: a node dying in the middle of a joiner's transfer.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from runner.checkpoint import Checkpointer, ResumableSampler
+from runner.checkpoint import peer_state
 
 SAMPLES = 48
 
@@ -62,6 +66,21 @@ def dump(path: str, step: int, model, optimizer, sampler, extra: dict) -> None:
                 "extra": dict(extra)}, f"{path}.{os.getpid()}.{step}.pt")
 
 
+def die_at(where: str) -> None:
+    """Kill this process at its Nth point-to-point ``send`` or ``recv`` of the state (``where``: "send:N")."""
+    op, count = where.split(":")
+    calls = [0]
+    real = getattr(peer_state.PointToPoint, op)
+
+    def dying(self, tensor):
+        calls[0] += 1
+        if calls[0] >= int(count):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, tensor)
+
+    setattr(peer_state.PointToPoint, op, dying)
+
+
 def main(argv) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, required=True)
@@ -71,6 +90,8 @@ def main(argv) -> int:
     p.add_argument("--gate")
     p.add_argument("--dump", help="write the registered state at each change of world to DUMP.<pid>.<step>.pt")
     args = p.parse_args(argv)
+    if os.environ.get("ELASTIC_TRAINEE_DIE_AT"):
+        die_at(os.environ["ELASTIC_TRAINEE_DIE_AT"])
     dist.init_process_group("gloo")
     model, optimizer = build()
     dataset = Indexed()

@@ -1,0 +1,95 @@
+"""Elastic gangs on real gloo processes, a node dying in the middle of a grow: the joiner while it receives the
+state, or the survivor sending it. The other ranks must not hang nor stop: the move into the broken world fails
+on every one of them at the same step (bounded by RUNNER_ELASTIC_TIMEOUT_SECONDS), and they enter the next world
+the controller forms without the dead node. The harness plays the agents (tests/checkpoint/test_elastic.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .test_elastic import STEPS, Gang, Node, equal_models, free_port, wait_until, world_sizes
+
+pytestmark = pytest.mark.timeout(900)
+ENV = {"RUNNER_ELASTIC_TIMEOUT_SECONDS": "20"}  # bounds a collective with a dead peer; gloo errors out sooner
+
+
+def shrunk_gang(gang: Gang, die_at: dict[int, str] | None = None) -> tuple[Node, Node]:
+    """Two ranks of a 3-node job training (a gang whose third node is gone), held at step 3."""
+    gang.hold(3)
+    port = free_port()
+    nodes = []
+    for rank in (0, 1):
+        gang.env = {**ENV, **({"ELASTIC_TRAINEE_DIE_AT": die_at[rank]} if die_at and rank in die_at else {})}
+        nodes.append(Node(gang, rank, 2, port))
+    gang.nodes = nodes
+    gang.held_at(nodes, 3)
+    return nodes[0], nodes[1]
+
+
+def joiner(gang: Gang, die_at: str | None = None) -> Node:
+    gang.env = {**ENV, **({"ELASTIC_TRAINEE_DIE_AT": die_at} if die_at else {})}
+    node = Node(gang, 0, 1, free_port(), join=True)
+    gang.nodes.append(node)
+    return node
+
+
+def grow(nodes: list[Node], generation: int) -> None:
+    port = free_port()
+    for node_rank, node in enumerate(nodes):
+        node.world(generation, node_rank, len(nodes), port)
+
+
+def killed(node: Node) -> None:
+    wait_until(lambda: node.proc.poll() is not None, "the rank to be killed")
+    assert node.proc.returncode == -9
+
+
+@pytest.fixture
+def gang(tmp_path):
+    made = Gang(tmp_path)
+    yield made
+    made.close()
+
+
+def test_a_joiner_killed_while_it_receives_the_state_leaves_the_survivors_training_in_the_next_world(gang):
+    """Generation 1 adds a joiner, which dies (SIGKILL) after the state's header, before its tensors. The sending
+    survivor and the other one both give up generation 1 at the same step, enter generation 2 (the two of them,
+    as the controller forms it once the joiner's node is gone) and train to the end in the same processes."""
+    a, b = shrunk_gang(gang)
+    dead = joiner(gang, die_at="recv:3")
+    grow([a, b, dead], 1)
+    gang.hold(8)
+    killed(dead)
+    grow([a, b], 2)
+    gang.finish([a, b])
+
+    lines = {n: gang.lines(n) for n in (a, b)}
+    for node in (a, b):
+        assert {line["pid"] for line in lines[node]} == {node.proc.pid}
+        assert lines[node][-1]["step"] == STEPS and not any(line["stop"] for line in lines[node])
+    changes = world_sizes(lines[a])
+    assert [w for _, w in changes] == [2] and world_sizes(lines[b]) == changes  # one step for both
+    assert [m["generation"] for m in a.received("world_changed")] == [2]
+    assert equal_models(gang.model(a), gang.model(b))
+
+
+def test_a_survivor_killed_while_it_sends_the_state_leaves_the_joiner_to_get_it_from_the_other(gang):
+    """Generation 1 adds a joiner; the survivor sending it the state dies (SIGKILL) after the header. The joiner's
+    restore() does not fail: it waits for generation 2 (the other survivor and itself), gets the state there and
+    trains to the end beside the survivor, which kept its process."""
+    a, b = shrunk_gang(gang, die_at={0: "send:3"})
+    new = joiner(gang)
+    grow([a, b, new], 1)
+    gang.hold(8)
+    killed(a)
+    grow([b, new], 2)
+    gang.finish([b, new])
+
+    lines = {n: gang.lines(n) for n in (b, new)}
+    assert {line["pid"] for line in lines[b]} == {b.proc.pid}
+    (change,) = world_sizes(lines[b])
+    assert change[1] == 2 and not any(line["stop"] for line in lines[b])
+    assert new.received("restored")[0]["step"] == change[0]  # from the survivor left: its own folder is empty
+    assert lines[new][0]["step"] == change[0] + 1 and lines[new][-1]["step"] == STEPS
+    assert equal_models(gang.model(b), gang.model(new))
