@@ -5,7 +5,8 @@ One process per node (the test's harness plays the agents). Every step appends a
 changed. After each step a rank holds while the step is at or past the number in ``--gate`` (the harness
 moves it), so the harness acts between known steps. At the end each rank writes its model to ``--out``.<pid>.pt.
 ``ELASTIC_TRAINEE_DIE_AT=send:N`` (or ``recv:N``) kills the process (SIGKILL) at its Nth point-to-point send (or
-receive) of the state to (from) a peer: a node dying in the middle of a joiner's transfer.
+receive) of the state to (from) a peer: a node dying in the middle of a joiner's transfer; ``restored``: once
+``restore()`` has returned.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def main(argv) -> int:
     p.add_argument("--gate")
     p.add_argument("--dump", help="write the registered state at each change of world to DUMP.<pid>.<step>.pt")
     args = p.parse_args(argv)
-    if os.environ.get("ELASTIC_TRAINEE_DIE_AT"):
+    if ":" in os.environ.get("ELASTIC_TRAINEE_DIE_AT", ""):
         die_at(os.environ["ELASTIC_TRAINEE_DIE_AT"])
     dist.init_process_group("gloo")
     model, optimizer = build()
@@ -101,6 +102,8 @@ def main(argv) -> int:
     ckpt = Checkpointer(model=model, optimizer=optimizer, sampler=sampler, local_dir=args.local_dir, interval="1h",
                         extra=extra)
     step = ckpt.restore()
+    if os.environ.get("ELASTIC_TRAINEE_DIE_AT") == "restored":  # a joiner dying right after it joined
+        os.kill(os.getpid(), signal.SIGKILL)
     if args.dump and step > 0:  # a joining process: what it received from a peer
         dump(args.dump, step, model, optimizer, sampler, extra)
     ddp = nn.parallel.DistributedDataParallel(model)
