@@ -6,6 +6,9 @@ the controller forms without the dead node. The harness plays the agents (tests/
 
 from __future__ import annotations
 
+import signal
+import socket
+
 import pytest
 
 from .test_elastic import STEPS, Gang, Node, equal_models, free_port, wait_until, world_sizes
@@ -117,3 +120,35 @@ def test_a_joiner_killed_right_after_it_joined_leaves_the_survivors_training_in_
     assert [w for _, w in world_sizes(lines[a])] == [3, 2] and world_sizes(lines[b]) == world_sizes(lines[a])
     assert [m["generation"] for m in a.received("world_changed")] == [1, 2]
     assert equal_models(gang.model(a), gang.model(b))
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def test_a_member_lost_before_it_enters_the_shrunk_world_leaves_the_others_to_the_next_one(gang):
+    """Ranks 1 and 2 of 3 vanish together; the controller first names generation 1 (ranks 0 and 1: it has seen
+    one loss), then generation 2 (rank 0 alone). Rank 0, waiting in generation 1 for a rank that never comes,
+    gives it up after RUNNER_ELASTIC_TIMEOUT_SECONDS and trains on alone in generation 2, in the same process."""
+    gang.env = dict(ENV)
+    a, b, c = gang.start(3, gate=3)
+    gang.held_at([a, b, c], 3)
+    for node in (b, c):
+        node.proc.send_signal(signal.SIGKILL)
+        killed(node)
+    port = free_port()
+    a.world(1, 0, 2, port)
+    gang.hold(8)
+    wait_until(lambda: listening(port), "rank 0 to host generation 1's store", [a.proc])
+    a.world(2, 0, 1, free_port())
+    gang.finish([a])
+
+    lines = gang.lines(a)
+    assert {line["pid"] for line in lines} == {a.proc.pid}
+    assert [w for _, w in world_sizes(lines)] == [1] and lines[-1]["step"] == STEPS
+    assert not any(line["stop"] for line in lines)
+    assert [m["generation"] for m in a.received("world_changed")] == [2]
