@@ -4,8 +4,8 @@ One process per node (the test's harness plays the agents). Every step appends a
 ``--report``.<pid>.jsonl: the step, the world, this rank, the sample indices it trained and whether the world
 changed. After each step a rank holds while the step is at or past the number in ``--gate`` (the harness
 moves it), so the harness acts between known steps. At the end each rank writes its model to ``--out``.<pid>.pt.
-``ELASTIC_TRAINEE_DIE_AT=send:N`` (or ``recv:N``) kills the process (SIGKILL) at its Nth point-to-point send (or
-receive) of the state to (from) a peer: a node dying in the middle of a joiner's transfer; ``restored``: once
+``ELASTIC_TRAINEE_DIE_AT=send:N`` (``recv:N``, ``broadcast:N``) kills the process (SIGKILL) at its Nth
+point-to-point send (receive, broadcast) of the state to (from) a peer: a node dying in the middle of a joiner's transfer; ``restored``: once
 ``restore()`` has returned.
 """
 
@@ -68,10 +68,12 @@ def dump(path: str, step: int, model, optimizer, sampler, extra: dict) -> None:
 
 
 def die_at(where: str) -> None:
-    """Kill this process at its Nth point-to-point ``send`` or ``recv`` of the state (``where``: "send:N")."""
+    """Kill this process at its Nth point-to-point ``send`` or ``recv`` of the state (``where``: "send:N"), or at
+    its Nth ``broadcast`` of it as the sender (after a loss)."""
     op, count = where.split(":")
     calls = [0]
-    real = getattr(peer_state.PointToPoint, op)
+    link, op = (peer_state.Broadcast, "send") if op == "broadcast" else (peer_state.PointToPoint, op)
+    real = getattr(link, op)
 
     def dying(self, tensor):
         calls[0] += 1
@@ -79,7 +81,7 @@ def die_at(where: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(self, tensor)
 
-    setattr(peer_state.PointToPoint, op, dying)
+    setattr(link, op, dying)
 
 
 def main(argv) -> int:

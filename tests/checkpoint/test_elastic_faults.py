@@ -152,3 +152,28 @@ def test_a_member_lost_before_it_enters_the_shrunk_world_leaves_the_others_to_th
     assert [w for _, w in world_sizes(lines)] == [1] and lines[-1]["step"] == STEPS
     assert not any(line["stop"] for line in lines)
     assert [m["generation"] for m in a.received("world_changed")] == [2]
+
+
+def test_a_survivor_whose_state_transfer_broke_half_way_does_not_train_on_it(gang):
+    """After a loss the lowest survivor broadcasts its state to the other, and dies (SIGKILL) doing so: the other's
+    tensors may be half overwritten, so in the next world (itself alone) it counts as holding no state, and it
+    stops (the job recovers from its last checkpoint) instead of training on a mix of two replicas."""
+    gang.hold(3)
+    port = free_port()
+    gang.env = {**ENV, "ELASTIC_TRAINEE_DIE_AT": "broadcast:3"}
+    a = Node(gang, 0, 3, port)
+    gang.env = dict(ENV)
+    b, c = Node(gang, 1, 3, port), Node(gang, 2, 3, port)
+    gang.nodes = [a, b, c]
+    gang.held_at([a, b, c], 3)
+    c.proc.send_signal(signal.SIGKILL)
+    killed(c)
+    grow([a, b], 1)
+    gang.hold(8)
+    killed(a)
+    b.world(2, 0, 1, free_port())
+    gang.finish([b])
+
+    last = gang.lines(b)[-1]
+    assert last["stop"] and last["reason"] == "lost" and not any(line["changed"] for line in gang.lines(b))
+    assert [m["reason"] for m in b.received("stopping")] == ["lost"]
