@@ -445,7 +445,7 @@ class Elastic:
                 break
             except CheckpointError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - its sender died during the change: the next world's
+            except Exception as exc:  # noqa: BLE001 - its sender died during the change: wait for the next world
                 self._gave_up(world, None, exc)
         log.info("joined the gang", step=step, generation=world.generation, rank=self.collective.ranks.rank,
                  world_size=self.collective.ranks.world_size, seconds=phases.total,
