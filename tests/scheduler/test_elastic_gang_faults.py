@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from runner.protocol.actions import Action
 from runner.scheduler import elastic
 from runner.scheduler import reconciler as ticks
@@ -132,10 +134,12 @@ def test_a_loss_while_the_shrink_is_not_yet_taken_up_skips_to_the_newest_world(w
     assert members(store)[-1] == (0, 3, 4, 5)
 
 
-def test_a_controller_that_dies_with_a_replacements_launch_out_leaves_the_next_one_to_launch_it_once(world, db_url):
-    """The leader plans the replacement and asks for its launch, then dies before the answer is applied. Another
-    controller on the same database finds the node launching and asks again (the provider's launch is idempotent
-    per node): one replacement, which it lets in once, in one generation."""
+@pytest.mark.parametrize("asked", [True, False], ids=["launch-asked", "launch-not-asked"])
+def test_a_controller_that_dies_with_a_replacements_launch_out_leaves_the_next_one_to_launch_it_once(world, db_url,
+                                                                                                    asked):
+    """The leader plans the replacement (its rows written) and asks for its launch (or not yet), then dies before
+    the answer is applied. Another controller on the same database finds the node launching and asks (again: the
+    provider's launch is idempotent per node): one replacement, which it lets in once, in one generation."""
     store, market, first = world()
     market.lose(node_of(store, 1))
     ctx = first.ctx
@@ -143,7 +147,8 @@ def test_a_controller_that_dies_with_a_replacements_launch_out_leaves_the_next_o
         worker(ctx)  # the leader's tick up to the elastic pass: the loss is seen, the gang shrinks
     assert members(store) == [(0, 2)]
     (planned,) = elastic.plan_replacements(ctx, store.job(JOB), store.current_attempt(JOB))
-    ticks._launch(ctx, store.node(planned))  # asked for; the leader dies before it applies the answer
+    if asked:
+        ticks._launch(ctx, store.node(planned))  # the leader dies before it applies the answer
     assert store.node(planned).state == "launching"
     follower = Reconciler(SchedulerContext(store=Store(open_database(db_url)), providers=ctx.providers,
                                            controller_url=ctx.controller_url, node_token=ctx.node_token,
