@@ -42,6 +42,9 @@ def joiner(gang: Gang, die_at: str | None = None) -> Node:
 def grow(nodes: list[Node], generation: int) -> None:
     port = free_port()
     for node_rank, node in enumerate(nodes):
+        if node.proc.poll() is not None:  # it stopped instead of waiting for this world: fail now, not at a timeout
+            raise AssertionError(f"rank {node_rank} of generation {generation} exited {node.proc.returncode} before "
+                                 f"it was told of it:\n{node.proc.stderr.read()[-3000:]}")
         node.world(generation, node_rank, len(nodes), port)
 
 
@@ -144,7 +147,7 @@ def test_a_member_lost_before_it_enters_the_shrunk_world_leaves_the_others_to_th
     a.world(1, 0, 2, port)
     gang.hold(8)
     wait_until(lambda: listening(port), "rank 0 to host generation 1's store", [a.proc])
-    a.world(2, 0, 1, free_port())
+    grow([a], 2)
     gang.finish([a])
 
     lines = gang.lines(a)
@@ -171,7 +174,7 @@ def test_a_survivor_whose_state_transfer_broke_half_way_does_not_train_on_it(gan
     grow([a, b], 1)
     gang.hold(8)
     killed(a)
-    b.world(2, 0, 1, free_port())
+    grow([b], 2)
     gang.finish([b])
 
     last = gang.lines(b)[-1]
