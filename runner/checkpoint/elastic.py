@@ -137,6 +137,7 @@ class WorldInbox:
                 self._cond.wait(min(left, 0.2))
 
     def accept(self, world: World) -> None:
+        """This process is in ``world`` now (or gave it up: a world it failed to enter is not tried again)."""
         with self._cond:
             self.generation = world.generation
 
@@ -265,6 +266,24 @@ def share_state(comm, census: Census, objects: dict, extra: dict) -> int:
     return moved
 
 
+def receives(census: Census, rank: int) -> bool:
+    """Whether ``rank`` takes state from a peer in this change (share_state), i.e. its tensors may be half
+    overwritten when the transfer breaks."""
+    survivors = [r for r, s in enumerate(census.steps) if s is not None]
+    return census.steps[rank] is None or (any(census.diverged) and rank != survivors[0])
+
+
+def commit(comm) -> None:
+    """One small all-reduce over the new world once the state has moved: every rank leaves the change only
+    when every other rank got through it. A rank that died during the change (a joiner receiving the state,
+    the survivor sending it) fails this on every rank, so all of them give up the change at the same step,
+    instead of some training a step in a world that is already broken (their steps would then differ)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1, dtype=torch.int64), group=comm.group)
+
+
 def _send(link, objects: dict, extra: dict) -> int:
     return peer_state.send_state(link, {"objects": {name: obj.state_dict() for name, obj in objects.items()},
                                         "extra": dict(extra)})
@@ -307,6 +326,7 @@ class Elastic:
         self.changed = False  # true for the one step() call at which the world changed
         self.last_phases: Phases | None = None  # how the last change's seconds were spent
         self.wait_s = wait_seconds()
+        self.intact = True  # false once a transfer into this rank's state broke half way: it holds no state
 
     def on_world(self, message: dict) -> None:
         self.inbox.offer(message)
@@ -358,27 +378,41 @@ class Elastic:
             ckpt.wait(self.wait_s)
         phases.done("saves")
         tolerant_group.abandon()  # first: peers stuck in a collective with this rank get an error now
-        world = self.inbox.wait(self.wait_s, give_up=lambda: self._stop_asked(leaving_request) is not None)
-        phases.done("world_wait")
-        if world is None:
-            asked = self._stop_asked(leaving_request)
-            reason = asked.reason if asked is not None else "lost"
-            log.warning("this rank left its process group and no new world came for it; stopping (the job "
-                        "recovers from its last checkpoint)" if broken else "this rank is leaving the gang",
-                        step=step, waited_s=phases.total, reason=reason)
-            self._stop(step, reason)
-            return
-        try:
-            self._move(world, step, broken, phases)
-        except Exception as exc:  # noqa: BLE001 - the training cannot go on in no group: stop and recover
-            log.error("moving to the new world failed; stopping (the job recovers from its last checkpoint)",
-                      step=step, generation=world.generation, error=f"{type(exc).__name__}: {exc}")
-            tolerant_group.abandon()
-            self._stop(step, "lost")
-            return
+        while True:
+            world = self.inbox.wait(self.wait_s, give_up=lambda: self._stop_asked(leaving_request) is not None)
+            phases.done("world_wait")
+            if world is None:
+                asked = self._stop_asked(leaving_request)
+                reason = asked.reason if asked is not None else "lost"
+                log.warning("this rank left its process group and no new world came for it; stopping (the job "
+                            "recovers from its last checkpoint)" if broken else "this rank is leaving the gang",
+                            step=step, waited_s=phases.total, reason=reason)
+                self._stop(step, reason)
+                return
+            try:
+                self._move(world, step if self.intact else None, broken, phases)
+                break
+            except CheckpointError as exc:  # the census: the survivors cannot go on together
+                log.error("moving to the new world failed; stopping (the job recovers from its last checkpoint)",
+                          step=step, generation=world.generation, error=str(exc))
+                tolerant_group.abandon()
+                self._stop(step, "lost")
+                return
+            except Exception as exc:  # noqa: BLE001 - a member died during the change: wait for the next world
+                self._gave_up(world, step, exc)
         log.info("the world changed", step=step, generation=world.generation, rank=self.collective.ranks.rank,
                  world_size=self.collective.ranks.world_size, after="loss" if broken else "agreement",
                  seconds=phases.total, phases=phases.seconds, state_mb=phases.moved_mb)
+
+    def _gave_up(self, world: World, step: int | None, exc: Exception) -> None:
+        """Entering ``world`` failed on a connection (a member died during the change, or never came within
+        RUNNER_ELASTIC_TIMEOUT_SECONDS): leave its groups and wait for a newer one, which the controller forms
+        without the dead member; with none in RUNNER_ELASTIC_WAIT_SECONDS the caller stops (or fails restore)."""
+        log.warning("entering the new world failed; waiting for a newer one", step=step,
+                    generation=world.generation, holds_state=self.intact and step is not None,
+                    error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        tolerant_group.abandon()
+        self.inbox.accept(world)
 
     def _stop_asked(self, request):
         """A stop request this rank holds: the one it put into the last round, or one that came since."""
@@ -399,12 +433,20 @@ class Elastic:
 
     def join(self) -> int:
         """A joining process's restore(): wait for its world, enter it, receive the state; the step."""
-        world = self.inbox.wait(self.wait_s)
-        if world is None:
-            raise RestoreError(f"this process was started to join an elastic gang ({JOIN_ENV}=1) but no world "
-                               f"message came within {self.wait_s:.0f} s; is the agent's control channel there?")
         phases = Phases()
-        step = self._move(world, None, False, phases)
+        while True:
+            world = self.inbox.wait(self.wait_s)
+            if world is None:
+                raise RestoreError(f"this process was started to join an elastic gang ({JOIN_ENV}=1) but no "
+                                   f"world it could enter came within {self.wait_s:.0f} s; is the agent's "
+                                   "control channel there?")
+            try:
+                step = self._move(world, None, False, phases)
+                break
+            except CheckpointError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - its sender died during the change: wait for the next world
+                self._gave_up(world, None, exc)
         log.info("joined the gang", step=step, generation=world.generation, rank=self.collective.ranks.rank,
                  world_size=self.collective.ranks.world_size, seconds=phases.total,
                  phases=phases.seconds, state_mb=phases.moved_mb)
@@ -432,7 +474,11 @@ class Elastic:
         self.collective.agreement = StepAgreement(ranks.steps)
         ckpt.telemetry.rank = ranks.rank
         phases.done("swap_groups")  # mostly the old side groups' destructors (gloo joins its threads)
+        if receives(census, ranks.rank):
+            self.intact = False  # until the whole state is in: a broken transfer leaves it half overwritten
         moved = share_state(ranks.steps, census, ckpt.objects, ckpt.extra)
+        commit(ranks.steps)
+        self.intact = True
         for obj in ckpt.objects.values():
             if isinstance(obj, ResumableSampler):
                 obj.reshard(ranks.world_size, ranks.rank)

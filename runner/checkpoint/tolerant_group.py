@@ -48,6 +48,25 @@ def timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=max(1.0, seconds))
 
 
+def _as_if_alone(name: str, args: tuple):
+    """What a failed collective hands back: the rank's own tensors; an all-gather's outputs each a copy of this
+    rank's input, as if every rank had sent the same (DDP's constructor checks, by an all-gather, that every rank
+    has the same parameters' shapes: garbage there raises in the user's code, as when a peer dies right after
+    a change of world)."""
+    slot = _COLLECTIVES[name]
+    local = args[slot] if slot is not None and args else []
+    try:
+        if name == "allgather":
+            for outputs, mine in zip(args[0], args[1]):
+                for out in outputs:
+                    out.copy_(mine)
+        elif name == "_allgather_base":
+            args[0].view(-1, *args[1].shape).copy_(args[1].unsqueeze(0))
+    except Exception as exc:  # noqa: BLE001 - best effort: the group is broken anyway
+        log.debug("a failed all-gather's outputs were left as they were", error=str(exc))
+    return local
+
+
 def _completed(value):
     from torch._C._distributed_c10d import _create_work_from_future
 
@@ -79,22 +98,20 @@ class TolerantGroup(torch.distributed.ProcessGroup):
     def _forward(self, name: str, args: tuple):
         from torch._C._distributed_c10d import _create_work_from_future
 
-        slot = _COLLECTIVES[name]
-        local = args[slot] if slot is not None and args else []
         if self.broken:
-            return _completed(local)
+            return _completed(_as_if_alone(name, args))
         try:
             work = getattr(self.inner, name)(*args)
         except Exception as exc:  # noqa: BLE001 - a broken transport may raise at launch too
             self.mark_broken(exc)
-            return _completed(local)
+            return _completed(_as_if_alone(name, args))
 
         def settle(future):
             try:
                 return future.value()
             except Exception as exc:  # noqa: BLE001 - recorded; the step's collective completes locally
                 self.mark_broken(exc)
-                return local
+                return _as_if_alone(name, args)
 
         return _create_work_from_future(work.get_future().then(settle))
 

@@ -4,6 +4,9 @@ One process per node (the test's harness plays the agents). Every step appends a
 ``--report``.<pid>.jsonl: the step, the world, this rank, the sample indices it trained and whether the world
 changed. After each step a rank holds while the step is at or past the number in ``--gate`` (the harness
 moves it), so the harness acts between known steps. At the end each rank writes its model to ``--out``.<pid>.pt.
+``ELASTIC_TRAINEE_DIE_AT=send:N`` (``recv:N``, ``broadcast:N``) kills the process (SIGKILL) at its Nth
+point-to-point send (receive, broadcast) of the state to (from) a peer: a node dying in the middle of a joiner's transfer; ``restored``: once
+``restore()`` has returned.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from runner.checkpoint import Checkpointer, ResumableSampler
+from runner.checkpoint import peer_state
 
 SAMPLES = 48
 
@@ -62,6 +67,23 @@ def dump(path: str, step: int, model, optimizer, sampler, extra: dict) -> None:
                 "extra": dict(extra)}, f"{path}.{os.getpid()}.{step}.pt")
 
 
+def die_at(where: str) -> None:
+    """Kill this process at its Nth point-to-point ``send`` or ``recv`` of the state (``where``: "send:N"), or at
+    its Nth ``broadcast`` of it as the sender (after a loss)."""
+    op, count = where.split(":")
+    calls = [0]
+    link, op = (peer_state.Broadcast, "send") if op == "broadcast" else (peer_state.PointToPoint, op)
+    real = getattr(link, op)
+
+    def dying(self, tensor):
+        calls[0] += 1
+        if calls[0] >= int(count):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, tensor)
+
+    setattr(link, op, dying)
+
+
 def main(argv) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, required=True)
@@ -71,6 +93,8 @@ def main(argv) -> int:
     p.add_argument("--gate")
     p.add_argument("--dump", help="write the registered state at each change of world to DUMP.<pid>.<step>.pt")
     args = p.parse_args(argv)
+    if ":" in os.environ.get("ELASTIC_TRAINEE_DIE_AT", ""):
+        die_at(os.environ["ELASTIC_TRAINEE_DIE_AT"])
     dist.init_process_group("gloo")
     model, optimizer = build()
     dataset = Indexed()
@@ -80,6 +104,8 @@ def main(argv) -> int:
     ckpt = Checkpointer(model=model, optimizer=optimizer, sampler=sampler, local_dir=args.local_dir, interval="1h",
                         extra=extra)
     step = ckpt.restore()
+    if os.environ.get("ELASTIC_TRAINEE_DIE_AT") == "restored":  # a joiner dying right after it joined
+        os.kill(os.getpid(), signal.SIGKILL)
     if args.dump and step > 0:  # a joining process: what it received from a peer
         dump(args.dump, step, model, optimizer, sampler, extra)
     ddp = nn.parallel.DistributedDataParallel(model)
