@@ -339,7 +339,9 @@ def preempt(job_id: str, body: PreemptRequest, request: Request, who: Principal 
         raise HTTPException(409, f"{job_id} already ended ({job.state}); there is no node to preempt")
     nodes = [n for n in state.store.nodes((NODE_RUNNING,), job_id=job_id) if n.rank == body.node and n.attempt > 0]
     if not nodes:
-        raise HTTPException(409, f"job {job_id} has no running node of rank {body.node} to preempt")
+        running = ", ".join(str(rank) for rank in sorted(live_ranks)) or "none"
+        raise HTTPException(409, f"job {job_id} has no running node of rank {body.node} to preempt (its running "
+                                 f"node ranks: {running}; an elastic gang's replacement takes a rank of its own)")
     node = nodes[-1]
     provider = state.scheduler.providers[node.provider]
     if not isinstance(provider, InjectsNotices):

@@ -112,3 +112,17 @@ def test_a_replacement_whose_training_waits_gets_its_world_in_the_answer_to_the_
     assert (told["world"]["generation"], told["world"]["node_rank"], told["world"]["nnodes"]) == (2, 2, 3)
     assert beat(api, headers[0], generation=1)["world"]["generation"] == 2  # the survivors hear it on their next beat
     # (*) not before the survivors have moved to the shrunk world: one that had not heard of it would skip it
+
+
+def test_preempting_the_rank_that_left_names_the_ranks_still_running(world, api):
+    """After a shrink the rank that left has no node: `runner preempt --node 1` says which ranks run now (a
+    replacement takes a rank of its own), rather than only that rank 1 has none."""
+    job_id, headers = elastic_gang(world, api)
+    notice(api, headers[1])
+    beat(api, headers[0])
+    api.post("/v1/agent/exit", json={"reason": "stopped-by-peer", "exit_code": 0}, headers=headers[1])
+    answer = api.post(f"/v1/jobs/{job_id}/preempt", json={"node": 1, "notice": "aws"},
+                      headers={"Authorization": f"Bearer {ADMIN}"})
+    assert answer.status_code == 409
+    assert "no running node of rank 1" in answer.json()["detail"]
+    assert "its running node ranks: 0, 2" in answer.json()["detail"]
