@@ -94,7 +94,7 @@ class CountingTx:
         self.tx, self.statements = tx, 0
 
     def __getattr__(self, name):
-        if name in ("execute", "execute_many", "one", "all", "all_in_savepoint"):
+        if name in ("execute", "execute_many", "one", "all", "all_in_savepoint", "all_in_savepoint_then_commit"):
             self.statements += 1
         return getattr(self.tx, name)
 
