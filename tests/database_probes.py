@@ -1,8 +1,9 @@
-"""What tests use to watch a database from outside the code under test: the write transactions some code opens, and
-the sessions waiting for a lock (Postgres)."""
+"""What tests use to watch a database from outside the code under test: the write transactions some code opens, the
+sessions waiting for a lock, the round trips some code makes (Postgres)."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 
@@ -32,3 +33,18 @@ def until(condition, what: str, timeout: float = 60) -> None:
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
+
+
+def round_trips(db, work) -> int:
+    """How many times ``work(db)`` waited for the server: the ReadyForQuery messages that end each of its round trips,
+    read from libpq's protocol trace of the pool's one connection (a PostgresDatabase of ``pool_size=1``)."""
+    with tempfile.TemporaryFile("w+") as trace:
+        with db._pool.connection() as conn:
+            conn.pgconn.trace(trace.fileno())
+        try:
+            work(db)
+        finally:
+            with db._pool.connection() as conn:
+                conn.pgconn.untrace()
+        trace.seek(0)
+        return sum("ReadyForQuery" in line for line in trace)

@@ -101,7 +101,9 @@ def record_reports(state, tx, requests: Sequence[ReportRequest]) -> list[Outcome
     A report refused for its token or its body (a 401, a 422) is answered without writing anything.
 
     The checkpoints go first, wherever they stand in the group: no other report of this lane starts an attempt or
-    moves a job's step, so what a checkpoint's fence and step compare with is the same either way."""
+    moves a job's step, so what a checkpoint's fence and step compare with is the same either way. In a group of
+    checkpoints alone (the common case) their statement is the transaction's last, and goes out with its COMMIT
+    (``metrics.record_commits``): the group takes two round trips on Postgres."""
     nodes = state.store.nodes_by_token_hashes(tx, list(dict.fromkeys(r.token_hash for r in requests)))
     outcomes: list[Outcome | None] = [None] * len(requests)
     checkpoints: list[tuple[int, CheckpointReport]] = []
@@ -121,7 +123,8 @@ def record_reports(state, tx, requests: Sequence[ReportRequest]) -> list[Outcome
             outcomes[i] = (True, ({"accepted": False}, None))
         else:
             checkpoints.append((i, report))
-    for (i, _), outcome in zip(checkpoints, _write_checkpoints(state, tx, [report for _, report in checkpoints])):
+    written = _write_checkpoints(state, tx, [report for _, report in checkpoints], last=not others)
+    for (i, _), outcome in zip(checkpoints, written):
         outcomes[i] = outcome
     if others:
         for (i, _), outcome in zip(others, all_at_once(tx, [work for _, work in others])):
@@ -144,13 +147,16 @@ def _checkpoint_report(node, data: dict) -> CheckpointReport | None:
                             metrics.commit_measurement(node.job_id, node.attempt, checkpoint))
 
 
-def _write_checkpoints(state, tx, checkpoints: list[CheckpointReport]) -> list[Outcome]:
+def _write_checkpoints(state, tx, checkpoints: list[CheckpointReport], last: bool = False) -> list[Outcome]:
     """A group's checkpoints and their commit seconds at once, in a savepoint (metrics.record_commits); where that
-    fails, each in a savepoint of its own, so one report's error loses only its own write."""
+    fails, each in a savepoint of its own, so one report's error loses only its own write. ``last``: nothing follows
+    in ``tx`` (its COMMIT may go out with them; where the statement fails, it does not, and the fallback runs in the
+    transaction still open). A COMMIT that fails fails every statement after it and the transaction's end: the
+    whole group is then answered with that error (runner/controller/group_commit.py)."""
     if not checkpoints:
         return []
     try:
-        recorded = metrics.record_commits(state.store, tx, checkpoints)
+        recorded = metrics.record_commits(state.store, tx, checkpoints, last=last)
         return [(True, ({"accepted": accepted}, None)) for accepted in recorded.accepted]
     except Exception as exc:
         if len(checkpoints) == 1:

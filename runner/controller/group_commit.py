@@ -12,7 +12,9 @@ transaction, commits once, and only then answers them: an acknowledged write is 
 - A lane may write its whole group at once (``write_group``): log chunks are stored by one read of their nodes
   and streams' sizes and one multi-row INSERT, not five statements each; a group's durable checkpoints by one
   statement on Postgres (runner/state/checkpoints.py), not four each. On Postgres a statement that needs a
-  savepoint of its own is sent with it in one round trip (``Tx.all_in_savepoint``).
+  savepoint of its own is sent with it in one round trip (``Tx.all_in_savepoint``), and a group's last statement
+  with the COMMIT too (``Tx.all_in_savepoint_then_commit``): where that statement fails, the COMMIT is not sent and
+  the group goes on in its transaction as above.
 - A group whose transaction fails (the database went away, the commit was refused) fails every request of the
   group with that error, and none of their writes is kept: each agent sends its request again.
 """

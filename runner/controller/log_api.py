@@ -57,7 +57,8 @@ def store_chunk(state, authorization: str, body: bytes) -> dict:
 
 def store_chunks(state, tx, requests: Sequence[ChunkRequest]) -> list[Outcome]:
     """A lane's ``write_group``: the callers' nodes and their streams' sizes in one read, the chunks in one batch
-    (runner/state/logs.py)."""
+    (runner/state/logs.py), sent with the transaction's COMMIT where nothing follows it: two round trips on
+    Postgres. Where the batch fails, its chunks are stored one by one in the transaction still open."""
     nodes, sizes = nodes_and_log_sizes(tx, list(dict.fromkeys(r.token_hash for r in requests)))
     outcomes: list[Outcome | None] = [None] * len(requests)
     chunks, where = [], []
@@ -73,7 +74,7 @@ def store_chunks(state, tx, requests: Sequence[ChunkRequest]) -> list[Outcome]:
         where.append(i)
     try:  # the batch's INSERT in a savepoint of its own
         stored = [(False, answer) if isinstance(answer, Exception) else (True, {"offset": answer})
-                  for answer in state.logs.append_many_in(tx, chunks, sizes)]
+                  for answer in state.logs.append_many_in(tx, chunks, sizes, last=True)]
     except Exception:  # one chunk's error: nothing of the batch was kept; store them one by one
         stored = [_append_alone(state, tx, chunk) for chunk in chunks]
     for i, outcome in zip(where, stored):

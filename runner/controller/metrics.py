@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -156,13 +157,27 @@ class StateCollector:
 
 
 # --- agent reports -> measurements -----------------------------------------------------------------
-def record_commits(store: Store, tx: Tx, reports: list[CheckpointReport], keep: int = MAX_MEASUREMENTS) -> Recorded:
+# The measurements table's size as this process last saw it, per database (each report group's statement returns it).
+_seen_counts: "weakref.WeakKeyDictionary[Database, int]" = weakref.WeakKeyDictionary()
+
+
+def record_commits(store: Store, tx: Tx, reports: list[CheckpointReport], keep: int = MAX_MEASUREMENTS,
+                   last: bool = False) -> Recorded:
     """Durable commits the agents reported (a report group's, or one): each checkpoint as the store keeps it and its
     commit seconds once per job, attempt and step (runner/state/checkpoints.py), then the measurements kept
-    bounded, with the count that write returned (no statement of its own)."""
-    recorded = store.record_checkpoints(tx, reports)
+    bounded, with the count that write returned (no statement of its own).
+
+    ``last``: nothing follows in ``tx``. On Postgres its COMMIT then goes out with the checkpoints' statement, one
+    round trip fewer, unless the table may be due a fold after them as far as this process has seen its size (its
+    first group learns it): such a group folds in its transaction, as without ``last``. Where rows written
+    elsewhere (another controller, a notice) made the fold due all the same, the next group folds."""
+    seen = _seen_counts.get(store.db)
+    adding = sum(report.measurement is not None for report in reports)
+    then_commit = last and seen is not None and seen + adding <= keep + keep // FOLD_SLACK_DIVISOR
+    recorded = store.record_checkpoints(tx, reports, then_commit=then_commit)
     if recorded.measurements is not None:
-        _bound(tx, keep, recorded.measurements)
+        _seen_counts[store.db] = (recorded.measurements if tx.committed
+                                  else _bound(tx, keep, recorded.measurements))
     return recorded
 
 
@@ -191,12 +206,15 @@ def bound_measurements(tx: Tx, keep: int = MAX_MEASUREMENTS, count: int | None =
     _bound(tx, keep, count)
 
 
-def _bound(tx: Tx, keep: int, count: int | None = None) -> None:
+def _bound(tx: Tx, keep: int, count: int | None = None) -> int:
     """Keep the newest ``keep`` observations one by one; fold the rest into the histograms' totals, once they are a
     twentieth over ``keep``. Folding sorts the kept rows: at 2,000 nodes, done for every report group's few new
-    rows it made each group's write transaction four times as long once the table was full."""
-    if (m.measurement_count(tx) if count is None else count) > keep + keep // FOLD_SLACK_DIVISOR:
-        m.fold_oldest(tx, keep, lambda name: MEASURED[name].buckets if name in MEASURED else None)
+    rows it made each group's write transaction four times as long once the table was full. The table's size
+    after."""
+    count = m.measurement_count(tx) if count is None else count
+    if count > keep + keep // FOLD_SLACK_DIVISOR:
+        count -= m.fold_oldest(tx, keep, lambda name: MEASURED[name].buckets if name in MEASURED else None)
+    return count
 
 
 def _record_notice_timing(tx: Tx, job_id: str, attempt: int, notice: dict, received: float,

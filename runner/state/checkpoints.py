@@ -8,8 +8,8 @@ group come out as they would one after the other: the job keeps the report of th
 where several share it.
 
 On Postgres the whole group is one statement, sent with its savepoint in one round trip (every round trip waits
-for the server, and under load for the interpreter the event loop holds too); on SQLite, where a statement is a
-call, a few statements for the group.
+for the server, and under load for the interpreter the event loop holds too), and with the transaction's COMMIT
+where nothing follows it; on SQLite, where a statement is a call, a few statements for the group.
 """
 
 from __future__ import annotations
@@ -45,25 +45,27 @@ class Recorded:
     measurements: int | None
 
 
-def record_checkpoints(tx: Tx, reports: list[CheckpointReport], postgres: bool) -> Recorded:
+def record_checkpoints(tx: Tx, reports: list[CheckpointReport], postgres: bool, then_commit: bool = False) -> Recorded:
     """Write ``reports`` in ``tx`` (see the module's docstring), in a savepoint of their own: where that fails,
-    nothing of them is kept, the error is raised, and the transaction goes on."""
+    nothing of them is kept, the error is raised, and the transaction goes on. ``then_commit``: nothing follows in
+    ``tx``, so on Postgres its COMMIT goes out with the statement (``Tx.all_in_savepoint_then_commit``)."""
     if not reports:
         return Recorded([], None)
     if postgres:
-        return _in_one_statement(tx, reports)
+        return _in_one_statement(tx, reports, then_commit)
     with tx.savepoint():
         return _statement_by_statement(tx, reports)
 
 
-def _in_one_statement(tx: Tx, reports: list[CheckpointReport]) -> Recorded:
+def _in_one_statement(tx: Tx, reports: list[CheckpointReport], then_commit: bool) -> Recorded:
     rows = padded(list(enumerate(reports)))  # a repeated report changes nothing (see _ONE_STATEMENT)
     values = []
     for i, report in rows:
         m = report.measurement
         values += [i, report.job_id, report.attempt, report.step, json.dumps(report.checkpoint),
                    *((m.key, m.name, m.value, json.dumps(m.labels, sort_keys=True), m.time) if m else (None,) * 5)]
-    kept = tx.all_in_savepoint(_ONE_STATEMENT.format(rows=",".join([_ROW] * len(rows))), tuple(values))
+    send = tx.all_in_savepoint_then_commit if then_commit else tx.all_in_savepoint
+    kept = send(_ONE_STATEMENT.format(rows=",".join([_ROW] * len(rows))), tuple(values))
     accepted = {row["i"] for row in kept}
     return Recorded([i in accepted for i in range(len(reports))], int(kept[0]["measurements"]) if kept else None)
 

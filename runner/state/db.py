@@ -116,6 +116,19 @@ class Tx:
         with self.savepoint():
             return self.all(sql, params)
 
+    def all_in_savepoint_then_commit(self, sql: str, params: tuple = ()) -> list[dict]:
+        """``all_in_savepoint`` as the transaction's last statement: nothing may follow it. On Postgres its COMMIT goes
+        out with it, in the same round trip (``committed`` then says so); elsewhere the transaction commits as usual,
+        when its context ends. Where the statement fails, its error is raised with nothing of it kept and the
+        transaction goes on uncommitted, as after ``all_in_savepoint``; where the COMMIT fails, nothing of the
+        transaction is kept, and every later statement and the transaction's end raise that error."""
+        return self.all_in_savepoint(sql, params)
+
+    @property
+    def committed(self) -> bool:
+        """Whether the transaction already committed (with ``all_in_savepoint_then_commit``'s statement)."""
+        return False
+
 
 class PostgresTx(Tx):
     """A transaction on Postgres, where every statement is a round trip. ``pipelines``: whether the driver's libpq
@@ -140,6 +153,35 @@ class PostgresTx(Tx):
             raise
         return [dict(row) for row in cursor.fetchall()]
 
+    def all_in_savepoint_then_commit(self, sql: str, params: tuple = ()) -> list[dict]:
+        """The savepoint, the statement and COMMIT in one round trip (with BEGIN and the lock, where nothing was sent
+        before). A statement that fails stops the pipeline before the COMMIT: its savepoint is rolled back, the
+        transaction stays open for what the caller does instead."""
+        if not self._pipelines:
+            return super().all_in_savepoint_then_commit(sql, params)
+        try:
+            with self._conn.pipeline():
+                self._conn.execute("SAVEPOINT part")
+                cursor = self._conn.execute(self._translate(sql), params)
+                self._conn.execute("COMMIT")
+        except BaseException as exc:
+            if not self._conn.in_failed_transaction():  # the COMMIT failed, or the connection: nothing was kept
+                self._conn.ended(exc)
+                raise
+            # the statement failed (the COMMIT was skipped): undo it alone, in one round trip
+            self._conn.execute("ROLLBACK TO SAVEPOINT part; RELEASE SAVEPOINT part")
+            raise
+        self._conn.ended()
+        return [dict(row) for row in cursor.fetchall()]
+
+    @property
+    def committed(self) -> bool:
+        return self._conn.committed
+
+
+class TransactionEnded(DatabaseError):
+    """A statement sent after its transaction committed (with its last statement) or failed to commit."""
+
 
 class _BeginsWithFirstStatement:
     """A connection whose transaction's BEGIN (and write lock) goes out with its first statement, in one round trip
@@ -152,8 +194,28 @@ class _BeginsWithFirstStatement:
         self._pipelines = pipelines
         self._in_pipeline = False
         self.begun = False
+        self.committed = False
+        self.commit_failed: BaseException | None = None  # the error of a COMMIT sent with the last statement
+
+    def ended(self, failure: BaseException | None = None) -> None:
+        """The transaction committed (``failure`` None) or its COMMIT failed: no statement may follow."""
+        self.committed, self.commit_failed = failure is None, failure
+
+    def in_failed_transaction(self) -> bool:
+        """Whether a statement of the open transaction failed (the transaction is still open, aborted)."""
+        from psycopg.pq import TransactionStatus
+
+        return self._conn.info.transaction_status == TransactionStatus.INERROR
+
+    def _check_open(self) -> None:
+        if self.committed:
+            raise TransactionEnded("this transaction already committed with its last statement; nothing may follow")
+        if self.commit_failed is not None:
+            raise TransactionEnded(f"this transaction's commit failed and nothing of it was stored "
+                                   f"({type(self.commit_failed).__name__}: {self.commit_failed})")
 
     def execute(self, sql: str, params: tuple | None = None):
+        self._check_open()
         if self.begun:
             return self._conn.execute(sql, params)
         self.begun = True
@@ -171,6 +233,7 @@ class _BeginsWithFirstStatement:
         return cursor
 
     def cursor(self):  # for executemany, which cannot share a pipeline with BEGIN: BEGIN goes alone first
+        self._check_open()
         if not self.begun:
             self.begun = True
             self._conn.execute("; ".join(self._begin))  # one simple query, one round trip
@@ -286,12 +349,16 @@ class PostgresDatabase(Database):
             try:
                 yield tx
             except BaseException:
-                if tx._conn.begun:
+                if tx._conn.begun and not (tx._conn.committed or tx._conn.commit_failed):
                     _roll_back(conn)
                 raise
             finally:
                 self._held.conn = None
-            if not tx._conn.begun:
+            if tx._conn.commit_failed is not None:  # raised even where the caller caught it: nothing was kept
+                raise DatabaseError(f"the commit failed and nothing of this transaction was stored "
+                                    f"({type(tx._conn.commit_failed).__name__}: {tx._conn.commit_failed})") \
+                    from tx._conn.commit_failed
+            if not tx._conn.begun or tx._conn.committed:
                 return
             if conn.info.transaction_status == self._psycopg.pq.TransactionStatus.INERROR:
                 # a statement failed and its error was caught without undoing it: COMMIT would roll back in

@@ -64,8 +64,8 @@ class DatabaseLogStore:
                 return max(size, offset + len(data))
         raise RuntimeError(f"log stream {job_id}/{attempt}/{node}: {_RACES} appends raced this one; send it again")
 
-    def append_many_in(self, tx: Tx, chunks: list[Chunk],
-                       sizes: dict[tuple[str, int, int], int] | None = None) -> list[int | Exception]:
+    def append_many_in(self, tx: Tx, chunks: list[Chunk], sizes: dict[tuple[str, int, int], int] | None = None,
+                       last: bool = False) -> list[int | Exception]:
         """``append_in`` for many chunks: the streams' sizes in one read (unless given: ``sizes``, as
         :func:`nodes_and_log_sizes` reads them), the new bytes in one multi-row INSERT, sent with a savepoint of its
         own in one round trip on Postgres (it raises, keeping nothing of the batch, where it fails); the offset to
@@ -74,7 +74,12 @@ class DatabaseLogStore:
         A chunk whose start another controller took meanwhile (the INSERT skips it: its stream moved on), and a
         stream's second chunk in one call (a retry), are appended one by one after it, as ``append_in`` does, each
         in a savepoint of its own: one that fails (raced past its retries) is answered with its error, in the
-        list, and loses only its own write."""
+        list, and loses only its own write.
+
+        ``last``: nothing follows in ``tx``. Where no chunk is left to append one by one, the INSERT is then the
+        transaction's last statement and goes out with its COMMIT (``Tx.all_in_savepoint_then_commit``), without
+        ON CONFLICT: a start another controller took fails it before the COMMIT, and the caller stores the chunks
+        one by one instead (runner/controller/log_api.py), each as ``append_in`` does."""
         if not chunks:
             return []
         if sizes is None:
@@ -95,11 +100,14 @@ class DatabaseLogStore:
             if new:
                 rows.append((i, (*chunk.stream, size, new)))
         if rows:
+            then_commit = last and not one_by_one
+            send = tx.all_in_savepoint_then_commit if then_commit else tx.all_in_savepoint
             stored = {(row["job_id"], int(row["attempt"]), int(row["node"]), int(row["start"]))
-                      for row in tx.all_in_savepoint(
+                      for row in send(
                           "INSERT INTO log_chunks (job_id, attempt, node, start, data) VALUES "
                           + ",".join(["(?,?,?,?,?)"] * len(rows))
-                          + " ON CONFLICT DO NOTHING RETURNING job_id, attempt, node, start",
+                          + ("" if then_commit else " ON CONFLICT DO NOTHING")
+                          + " RETURNING job_id, attempt, node, start",
                           tuple(value for _, row in rows for value in row))}
             one_by_one += [i for i, row in rows if row[:4] not in stored]
         for i in sorted(one_by_one):

@@ -127,9 +127,10 @@ class Store:
         """Remember a committed checkpoint unless a newer attempt has started (fencing)."""
         return self.record_checkpoints(tx, [CheckpointReport(job_id, attempt, checkpoint)]).accepted[0]
 
-    def record_checkpoints(self, tx: Tx, reports: list[CheckpointReport]) -> Recorded:
-        """Many reported checkpoints at once, each as ``record_checkpoint`` would (runner/state/checkpoints.py)."""
-        return record_checkpoints(tx, reports, postgres=self.db.kind == "postgres")
+    def record_checkpoints(self, tx: Tx, reports: list[CheckpointReport], then_commit: bool = False) -> Recorded:
+        """Many reported checkpoints at once, each as ``record_checkpoint`` would (runner/state/checkpoints.py);
+        ``then_commit``: nothing follows in ``tx`` (its COMMIT may go out with them)."""
+        return record_checkpoints(tx, reports, postgres=self.db.kind == "postgres", then_commit=then_commit)
 
     # --- attempts ---------------------------------------------------------
     def insert_attempt(self, tx: Tx, job_id: str, node_id: str, offer: Offer, spot: bool,

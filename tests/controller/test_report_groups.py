@@ -124,7 +124,7 @@ class CountingTx:
 
     def __getattr__(self, name):
         method = getattr(self.tx, name)
-        if name in ("execute", "execute_many", "one", "all", "all_in_savepoint"):
+        if name in ("execute", "execute_many", "one", "all", "all_in_savepoint", "all_in_savepoint_then_commit"):
             self.statements += 1
         return method
 

@@ -3,7 +3,6 @@ kept in the database, shared secrets and the leader's lock."""
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from runner.state.logs import Chunk, DatabaseLogStore
 from runner.state.migrations import MIGRATIONS, apply_migrations, schema_version
 from runner.state.secrets import shared_secret
 from runner.state.workdirs import DatabaseWorkdirs
+from database_probes import round_trips
 from stored import job_spec, offer as make_offer
 
 
@@ -204,21 +204,6 @@ def _keys_in_a_write(db) -> list[str]:
         return [row["key"] for row in tx.all("SELECT key FROM measurements ORDER BY key")]
 
 
-def _round_trips(db, work) -> int:
-    """How many times ``work(db)`` waited for the server: the ReadyForQuery messages that end each of its round trips,
-    read from libpq's protocol trace of the pool's one connection."""
-    with tempfile.TemporaryFile("w+") as trace:
-        with db._pool.connection() as conn:
-            conn.pgconn.trace(trace.fileno())
-        try:
-            work(db)
-        finally:
-            with db._pool.connection() as conn:
-                conn.pgconn.untrace()
-        trace.seek(0)
-        return sum("ReadyForQuery" in line for line in trace)
-
-
 def test_a_postgres_write_begins_with_its_first_statement_in_one_round_trip(postgres):
     """Every round trip of a write waits for the server and, under load, for the interpreter: BEGIN and the write lock
     go out with the first statement, so a one-statement write is two round trips (three before), and a transaction
@@ -235,8 +220,8 @@ def test_a_postgres_write_begins_with_its_first_statement_in_one_round_trip(post
         with db.transaction():
             pass
 
-    assert _round_trips(db, one_statement) == 2
-    assert _round_trips(db, nothing) == 0
+    assert round_trips(db, one_statement) == 2
+    assert round_trips(db, nothing) == 0
     assert [row["key"] for row in db.query("SELECT key FROM measurements")] == ["a"]
     db.close()
 
