@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -62,18 +63,29 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_and_resumes_bit_exact(
     assert same_weights(tmp_path / "w.pt", uninterrupted)
 
 
-def test_four_rank_default_ddp_resumes_bit_exact(tmp_path):
+FOUR_RANK_DDP = ["--steps", 16, "--width", 4096, "--every-steps", 4]
+
+
+@pytest.fixture(scope="module")
+def four_rank_ddp(tmp_path_factory) -> Path:
+    """A 4-rank default-DDP run of 16 steps that nothing interrupts, wide enough that its weights and Adam's state
+    outweigh a checkpoint's small items: its local checkpoints, and its final weights in ``whole.pt``."""
+    where = tmp_path_factory.mktemp("four-rank-ddp")
+    torchrun(4, *FOUR_RANK_DDP, "--local-dir", where / "local", "--out", where / "whole.pt")
+    return where
+
+
+def test_four_rank_default_ddp_resumes_bit_exact(tmp_path, four_rank_ddp):
     """With DistributedDataParallel's default buckets, 4 gloo ranks stopped at step 6 and resumed end with
     exactly the weights of an uninterrupted run: the resumed DDP reduces with the buckets the saved one had
     (its first backward would otherwise sum in another order, and the last bits differ)."""
-    torchrun(4, "--steps", 16, "--local-dir", tmp_path / "whole", "--every-steps", 4, "--out", tmp_path / "whole.pt")
-    common = ["--steps", 16, "--local-dir", tmp_path / "local", "--every-steps", 4]
+    common = [*FOUR_RANK_DDP, "--local-dir", tmp_path / "local"]
     torchrun(4, *common, "--report", tmp_path / "first", "--signal-self", "1:6")
     stop = reports(tmp_path / "first", 4)[0]["step"]
     assert stop % 4 and stop < 16  # an emergency checkpoint between the periodic ones
     torchrun(4, *common, "--report", tmp_path / "second", "--out", tmp_path / "resumed.pt")
     assert [r["restored"] for r in reports(tmp_path / "second", 4)] == [stop] * 4
-    assert same_weights(tmp_path / "resumed.pt", tmp_path / "whole.pt")
+    assert same_weights(tmp_path / "resumed.pt", four_rank_ddp / "whole.pt")
 
 
 def test_sigterm_to_torchrun_stops_every_rank_at_one_step(tmp_path):
@@ -109,10 +121,9 @@ def _wait_for_file(path: Path, process: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def test_a_four_rank_ddp_checkpoint_is_written_once(tmp_path):
+def test_a_four_rank_ddp_checkpoint_is_written_once(four_rank_ddp):
     """Replicated DDP state is deduplicated: four ranks write about one copy of the model and optimizer."""
-    torchrun(4, "--steps", 4, "--width", 4096, "--local-dir", tmp_path / "local", "--every-steps", 4)
-    folder = tmp_path / "local" / "step-00000004"
+    folder = four_rank_ddp / "local" / "step-00000016"
     data = sum(p.stat().st_size for p in folder.glob("*.distcp"))
     params = (8 * 4096 + 4096 + 4096 * 2 + 2) * 4  # float32 weights and biases
     one_copy = 3 * params  # the weights, Adam's exp_avg and exp_avg_sq
@@ -120,15 +131,27 @@ def test_a_four_rank_ddp_checkpoint_is_written_once(tmp_path):
     assert len(list(folder.glob("__*_0.distcp"))) >= 2  # the writing is shared out, not all on rank 0
 
 
-def test_fsdp2_state_reshards_from_four_ranks_to_two_and_one(tmp_path):
+FSDP_ON_TWO_NODES = ["--fsdp", "--width", 256, "--every-steps", 4, "--counting-store"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_on_two_nodes(tmp_path_factory) -> SimpleNamespace:
+    """A 4-rank FSDP2 job on two "nodes" (a local folder per two ranks) trained 8 steps: its durable tier
+    (``durable``, a URL that counts the files fetched from it), the folder of that tier (``stored``) and the final
+    full weights (``saved``)."""
+    where = tmp_path_factory.mktemp("fsdp-two-nodes")
+    durable = f"countingfile://{where / 'durable'}"
+    torchrun(4, *FSDP_ON_TWO_NODES, "--durable-url", durable, "--ranks-per-node", 2, "--steps", 8,
+             "--local-dir", where / "old", "--out", where / "saved.pt")
+    return SimpleNamespace(durable=durable, stored=where / "durable", saved=where / "saved.pt")
+
+
+def test_fsdp2_state_reshards_from_four_ranks_to_two_and_one(tmp_path, fsdp_on_two_nodes):
     """An FSDP2 checkpoint of 4 ranks restores onto 2 ranks and onto 1 with equal full weights."""
-    durable = (tmp_path / "durable").as_uri()
-    torchrun(4, "--fsdp", "--steps", 12, "--local-dir", tmp_path / "l4", "--durable-url", durable,
-             "--every-steps", 12, "--out", tmp_path / "w4.pt")
     for ranks in (2, 1):
-        torchrun(ranks, "--fsdp", "--steps", 12, "--local-dir", tmp_path / f"l{ranks}", "--durable-url", durable,
-                 "--dump-full", tmp_path / f"w{ranks}.pt")
-        assert same_weights(tmp_path / f"w{ranks}.pt", tmp_path / "w4.pt")
+        torchrun(ranks, *FSDP_ON_TWO_NODES, "--steps", 8, "--local-dir", tmp_path / f"l{ranks}",
+                 "--durable-url", fsdp_on_two_nodes.durable, "--dump-full", tmp_path / f"w{ranks}.pt")
+        assert same_weights(tmp_path / f"w{ranks}.pt", fsdp_on_two_nodes.saved)
 
 
 def test_a_rank_killed_mid_save_leaves_that_step_uncommitted_and_the_previous_intact(tmp_path):
@@ -171,27 +194,24 @@ def test_a_single_process_restores_a_checkpoint_of_two_ranks(uninterrupted):
     assert all(torch.equal(model.state_dict()[k], final[k]) for k in final)
 
 
-def test_each_node_fetches_only_its_own_ranks_shards_once_and_verifies_them(tmp_path):
+def test_each_node_fetches_only_its_own_ranks_shards_once_and_verifies_them(tmp_path, fsdp_on_two_nodes):
     """A 4-rank FSDP2 job on two "nodes" (a local folder per two ranks) resumes on two new nodes: each node
     downloads the checkpoint's metadata and the shards its own ranks read, each once, not the other node's."""
-    durable = f"countingfile://{tmp_path / 'durable'}"
-    common = ["--fsdp", "--width", 256, "--every-steps", 4, "--durable-url", durable, "--ranks-per-node", 2,
-              "--counting-store"]
-    torchrun(4, *common, "--steps", 8, "--local-dir", tmp_path / "old", "--out", tmp_path / "saved.pt")
+    common = [*FSDP_ON_TWO_NODES, "--durable-url", fsdp_on_two_nodes.durable, "--ranks-per-node", 2]
     fetch_log = tmp_path / "fetches.jsonl"
     os.environ["RUNNER_TEST_FETCH_LOG"] = str(fetch_log)
     try:
         torchrun(4, *common, "--steps", 8, "--local-dir", tmp_path / "new", "--dump-full", tmp_path / "restored.pt")
     finally:
         del os.environ["RUNNER_TEST_FETCH_LOG"]
-    assert same_weights(tmp_path / "saved.pt", tmp_path / "restored.pt")
+    assert same_weights(fsdp_on_two_nodes.saved, tmp_path / "restored.pt")
     fetched = [json.loads(line) for line in fetch_log.read_text().splitlines()]
     by_node = {node: sorted(Path(f["target"]).name for f in fetched if f"/new/{node}/" in f["target"])
                for node in ("node0", "node1")}
     # Rank 0's file also holds the small replicated items (Adam's step counters) that every rank reads.
     assert by_node == {"node0": [".metadata", "__0_0.distcp", "__1_0.distcp"],
                        "node1": [".metadata", "__0_0.distcp", "__2_0.distcp", "__3_0.distcp"]}, by_node
-    stored = {p.name: p.stat().st_size for p in (tmp_path / "durable" / "step-00000008").iterdir()}
+    stored = {p.name: p.stat().st_size for p in (fsdp_on_two_nodes.stored / "step-00000008").iterdir()}
     for node, not_needed in (("node0", ["__2_0.distcp", "__3_0.distcp"]), ("node1", ["__1_0.distcp"])):
         got = sum(f["bytes"] for f in fetched if f"/new/{node}/" in f["target"])
         whole = sum(size for name, size in stored.items() if name != "manifest.json")

@@ -78,10 +78,10 @@ def test_the_first_manifest_of_an_attempt_is_kept_with_only_the_contract_keys(se
 ])
 def test_a_report_with_a_value_of_the_wrong_kind_is_422_naming_it(server, data, field):
     """Bad telemetry is refused naming the field, and what was stored stays."""
-    def stored() -> tuple:
-        row = server.runner.json("restarts", server.job_id)[-1]
-        return row["steps"], row["peak_memory_gb"], row["nan_steps"], server.runner.json(
-            "status", server.job_id)["steps_per_second"]
+    def stored() -> tuple:  # what `runner restarts`/`status --json` print, read in this process (tests/conftest.py)
+        row = server.runner.restarts(server.job_id)[-1]
+        return row["steps"], row["peak_memory_gb"], row["nan_steps"], server.runner.job(
+            server.job_id)["steps_per_second"]
 
     before = stored()
     response = post(server, EventKind.TELEMETRY, data)

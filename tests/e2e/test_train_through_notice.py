@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from conftest import REPO, kill_nodes, write_job
+from session_reference import FINAL, SessionReference, shared_folder
 
 TRAINEE = """
 import hashlib, os, sys, time
@@ -63,7 +64,6 @@ if step >= steps:
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     print(f"final weights sha256 {digest}", flush=True)
 """
-FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 
 
 @pytest.fixture
@@ -107,41 +107,25 @@ def _submit(tmp_path: Path, runner, text: str) -> str:
     return runner.json("submit", str(path))["id"]
 
 
-class Uninterrupted:
-    """The trainee run start to end outside the runner, started at once so that it runs while the job waits on its
-    notice; ``sha()``: its final weights."""
-
-    def __init__(self, tmp_path: Path, steps: int):
-        folder = tmp_path / "uninterrupted"
-        folder.mkdir()
-        (folder / "train.py").write_text(TRAINEE)
-        self.process = subprocess.Popen([sys.executable, "train.py", str(steps), "0"], cwd=folder, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
-
-    def sha(self) -> str:
-        out, err = self.process.communicate(timeout=300)
-        assert self.process.returncode == 0, err
-        return FINAL.search(out).group(1)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+REFERENCE_STEPS = 1000  # the bit-exact tests' job: at most 10 steps a second in the first attempt, 100 s at least
 
 
-@pytest.fixture
-def uninterrupted(tmp_path: Path):
-    """``uninterrupted(steps)`` starts the reference run of ``steps`` (killed when the test ends)."""
-    started = []
+def _start_reference(folder: Path) -> list[subprocess.Popen]:
+    """The trainee's REFERENCE_STEPS run start to end outside the runner, without pauses."""
+    (folder / "train.py").write_text(TRAINEE)
+    return [subprocess.Popen([sys.executable, "train.py", str(REFERENCE_STEPS), "0"], cwd=folder, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})]
 
-    def start(steps: int) -> Uninterrupted:
-        started.append(Uninterrupted(tmp_path, steps))
-        return started[-1]
 
-    yield start
-    for run in started:
-        run.stop()
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory) -> SessionReference:
+    """The reference run's final weights (``sha256()``): started at once, so that it runs while the first test's
+    job waits on its notice; once per session for the tests that compare with it (tests/e2e/session_reference.py)."""
+    reference = SessionReference(shared_folder(tmp_path_factory), "uninterrupted-train-through", _start_reference)
+    reference.start()
+    yield reference
+    reference.stop()
 
 
 def _replacement_setup_held(tmp_path: Path) -> tuple[str, Path]:
@@ -165,9 +149,7 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
                                                                                           controller, uninterrupted):
     # The old node must still be training when the replacement is ready, on a busy machine too: 100 s of pauses
     # in the first attempt at least (the second does not pause).
-    steps = 1000
-    reference = uninterrupted(steps)
-    job_id = _submit(tmp_path, runner, _job("train-through", steps, pause=0.1, build=2.0))
+    job_id = _submit(tmp_path, runner, _job("train-through", REFERENCE_STEPS, pause=0.1, build=2.0))
     runner.wait_for_output(job_id, r"^step 30 at ")  # a few commits: the agent knows a checkpoint's time
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
 
@@ -190,7 +172,7 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
     assert first["lost_seconds"] == 0.0
     logs = runner.output(job_id)
     assert f"resumed from step {stopped_at}" in logs
-    assert FINAL.search(logs).group(1) == reference.sha()
+    assert FINAL.search(logs).group(1) == uninterrupted.sha256()
     # The replacement started the job's process once its setup was done, before the handover created its
     # attempt; the process waited in restore() and resumed from the step handed over.
     started = float(re.search(r"^process started at ([0-9.]+)$", runner.output(job_id, 2),
@@ -210,10 +192,9 @@ def test_a_replacement_not_ready_by_the_deadline_takes_over_once_the_node_is_rec
     """The replacement's setup outlasts the notice: at the deadline less its checkpoint's time and margin, the old
     node's own timer takes a durable checkpoint and holds the job there until it is reclaimed; the replacement
     then runs the next attempt from that step (nothing redone), with the same final weights."""
-    steps = 1000  # at most 10 steps a second: still training when reclaimed 24 s after a notice a busy machine delays
-    reference = uninterrupted(steps)
+    # REFERENCE_STEPS: at most 10 steps a second, still training when reclaimed 24 s after a delayed notice
     setup, go = _replacement_setup_held(tmp_path)
-    job_id = _submit(tmp_path, runner, _job("slow-replacement", steps, setup=setup, pause=0.1))
+    job_id = _submit(tmp_path, runner, _job("slow-replacement", REFERENCE_STEPS, setup=setup, pause=0.1))
     runner.wait_for_output(job_id, r"^step 30 at ")
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
     _release_when_the_first_attempt_ends(runner, job_id, go)
@@ -227,7 +208,7 @@ def test_a_replacement_not_ready_by_the_deadline_takes_over_once_the_node_is_rec
     old_output = runner.output(job_id, 1)
     assert "stopping at step" not in old_output  # never stopped: held until the node went
     assert int(STEP.findall(old_output)[-1][0]) == first["checkpoint_step"]  # no step after the held one
-    assert FINAL.search(runner.output(job_id)).group(1) == reference.sha()
+    assert FINAL.search(runner.output(job_id)).group(1) == uninterrupted.sha256()
 
 
 @pytest.mark.timeout(900)
@@ -239,10 +220,9 @@ def test_a_gcp_notice_trains_on_then_holds_at_a_durable_checkpoint_the_replaceme
     the deadline leaves just its checkpoint's time and a margin, commits that step durably and trains no
     further (held, then reclaimed); the replacement resumes from exactly that step, so no step is redone, and
     the final weights are an uninterrupted run's."""
-    steps = 1000  # 100 s of pauses in the first attempt at least: still training when reclaimed
-    reference = uninterrupted(steps)
+    # REFERENCE_STEPS: 100 s of pauses in the first attempt at least, still training when reclaimed
     setup, go = _replacement_setup_held(tmp_path)
-    job_id = _submit(tmp_path, runner, _job("gcp-hold", steps, setup=setup, pause=0.1))
+    job_id = _submit(tmp_path, runner, _job("gcp-hold", REFERENCE_STEPS, setup=setup, pause=0.1))
     runner.wait_for_output(job_id, r"^step 30 at ")
     sent = time.time()
     assert runner("preempt", job_id, "--notice", "gcp").returncode == 0
@@ -257,7 +237,7 @@ def test_a_gcp_notice_trains_on_then_holds_at_a_durable_checkpoint_the_replaceme
     assert [s for s, t in old_steps if t > sent + 1], "no step was trained on the old node after the notice"
     assert "stopping at step" not in old_output  # held, never stopped: the reclaim ended it
     assert old_steps[-1][0] == first["checkpoint_step"] == second["resumed_from_step"]  # nothing redone
-    assert FINAL.search(runner.output(job_id)).group(1) == reference.sha()
+    assert FINAL.search(runner.output(job_id)).group(1) == uninterrupted.sha256()
 
 
 BUSY_TRAINEE = """
