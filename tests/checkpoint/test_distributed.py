@@ -23,7 +23,16 @@ def torchrun(ranks: int, *args, check: bool = True) -> subprocess.CompletedProce
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                str(TRAINEE), *map(str, args)]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    # In a session of its own: a run that times out (a rank stuck in a collective) is killed whole, ranks included.
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+    try:
+        stdout, stderr = launcher.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        stdout, stderr = launcher.communicate()
+        raise AssertionError(f"torchrun did not end within {TIMEOUT}s:\n{stdout[-3000:]}\n{stderr[-5000:]}") from None
+    done = subprocess.CompletedProcess(command, launcher.returncode, stdout, stderr)
     if check and done.returncode != 0:
         raise AssertionError(f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
     return done
