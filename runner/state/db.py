@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
@@ -147,11 +147,19 @@ class PostgresTx(Tx):
                 self._conn.execute("SAVEPOINT part")
                 cursor = self._conn.execute(self._translate(sql), params)
                 self._conn.execute("RELEASE SAVEPOINT part")
-        except BaseException:  # raised as the pipeline ends: the release was skipped, the savepoint is still there
-            self._conn.execute("ROLLBACK TO SAVEPOINT part")
-            self._conn.execute("RELEASE SAVEPOINT part")
+        except BaseException as exc:  # raised as the pipeline ends: the release was skipped, the savepoint is there
+            self._undo_savepoint(exc)
             raise
         return [dict(row) for row in cursor.fetchall()]
+
+    def _undo_savepoint(self, failure: BaseException) -> None:
+        """After the statement of a pipelined savepoint failed: undo it alone, in one round trip, the transaction
+        going on. Where that fails too (BEGIN, the lock or the SAVEPOINT itself had failed: there is no savepoint),
+        the transaction is lost whole, and the error raised is the first one, not the undo's."""
+        try:
+            self._conn.execute("ROLLBACK TO SAVEPOINT part; RELEASE SAVEPOINT part")
+        except Exception:  # noqa: BLE001 - the transaction is aborted; its end rolls it back
+            raise failure from None
 
     def all_in_savepoint_then_commit(self, sql: str, params: tuple = ()) -> list[dict]:
         """The savepoint, the statement and COMMIT in one round trip (with BEGIN and the lock, where nothing was sent
@@ -168,8 +176,7 @@ class PostgresTx(Tx):
             if not self._conn.in_failed_transaction():  # the COMMIT failed, or the connection: nothing was kept
                 self._conn.ended(exc)
                 raise
-            # the statement failed (the COMMIT was skipped): undo it alone, in one round trip
-            self._conn.execute("ROLLBACK TO SAVEPOINT part; RELEASE SAVEPOINT part")
+            self._undo_savepoint(exc)  # the statement failed (the COMMIT was skipped)
             raise
         self._conn.ended()
         return [dict(row) for row in cursor.fetchall()]
@@ -222,11 +229,7 @@ class _BeginsWithFirstStatement:
         if not self._pipelines:  # BEGIN and the lock as one simple query, then the statement
             self._conn.execute("; ".join(self._begin))
             return self._conn.execute(sql, params)
-        if self._in_pipeline:
-            for statement in self._begin:
-                self._conn.execute(statement)
-            return self._conn.execute(sql, params)
-        with self._conn.pipeline():
+        with nullcontext() if self._in_pipeline else self._conn.pipeline():  # (inside one, it goes with the rest)
             for statement in self._begin:
                 self._conn.execute(statement)
             cursor = self._conn.execute(sql, params)
