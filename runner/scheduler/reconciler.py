@@ -286,13 +286,8 @@ def _apply_launch(ctx: SchedulerContext, node: Node, answer: Answer) -> None:
             store.delete_running_attempt(tx, node.job_id, node.attempt)
             store.add_event(tx, node.job_id, "launch-failed",
                             f"{offer.cloud} {offer.zone} {offer.instance_type}: {exc}", attempt=node.attempt)
-            if node.prepared_for is not None:  # a replacement prepared during a notice
+            if node.prepared_for is not None:  # a replacement prepared during a notice (the next attempt, taken back)
                 launch_refused(store, tx, node, exc)
-            job = store.job(node.job_id, tx)
-            if job.state == PROVISIONING and job.num_nodes == 1 and store.current_attempt(job.id, tx) is None:
-                # The next attempt had started on the still-launching replacement (standby.take_over): it waits again
-                transition(tx, job.id, RECOVERING, now=time.time(),
-                           message=f"the replacement {node.id} the next attempt started on could not be launched")
             waiting = store.job(node.job_id, tx).state in (PENDING, RECOVERING)
             if not exc.retryable:  # credentials or permissions: retrying cannot help; the user must act
                 if waiting:

@@ -180,13 +180,18 @@ def release_failed_standby(store, node: Node, exit_code: int | None, message: st
 def launch_refused(store, tx, node: Node, error: Exception) -> None:
     """Inside the failed launch's transaction: the prepared node's launch was refused (no capacity, a quota). Its
     record says so and why; the node on notice, no longer waiting for one, is told to stop now, and the job
-    relaunches as it would without one (a next attempt already started on it is taken back by the caller)."""
+    relaunches as it would without one. A next attempt that had already started on it (:func:`take_over`; the
+    caller deleted it with the failed launch) is taken back: the job waits for its next attempt again."""
     why = f"launch refused in {node.offer.zone} ({node.offer.instance_type}): {error}"
     standbys = StandbyStore(store)
     taken_back = {"took_over_at": None, "next_attempt": None} if node.attempt != PREPARED else {}
     standbys.update_record(tx, node.job_id, node.prepared_for, outcome="failed", failure=why,
                            released_at=time.time(), **taken_back)
     store.add_event(tx, node.job_id, "standby", f"replacement {node.id}: {why}", attempt=node.prepared_for)
+    job = store.job(node.job_id, tx)
+    if taken_back and job.state == PROVISIONING and job.num_nodes == 1 and store.current_attempt(job.id, tx) is None:
+        transition(tx, job.id, RECOVERING, now=time.time(),
+                   message=f"the replacement {node.id} the next attempt started on could not be launched")
 
 
 def take_over(ctx, job) -> bool:
