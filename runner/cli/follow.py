@@ -150,10 +150,12 @@ def follow_job(client: Client, job_id: str, interval: float = 0.5) -> str:
 
 
 def _waits_for(event: dict) -> int | None:
-    """The last attempt whose output comes before ``event`` (None: every attempt's, for the job's end)."""
+    """The last attempt whose output comes before ``event`` (None: every attempt's). The job's end waits for its own
+    attempt's output by number: an attempt that started and ended between the restart log's read and the events'
+    is not in that read yet, and "every attempt's" would not wait for it."""
     attempt = event.get("attempt")
     if event.get("to_state") in TERMINAL:
-        return None
+        return attempt
     if attempt is None:
         return 0
     return attempt if event.get("to_state") else attempt - 1
