@@ -1,5 +1,6 @@
 """What `--json` prints is for programs: stdout holds one JSON document and nothing else, the exit code is that of
-the same command without `--json`, and a job's `current_attempt` is the same object in `jobs` as in `status`."""
+the same command without `--json` and the contract's (2: bad input or configuration), and a job's
+`current_attempt` is the same object in `jobs` as in `status`."""
 
 from __future__ import annotations
 
@@ -61,3 +62,19 @@ def test_jobs_json_shows_the_current_attempt_as_status_json_does(tmp_path, runne
     assert set(in_jobs) == set(in_status), set(in_status) ^ set(in_jobs)
     assert {k: v for k, v in in_jobs.items() if k != "cost_usd"} == {k: v for k, v in in_status.items()
                                                                       if k != "cost_usd"}
+
+
+@pytest.mark.parametrize("where", ["RUNNER_SERVER", "config.yaml"])
+def test_a_controller_url_without_its_scheme_is_bad_configuration(runner, where):
+    """`127.0.0.1:8470` (no http://) as the controller's URL: exit 2 with or without --json, naming where it was
+    set and the form to use; no request is tried with it."""
+    env = {"RUNNER_TOKEN": "x"}
+    if where == "RUNNER_SERVER":
+        env["RUNNER_SERVER"] = "127.0.0.1:8470"
+    else:
+        (runner.home / "config.yaml").write_text("server: 127.0.0.1:8470\n")
+    for args in (("jobs", "--json"), ("jobs",), ("status", "some-job", "--json")):
+        result = runner(*args, env=env)
+        assert result.returncode == 2 and result.stdout == "", (args, result.stderr)
+        assert f"{where}" in result.stderr and "'127.0.0.1:8470'" in result.stderr and "http://" in result.stderr
+        assert "--debug" not in result.stderr
