@@ -31,8 +31,9 @@ def test_submit_follow_json_prints_only_the_id_object_on_stdout(tmp_path, runner
     order; the exit code still says how the job ended (1: it failed)."""
     result = runner("submit", str(write_job(tmp_path / "job", CHATTY)), "--follow", "--json", timeout=300)
     assert result.returncode == 1, result.stderr
-    document = json.loads(result.stdout)  # the whole of stdout: one JSON document
+    document = json.loads(result.stdout)  # the whole of stdout: one JSON document, on one line
     assert list(document) == ["id"] and document["id"].startswith("chatty-")
+    assert result.stdout == json.dumps(document) + "\n"
     order = ["===== attempt 1", "a line the job printed", "Z FAILED:", "its restart log"]
     where = [result.stderr.find(text) for text in order]
     assert all(i >= 0 for i in where) and where == sorted(where), result.stderr
