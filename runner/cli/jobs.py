@@ -19,7 +19,7 @@ from .workdir import pack_workdir
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--follow", is_flag=True, help="Stream state changes and output until the job ends.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print {\"id\": ...} on one line: stdout holds it only (with --follow, the job's output goes to stderr).")
+              help="Print {\"id\": ...} on one line, alone on stdout (with --follow, the job's output goes to stderr).")
 def submit(job_file: Path, follow: bool, as_json: bool):
     """Validate and submit a job file; print the job id."""
     from ..spec import load_job_file  # the schema (pydantic): loaded by the commands that read a job file only
