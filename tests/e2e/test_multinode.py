@@ -19,9 +19,10 @@ from gang_reference import FINAL, TORCHRUN, TRAIN, TRAINING, uninterrupted_gang 
 from output_search import NUMBER_END, occurrences
 
 # Still training when the gang stops for the notice: the stop comes before the notice's 24 s deadline (AWS's 120 s
-# at the clock of 0.2), and the 500 steps or more left after the preempt take 30 s at least. The last attempt, after
-# the notice, does not pause: it just finishes (the pauses do not change the weights).
-ARGS = f"{TRAINING} --step-time 0.06 --log-every 10"
+# at the clock of 0.2), and the 150 steps or more left after the preempt (the drill's 5 s and the 20 steps waited
+# for leave them) take 37 s at least. The last attempt, after the notice, does not pause: it just finishes (the
+# pauses do not change the weights).
+ARGS = f"{TRAINING} --step-time 0.25 --log-every 5"
 PARSED = "    args = parser.parse_args()\n"
 JOB = f"""
 name: gang
