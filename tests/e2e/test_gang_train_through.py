@@ -61,11 +61,16 @@ def _trainee() -> str:
     line = 'print(f"step {step} loss {loss.item():.4f}", flush=True)'
     restore = "    step = ckpt.restore()\n"
     parse = "    args = parser.parse_args()\n"
-    assert line in source and restore in source and parse in source
+    future = "from __future__ import annotations\n"
+    assert line in source and restore in source and parse in source and future in source
+    # A process started ahead that is to die does so first thing, before it imports torch (seconds of CPU for
+    # nothing): what matters is that it dies before its restore().
+    source = source.replace(future, future + (
+        'import os, sys\n'
+        'if os.environ.get("RUNNER_RESUME_WAIT") == "1" and os.environ.get("RUNNER_NODE_RANK") == "0" \\\n'
+        f'        and os.path.exists("{DIE_AHEAD}"):\n'
+        '    sys.exit(3)\n'), 1)
     source = source.replace(parse, parse + (
-        '    if os.environ.get("RUNNER_RESUME_WAIT") == "1" and os.environ.get("RUNNER_NODE_RANK") == "0" \\\n'
-        f'            and os.path.exists("{DIE_AHEAD}"):\n'
-        '        sys.exit(3)\n'
         '    if os.environ.get("RUNNER_ATTEMPT", "1") != "1":\n'
         '        args.step_time = 0\n'))
     source = source.replace(restore, '    print(f"rank {rank}: built at {time.time():.3f}", flush=True)\n' + restore)
