@@ -5,8 +5,8 @@ restarts on the same two nodes, and every node checks that its ranks restored th
 `runner preempt JOB --node 1` sends an AWS notice to node 1's metadata server only. The gang trains on while
 node 1's replacement is prepared in the same zone; then node 1's agent asks its ranks for the emergency
 checkpoint, and the collective Checkpointer stops every rank (node 0's too, through the process group) at one
-step. Node 0 is kept; the replacement takes rank 1; all four ranks resume from that checkpoint. The final weights equal those of the same 2 x 2 run
-never interrupted.
+step. Node 0 is kept; the replacement takes rank 1; all four ranks resume from that checkpoint. The final weights equal those of the same four
+ranks' training never interrupted.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
 
 
 def test_the_final_weights_equal_an_uninterrupted_run_of_the_same_topology(preempted_gang, uninterrupted_gang):
-    """The preempted and resumed gang ends with the weights of the same 2 x 2 run never interrupted
+    """The preempted and resumed gang ends with the weights of the same four ranks' training never interrupted
     (tests/e2e/gang_reference.py)."""
     runner, job_id, _, _ = preempted_gang
     assert FINAL.search(runner.output(job_id)).group(1) == uninterrupted_gang.sha256()
