@@ -4,8 +4,9 @@ which counts an accelerator comes in and where clouds are configured; `preempt` 
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from conftest import write_job
+from conftest import Controller, Runner, kill_nodes, write_job
 
 from runner.home import CONTROLLER_FILE
 
@@ -16,18 +17,32 @@ JOBS = {
 }
 
 
+@pytest.fixture(scope="module")
+def market(tmp_path_factory) -> Runner:
+    """One controller for the tests that ask one (none of them depends on what another submitted; a controller
+    start is a second of CPU): the CLI driver, pointed at it."""
+    home = tmp_path_factory.mktemp("home")
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    yield runner
+    controller.stop()
+    kill_nodes(home)
+
+
 @pytest.mark.parametrize("which", list(JOBS))
-def test_validate_refuses_what_submit_refuses(tmp_path, runner, controller, which):
+def test_validate_refuses_what_submit_refuses(tmp_path, market, which):
     text, reason = JOBS[which]
     job = write_job(tmp_path / "job", text)
-    validated, submitted = runner("validate", str(job)), runner("submit", str(job))
+    validated, submitted = market("validate", str(job)), market("submit", str(job))
     assert (validated.returncode, submitted.returncode) == (2, 2), validated.stdout + validated.stderr
     assert reason in validated.stderr and reason in submitted.stderr
     assert "valid" not in validated.stdout
 
 
-def test_a_submit_message_names_the_cheapest_offer_in_dollars(tmp_path, runner, controller):
-    result = runner("submit", str(write_job(tmp_path / "job", JOBS["H100:3"][0])))
+def test_a_submit_message_names_the_cheapest_offer_in_dollars(tmp_path, market):
+    result = market("submit", str(write_job(tmp_path / "job", JOBS["H100:3"][0])))
     assert "the cheapest H100:8 offer is sim-h100-8 in local-" in result.stderr and "at $" in result.stderr
 
 
@@ -49,30 +64,30 @@ def test_validate_without_a_controller_still_refuses_an_unknown_accelerator(tmp_
     assert result.returncode == 2 and "unknown accelerator 'B200'" in result.stderr
 
 
-def test_validate_passes_a_runnable_job(tmp_path, runner, controller):
-    result = runner("validate", str(write_job(tmp_path / "job", "name: ok\nrun: echo hi\nresources: {cloud: [local]}\n")))
+def test_validate_passes_a_runnable_job(tmp_path, market):
+    result = market("validate", str(write_job(tmp_path / "job", "name: ok\nrun: echo hi\nresources: {cloud: [local]}\n")))
     assert result.returncode == 0 and "valid" in result.stdout and "can run it" in result.stdout
 
 
-def test_offers_with_a_count_nobody_offers_names_the_counts(runner, controller):
-    result = runner("offers", "--accelerators", "H100:3")
+def test_offers_with_a_count_nobody_offers_names_the_counts(market):
+    result = market("offers", "--accelerators", "H100:3")
     assert result.returncode == 1
     assert "H100 comes as H100:8" in result.stderr and "$RUNNER_HOME" not in result.stderr + result.stdout
 
 
-def test_offers_on_a_cloud_not_configured_points_to_its_guide(runner, controller):
-    result = runner("offers", "--cloud", "aws")
+def test_offers_on_a_cloud_not_configured_points_to_its_guide(market):
+    result = market("offers", "--cloud", "aws")
     assert result.returncode == 1
     assert "cloud aws is not configured" in result.stderr and "docs/aws.md" in result.stderr
     assert "$RUNNER_HOME" not in result.stderr
 
 
-def test_preempting_an_ended_job_says_it_ended_as_cancel_does(tmp_path, runner, controller):
+def test_preempting_an_ended_job_says_it_ended_as_cancel_does(tmp_path, market):
     job = write_job(tmp_path / "job", "name: done\nrun: echo hi\nresources: {cloud: [local]}\n"
                                       "recovery: {resume_drill: 'off'}\n")
-    job_id = runner.json("submit", str(job))["id"]
-    runner.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="success")
-    cancelled, preempted = runner("cancel", job_id), runner("preempt", job_id)
+    job_id = market.json("submit", str(job))["id"]
+    market.wait_for(job_id, lambda j: j["state"] == "SUCCEEDED", what="success")
+    cancelled, preempted = market("cancel", job_id), market("preempt", job_id)
     assert f"{job_id} already ended (SUCCEEDED)" in cancelled.stdout
     assert preempted.returncode == 1
     assert f"{job_id} already ended (SUCCEEDED)" in preempted.stderr and "409" not in preempted.stderr

@@ -1,15 +1,22 @@
-"""The reference of the 2-node x 2-rank gang tests: examples/multinode/train.py trained from start to end on two
-torchrun "nodes" of two ranks each (gloo, CPU), outside the runner; its final weights' sha256.
+"""The reference of the 2-node x 2-rank gang tests: examples/multinode/train.py trained from start to end by the same
+four ranks (gloo, CPU), outside the runner; its final weights' sha256.
 
 tests/e2e/test_multinode.py and test_gang_train_through.py preempt gangs of this training, with the same steps and
 `--bit-exact`, and compare their final weights with it. Pauses between steps and progress lines do not change the
-weights, so one uninterrupted run serves them all: once per test session (a 2 x 2 run costs a minute of CPU on a
-2-core machine, most of it starting six processes), shared as tests/e2e/session_reference.py says.
+weights, so one uninterrupted run serves them all: once per test session (200 steps cost about 20 s of CPU, most of
+it starting the processes), shared as tests/e2e/session_reference.py says. Each step of the gang costs CPU (about
+30 ms for the four ranks together), in the reference and in every attempt that trains without pauses, so the
+training is kept short: the tests that must still be training at an event pause longer between steps rather than
+train more of them.
+
+The weights depend on the four ranks, not on how many launchers start them: the reference runs them under one
+torchrun (``--standalone``), which binds its own rendezvous port. Two launchers of two "nodes" each would need a port
+picked before either started; on a busy machine another process can take it meanwhile, and the second launcher then
+waits for a rendezvous that never comes (minutes, until its timeout).
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,33 +27,20 @@ from conftest import REPO
 from session_reference import FINAL, SessionReference, shared_folder  # noqa: F401 - FINAL: the gang tests' too
 
 TRAIN = REPO / "examples" / "multinode" / "train.py"
-STEPS = 600
+STEPS = 200
 # The weights depend on these; a test adds its own --step-time and --log-every (they do not change the weights).
 TRAINING = f"--steps {STEPS} --interval 1h --bit-exact"
 TORCHRUN = ("torchrun --nnodes={nodes} --node-rank={rank} --nproc-per-node=2 "
             "--master-addr={addr} --master-port={port}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _start(folder: Path) -> list[subprocess.Popen]:
-    """The two torchrun "nodes" of the uninterrupted run, started in ``folder``."""
-    port = _free_port()
+    """The uninterrupted run's launcher, started in ``folder``: four ranks on this machine."""
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    nodes = []
-    for rank in (0, 1):
-        cwd = folder / f"node{rank}"
-        cwd.mkdir()
-        command = TORCHRUN.format(nodes=2, rank=rank, addr="127.0.0.1", port=port).split()
-        # A session of its own: a kill ends the launcher's workers with it (they outlive a launcher killed alone).
-        nodes.append(subprocess.Popen([*command, str(TRAIN), *TRAINING.split(), "--step-time", "0"], cwd=cwd,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True))
-    return nodes
+    # A session of its own: a kill ends the launcher's workers with it (they outlive a launcher killed alone).
+    return [subprocess.Popen(["torchrun", "--standalone", "--nproc-per-node=4", str(TRAIN), *TRAINING.split(),
+                              "--step-time", "0"], cwd=folder, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)]
 
 
 @pytest.fixture(scope="session")

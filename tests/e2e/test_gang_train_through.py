@@ -15,7 +15,7 @@ next attempt then starts anew on every node, on another port, as it did before, 
 The local market's clock runs at 4.0 (four times AWS's 120 s): the replacement, and the next attempt's six processes
 started ahead beside the four training, get ready long before the deadline even on a busy machine. Its boot is
 1 s and its setup a shell builtin, so the test lasts as long as the processes take to start. The first attempt
-pauses between steps, so that it is still training when the next attempt is ready (600 steps: 360 s of pauses
+pauses between steps, so that it is still training when the next attempt is ready (200 steps: 360 s of pauses
 at least); a later attempt, and the uninterrupted run, just train: each of a 2 x 2 gang's steps costs CPU that
 the processes being started need. The uninterrupted run is tests/e2e/gang_reference.py's, shared with
 tests/e2e/test_multinode.py.
@@ -36,8 +36,8 @@ from gang_reference import FINAL, TORCHRUN, TRAIN, TRAINING, uninterrupted_gang 
 from output_search import NUMBER_END
 
 BOOT_SECONDS = 1.0
-# TRAINING's 600 steps: the first attempt is still training when the next attempt is ready, on a busy machine too.
-FIRST_STEP_TIME = 0.6  # the first attempt's pause between steps; a later attempt does not pause
+# TRAINING's 200 steps: the first attempt is still training when the next attempt is ready, on a busy machine too.
+FIRST_STEP_TIME = 1.8  # the first attempt's pause between steps; a later attempt does not pause
 ARGS = f"{TRAINING} --step-time {FIRST_STEP_TIME} --log-every 1"
 JOB = f"""
 name: gang-train-through
@@ -61,11 +61,16 @@ def _trainee() -> str:
     line = 'print(f"step {step} loss {loss.item():.4f}", flush=True)'
     restore = "    step = ckpt.restore()\n"
     parse = "    args = parser.parse_args()\n"
-    assert line in source and restore in source and parse in source
+    future = "from __future__ import annotations\n"
+    assert line in source and restore in source and parse in source and future in source
+    # A process started ahead that is to die does so first thing, before it imports torch (seconds of CPU for
+    # nothing): what matters is that it dies before its restore().
+    source = source.replace(future, future + (
+        'import os, sys\n'
+        'if os.environ.get("RUNNER_RESUME_WAIT") == "1" and os.environ.get("RUNNER_NODE_RANK") == "0" \\\n'
+        f'        and os.path.exists("{DIE_AHEAD}"):\n'
+        '    sys.exit(3)\n'), 1)
     source = source.replace(parse, parse + (
-        '    if os.environ.get("RUNNER_RESUME_WAIT") == "1" and os.environ.get("RUNNER_NODE_RANK") == "0" \\\n'
-        f'            and os.path.exists("{DIE_AHEAD}"):\n'
-        '        sys.exit(3)\n'
         '    if os.environ.get("RUNNER_ATTEMPT", "1") != "1":\n'
         '        args.step_time = 0\n'))
     source = source.replace(restore, '    print(f"rank {rank}: built at {time.time():.3f}", flush=True)\n' + restore)

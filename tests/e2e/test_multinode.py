@@ -5,8 +5,8 @@ restarts on the same two nodes, and every node checks that its ranks restored th
 `runner preempt JOB --node 1` sends an AWS notice to node 1's metadata server only. The gang trains on while
 node 1's replacement is prepared in the same zone; then node 1's agent asks its ranks for the emergency
 checkpoint, and the collective Checkpointer stops every rank (node 0's too, through the process group) at one
-step. Node 0 is kept; the replacement takes rank 1; all four ranks resume from that checkpoint. The final weights equal those of the same 2 x 2 run
-never interrupted.
+step. Node 0 is kept; the replacement takes rank 1; all four ranks resume from that checkpoint. The final weights equal those of the same four
+ranks' training never interrupted.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from gang_reference import FINAL, TORCHRUN, TRAIN, TRAINING, uninterrupted_gang 
 from output_search import NUMBER_END, occurrences
 
 # Still training when the gang stops for the notice: the stop comes before the notice's 24 s deadline (AWS's 120 s
-# at the clock of 0.2), and the 500 steps or more left after the preempt take 30 s at least. The last attempt, after
-# the notice, does not pause: it just finishes (the pauses do not change the weights).
-ARGS = f"{TRAINING} --step-time 0.06 --log-every 10"
+# at the clock of 0.2), and the 150 steps or more left after the preempt (the drill's 5 s and the 20 steps waited
+# for leave them) take 37 s at least. The last attempt, after the notice, does not pause: it just finishes (the
+# pauses do not change the weights).
+ARGS = f"{TRAINING} --step-time 0.25 --log-every 5"
 PARSED = "    args = parser.parse_args()\n"
 JOB = f"""
 name: gang
@@ -130,7 +131,7 @@ def test_every_rank_stops_at_one_step_and_resumes_from_it(preempted_gang):
 
 
 def test_the_final_weights_equal_an_uninterrupted_run_of_the_same_topology(preempted_gang, uninterrupted_gang):
-    """The preempted and resumed gang ends with the weights of the same 2 x 2 run never interrupted
+    """The preempted and resumed gang ends with the weights of the same four ranks' training never interrupted
     (tests/e2e/gang_reference.py)."""
     runner, job_id, _, _ = preempted_gang
     assert FINAL.search(runner.output(job_id)).group(1) == uninterrupted_gang.sha256()

@@ -8,9 +8,9 @@ or it restores a different (older) step.
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from e2e_fixtures import home  # noqa: F401 - a less compressed clock for these tests
-from conftest import write_job
+from conftest import Controller, Runner, kill_nodes, write_job
 
 TRAINEE = r'''
 import os, shutil, sys, time
@@ -64,6 +64,20 @@ recovery: {{max_failures: 0, resume_drill: {drill}}}
 """
 
 
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory) -> Runner:
+    """One controller for the module's jobs (each test submits its own and reads only it), on the e2e tests' less
+    compressed clock (tests/e2e/e2e_fixtures.py): a controller start is a second of CPU."""
+    home = tmp_path_factory.mktemp("home")
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    yield runner
+    controller.stop()
+    kill_nodes(home)
+
+
 def _submit(runner, tmp_path, sabotage: str = "", run: str | None = None, load: float = 0, drill: str = "2s") -> str:
     text = JOB.format(sabotage=sabotage, load=load, drill=drill)
     if run:
@@ -76,7 +90,7 @@ def _end(runner, job_id: str) -> dict:
     return runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=120, what="the end")
 
 
-def test_a_drill_that_resumes_passes_and_is_its_own_attempt(tmp_path, runner, controller):
+def test_a_drill_that_resumes_passes_and_is_its_own_attempt(tmp_path, runner):
     """The drill checkpoints, restarts on the same node, restores that step: passed, and the job goes on."""
     job_id = _submit(runner, tmp_path)
     assert _end(runner, job_id)["state"] == "SUCCEEDED"
@@ -89,7 +103,7 @@ def test_a_drill_that_resumes_passes_and_is_its_own_attempt(tmp_path, runner, co
     assert drill["drill"]["seconds"] >= 0
 
 
-def test_a_job_that_loads_for_longer_than_the_drill_time_still_gets_a_passing_drill(tmp_path, runner, controller):
+def test_a_job_that_loads_for_longer_than_the_drill_time_still_gets_a_passing_drill(tmp_path, runner):
     """The drill's clock starts when the training process connects, so 12 s of loading before it does not skip it."""
     job_id = _submit(runner, tmp_path, load=12, drill="3s")
     assert _end(runner, job_id)["state"] == "SUCCEEDED"
@@ -103,7 +117,7 @@ def test_a_job_that_loads_for_longer_than_the_drill_time_still_gets_a_passing_dr
     ("wipe", "checkpoint not restorable"),
     ("older", "a different step restored"),
 ])
-def test_a_broken_resume_fails_the_job_naming_what_failed(tmp_path, runner, controller, sabotage, reason):
+def test_a_broken_resume_fails_the_job_naming_what_failed(tmp_path, runner, sabotage, reason):
     """A drill that cannot prove resume fails the job, and the restart log says exactly why."""
     job_id = _submit(runner, tmp_path, sabotage)
     job = _end(runner, job_id)
@@ -115,7 +129,7 @@ def test_a_broken_resume_fails_the_job_naming_what_failed(tmp_path, runner, cont
     assert reason in runner("status", job_id).stdout
 
 
-def test_a_job_without_the_library_gets_a_drill_result_saying_so(tmp_path, runner, controller):
+def test_a_job_without_the_library_gets_a_drill_result_saying_so(tmp_path, runner):
     """A job that never connects to the agent is not failed by the drill; its restart log says why."""
     job_id = _submit(runner, tmp_path, run="python -c \"import time; time.sleep(4); print('plain job done')\"")
     assert _end(runner, job_id)["state"] == "SUCCEEDED"
