@@ -308,19 +308,21 @@ def record_drill(state, node: Node, result: dict) -> str | None:
     on any node fails the job."""
     store, gangs = state.store, GangStore(state.store)
     job_id = node.job_id
-    attempts = store.attempts(job_id)
-    drilled = [a for a in attempts if a.end_reason == "drill"]
-    target = drilled[-1] if drilled else next((a for a in attempts if a.attempt == node.attempt), None)
-    if target is None:
-        return None
-    old = target.drill or {}
-    ranks = {**(old.get("ranks") or {}), **(result.get("ranks") or {})}
-    if old.get("passed") is False:
-        merged = {**old, "ranks": ranks}
-    else:
-        merged = {**old, **result, "ranks": ranks}
-    merged["nodes_reported"] = old.get("nodes_reported", 0) + 1
+    # Read and merged inside the write: the gang's nodes report at nearly the same moment, and a merge of what
+    # was read before another node's verdict was written would drop that verdict.
     with store.db.transaction() as tx:
+        attempts = store.attempts(job_id, tx)
+        drilled = [a for a in attempts if a.end_reason == "drill"]
+        target = drilled[-1] if drilled else next((a for a in attempts if a.attempt == node.attempt), None)
+        if target is None:
+            return None
+        old = target.drill or {}
+        ranks = {**(old.get("ranks") or {}), **(result.get("ranks") or {})}
+        if old.get("passed") is False:
+            merged = {**old, "ranks": ranks}
+        else:
+            merged = {**old, **result, "ranks": ranks}
+        merged["nodes_reported"] = old.get("nodes_reported", 0) + 1
         gangs.set_drill(tx, job_id, target.attempt, merged, result.get("message") if result.get("passed") is False
                         else None)
     if result.get("passed") is False:
