@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import socket
 import subprocess
 import sys
 
@@ -24,16 +23,11 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
 FINAL = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun_script(script: str, *args: str, cwd, env) -> subprocess.CompletedProcess:
     """Run a trainee of this folder under torchrun with 2 local ranks."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(_free_port()), str(HERE / script), *args]
+    # --standalone: the launcher binds a free port itself (a port picked here could be taken before it binds)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(HERE / script), *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
