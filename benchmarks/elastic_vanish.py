@@ -92,7 +92,8 @@ def main() -> int:
     row += " | ".join(f"{medians[name]:.2f} s" for name, _ in codes)
     row += f" | {medians['after'] / medians['before']:.3f} |" if args.baseline else " |"
     print(row)
-    print("trials: " + "; ".join(f"{name} " + ", ".join(f"{v:.2f}" for v in values) for name, values in seconds.items()))
+    print("trials: " + "; ".join(f"{name} " + ", ".join(f"{v:.2f}" for v in values)
+                                 for name, values in seconds.items()))
     return 0
 
 
