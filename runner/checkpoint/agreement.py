@@ -158,3 +158,7 @@ class StepAgreement:
         if self._work is not None:
             self._work.wait()
             self._work = None
+
+    def release(self) -> None:
+        """Drop the group held for the rounds (close(): the group is being destroyed)."""
+        self._work, self._group, self._options = None, None, None

@@ -348,6 +348,7 @@ class Checkpointer:
         self._send(msg.Closed(self._last_job.step if self._last_job else None, _error).to_json())
         if self._control is not None:
             self._control.close()
+        self._mode.release_groups(self._persister.threads_ended())
 
     def _report_abandoned(self, timeout: float | None) -> None:
         """Name each checkpoint ``close()`` stopped waiting for: its step, its files, where the local copy is."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointConfigError
+from .errors import CheckpointConfigError, CheckpointError
 
 # A rank that died leaves its peers waiting in a collective; torchrun stops them long before this.
 SIDE_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
@@ -55,14 +55,14 @@ class GlooComm:
         import torch.distributed as dist
 
         value = torch.tensor([0 if flag else 1], dtype=torch.int64)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._live())
         return int(value.item()) == 0
 
     def max_int(self, value: int) -> int:
         import torch.distributed as dist
 
         tensor = torch.tensor([int(value)], dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._live())
         return int(tensor.item())
 
     def gather(self, obj) -> list:
@@ -70,13 +70,38 @@ class GlooComm:
         import torch.distributed as dist
 
         out = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        dist.all_gather_object(out, obj, group=self._live())
         return out
 
     def barrier(self) -> None:
         import torch.distributed as dist
 
-        dist.barrier(group=self.group)
+        dist.barrier(group=self._live())
+
+    def _live(self):
+        if self.group is None:  # a collective without a group would run on the training's own (default) group
+            raise CheckpointError("this side group was released when the Checkpointer closed")
+        return self.group
+
+    def release(self) -> None:
+        """Destroy this side group now, while the interpreter is whole (close(), once no thread of ours uses it).
+
+        A gloo group's worker threads live until the group's last reference goes, and one of them may still
+        hold the last reference to a tensor of the collective just finished. Left to interpreter shutdown,
+        such a thread frees that tensor after Python is gone and the process aborts ("terminate called without
+        an active exception"; seen about once in twenty stops of a 2-rank job on a loaded machine), even after
+        ``dist.destroy_process_group()``, which unregisters the group but cannot free what we still hold.
+        Dropping our reference here runs the group's destructor, which joins its threads."""
+        group, self.group = self.group, None
+        if group is None:
+            return
+        import torch.distributed as dist
+
+        try:
+            dist.destroy_process_group(group)
+        except (ValueError, RuntimeError):  # already destroyed with every group (the process is leaving)
+            pass
+        del group  # the last reference: the destructor runs here, with the GIL released while it joins
 
 
 @dataclass
@@ -90,6 +115,12 @@ class Ranks:
     uploader: GlooComm   # the uploader thread
     folder_leader: bool  # the lowest rank writing into this rank's local folder: prepares it, commits it
     local_rank: int | None = None
+
+    def release(self, threads_ended: bool) -> None:
+        """close(): destroy the side groups no thread of ours will use again (GlooComm.release). The writer's
+        and the uploader's are kept while their thread may still be inside a collective (a hung store)."""
+        for comm in (self.steps, self.writer, self.uploader) if threads_ended else (self.steps,):
+            comm.release()
 
 
 def distributed() -> bool:

@@ -188,6 +188,11 @@ class Persister:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
 
+    def threads_ended(self) -> bool:
+        """Has every thread of ours that issues collectives ended (after ``stop``)?"""
+        return not any(thread is not None and thread.is_alive()
+                       for thread in (self._writer, self._uploader, *self._from_buffer))
+
     # ------------------------------------------------------------------ the writer
 
     def _write_loop(self) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -26,6 +27,7 @@ def connect(start_if_needed: bool = True) -> Client:
     url = os.environ.get("RUNNER_SERVER") or config.get("server")
     token = os.environ.get("RUNNER_TOKEN") or config.get("token")
     if url:
+        _check_url(url, "RUNNER_SERVER" if os.environ.get("RUNNER_SERVER") else f"{home / 'config.yaml'}: server")
         if not token:
             token = _read_token(home)
         if not token:
@@ -39,6 +41,20 @@ def connect(start_if_needed: bool = True) -> Client:
     if not start_if_needed:
         raise ControllerUnreachable(f"no local controller is running for {home}")
     return _start_local(home)
+
+
+def _check_url(url: str, source: str) -> None:
+    """A controller URL that no request could use is bad configuration (exit 2), named with where it was set."""
+    for part in [u.strip() for u in url.split(",") if u.strip()] or [url]:
+        try:
+            parts = urlsplit(part)
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError:
+            usable = False
+        if not usable:
+            raise ConfigError(f"{source}: {part!r} is not a controller URL; give http://HOST:PORT "
+                              "(several separated by commas), e.g. http://127.0.0.1:8470")
 
 
 def _read_token(home: Path) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from typing import TextIO
 
 import click
 
@@ -27,10 +28,13 @@ class LogFollower:
     """Prints each attempt's output once, in order, resuming from the last offset it printed.
 
     Of a multi-node attempt, node 0's output comes first (live), then each other node's under its own
-    line once the one before it is complete; ``only_node`` keeps one node rank's output only."""
+    line once the one before it is complete; ``only_node`` keeps one node rank's output only. ``out``: where it
+    goes (default: stdout, as it is when each line is printed)."""
 
-    def __init__(self, client: Client, job_id: str, only_attempt: int | None = None, only_node: int | None = None):
+    def __init__(self, client: Client, job_id: str, only_attempt: int | None = None, only_node: int | None = None,
+                 out: TextIO | None = None):
         self.client = client
+        self.out = out
         self.job_id = job_id
         self.only_attempt = only_attempt
         self.only_node = only_node
@@ -64,13 +68,16 @@ class LogFollower:
                     continue
                 if key not in self.offsets:
                     if not any(k[0] == number for k in self.offsets):
-                        click.echo(separator(row))
+                        click.echo(separator(row), file=self._out())
                     if rank > 0 or self.only_node:
-                        click.echo(node_separator(row, rank))
+                        click.echo(node_separator(row, rank), file=self._out())
                     self.offsets[key] = 0
                 if not self._print_new(number, rank):
                     break  # the next node's output only once this one's is complete
         return bool(rows) and all((r["attempt"], rank) in self.finished for r in rows for rank in self._streams(r))
+
+    def _out(self) -> TextIO:
+        return self.out or sys.stdout
 
     def complete_through(self, number: int | None) -> bool:
         """Has every attempt up to ``number`` (every attempt, for None) printed all of its output?"""
@@ -89,8 +96,9 @@ class LogFollower:
         while True:
             chunk = self.client.get(f"/v1/jobs/{self.job_id}/logs", params=params)
             if chunk["data"]:
-                sys.stdout.write(chunk["data"])
-                sys.stdout.flush()
+                out = self._out()
+                out.write(chunk["data"])
+                out.flush()
             self.offsets[key] = params["offset"] = chunk["offset"]
             if chunk["complete"]:
                 self.finished.add(key)
@@ -120,13 +128,14 @@ def _no_attempt(client: Client, job_id: str, attempt: int) -> str:
     return f"job {job_id} has no attempt {attempt} (it {has}); see runner restarts {job_id}"
 
 
-def follow_job(client: Client, job_id: str, interval: float = 0.5) -> str:
-    """Stream state changes and output until the job ends; return its final state.
+def follow_job(client: Client, job_id: str, interval: float = 0.5, output: TextIO | None = None) -> str:
+    """Stream state changes (to stderr) and the job's output (to ``output``, default stdout) until the job ends;
+    return its final state.
 
     Lines come in the order things happened: a state change that ends an attempt comes after that attempt's
     output, a line about an attempt after the output of the ones before it, and the job's end after all of it
     (an attempt's last output reaches the controller a moment after its end is recorded)."""
-    follower = LogFollower(client, job_id)
+    follower = LogFollower(client, job_id, out=output)
     pending: deque[dict] = deque()
     last_event = 0
     while True:

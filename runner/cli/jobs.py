@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -17,7 +18,8 @@ from .workdir import pack_workdir
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--follow", is_flag=True, help="Stream state changes and output until the job ends.")
-@click.option("--json", "as_json", is_flag=True, help="Print {\"id\": ...}.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {\"id\": ...} on one line, alone on stdout (with --follow, the job's output goes to stderr).")
 def submit(job_file: Path, follow: bool, as_json: bool):
     """Validate and submit a job file; print the job id."""
     from ..spec import load_job_file  # the schema (pydantic): loaded by the commands that read a job file only
@@ -30,11 +32,12 @@ def submit(job_file: Path, follow: bool, as_json: bool):
     body.pop("workdir")
     job_id = client.post("/v1/jobs", {"spec": body, "workdir_digest": upload["digest"]})["id"]
     if as_json:
-        print_json({"id": job_id})
+        print_json({"id": job_id}, one_line=True)
     else:
         click.echo(job_id)
     if follow:
-        state = follow_job(client, job_id)
+        # With --json, stdout is the one JSON document: the job's output joins the state changes on stderr.
+        state = follow_job(client, job_id, output=sys.stderr if as_json else None)
         click.echo(f"[runner] job {job_id} {state}; its restart log:", err=True)
         print_restart_log(client.get(f"/v1/jobs/{job_id}/restarts"), err=True)
         raise SystemExit(0 if state == "SUCCEEDED" else 1)

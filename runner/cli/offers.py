@@ -24,10 +24,12 @@ def offers(accelerators: tuple[str, ...], cloud: str | None, on_demand: bool, re
     client = connect()
     rows = client.get("/v1/offers", params={k: v for k, v in params.items() if v})
     if as_json:
-        return print_json(rows)
-    if not rows:
+        print_json(rows)
+    if not rows:  # exit 1 with or without --json (the JSON is then `[]`), and why on stderr
         click.echo(f"No offer fits: {_why_none(client, accelerators, cloud)}", err=True)
         raise SystemExit(1)
+    if as_json:
+        return
     print_table(
         ["CLOUD", "REGION", "ZONE", "TYPE", "ACCELERATORS", "CPUS", "MEM GB", "SPOT/H", "ON-DEMAND/H"],
         [[r["cloud"], r["region"], r["zone"], r["instance_type"],

@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 
-def print_json(value) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=False))
+def print_json(value, one_line: bool = False) -> None:
+    """One JSON document on stdout: indented, or on ``one_line`` (a program reading lines gets it whole at once)."""
+    click.echo(json.dumps(value) if one_line else json.dumps(value, indent=2, sort_keys=False))
 
 
 PLAIN_TABLE_ROWS = 200  # past this many rows a table is laid out by hand: rich takes ~8 ms a row

@@ -179,7 +179,14 @@ def job_listing(store, *, states: tuple[str, ...] | None = None, limit: int | No
     recent = None if states or everything else now - RECENT_SECONDS
     jobs, total = store.job_listing(states=states, active=ACTIVE_STATES, ended_since=recent, limit=limit)
     attempts = store.attempts_of([job.id for job in jobs])
-    return [wire.job_summary(job, attempts[job.id], now) for job in jobs], total - len(jobs)
+    summaries = [wire.job_summary(job, attempts[job.id], now) for job in jobs]
+    running = [s["id"] for s in summaries if s["current_attempt"] is not None]
+    if running:  # each current attempt as `runner status` shows it: with why it was placed, its launch failures
+        events = store.running_attempts_events(running, ROW_EVENT_KINDS)
+        for summary in summaries:
+            if summary["current_attempt"] is not None:
+                summary["current_attempt"] = annotated_rows([summary["current_attempt"]], events[summary["id"]])[0]
+    return summaries, total - len(jobs)
 
 
 def failure_summary(job: Job, attempts: list) -> str | None:
@@ -243,10 +250,15 @@ def restarts(job_id: str, request: Request, who: Principal = Depends(require_job
 def restart_log(store, job: Job, attempts: list) -> list[dict]:
     """The job's restart-log rows (``attempts`` in order), each with its launch failures, notable events and, for a
     placement the cost policy chose, why it was chosen."""
+    return annotated_rows(wire.restart_rows(attempts, elastic=job.spec.resources.elastic), store.events(job.id))
+
+
+def annotated_rows(rows: list[dict], events: list) -> list[dict]:
+    """Restart-log ``rows`` with what the job's ``events`` say of each attempt (of the kinds in ROW_EVENT_KINDS)."""
     failures: dict[int, list[str]] = {}
     notable: dict[int, list[dict]] = {}
     placed: dict[int, str] = {}
-    for event in store.events(job.id):
+    for event in events:
         if event.kind == "launch-failed":
             failures.setdefault(event.attempt, []).append(event.message)
         elif event.kind in ATTEMPT_EVENT_KINDS:
@@ -254,10 +266,10 @@ def restart_log(store, job: Job, attempts: list) -> list[dict]:
                 {"kind": event.kind, "time": wire.iso(event.time), "message": event.message})
         elif event.kind == PLACEMENT_EVENT:
             placed[event.attempt] = event.message
-    return [{**_placement_first(row, placed.get(a.attempt)),
-             "launch_failures": failures.get(a.attempt, []),
-             "events": notable.get(a.attempt, [])}
-            for a, row in zip(attempts, wire.restart_rows(attempts, elastic=job.spec.resources.elastic))]
+    return [{**_placement_first(row, placed.get(row["attempt"])),
+             "launch_failures": failures.get(row["attempt"], []),
+             "events": notable.get(row["attempt"], [])}
+            for row in rows]
 
 
 def _placement_first(row: dict, reason: str | None) -> dict:
@@ -269,6 +281,8 @@ def _placement_first(row: dict, reason: str | None) -> dict:
 
 # Events shown on their attempt's restart-log row (state changes and log noise are not).
 ATTEMPT_EVENT_KINDS = ("notice", "rebalance", "maintenance", "chaos")
+# Every kind of event that a restart-log row shows.
+ROW_EVENT_KINDS = ("launch-failed", PLACEMENT_EVENT, *ATTEMPT_EVENT_KINDS)
 
 
 @router.get("/jobs/{job_id}/events")

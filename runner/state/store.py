@@ -391,6 +391,21 @@ class Store:
         rows = self.db.query("SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id", (job_id, after_id))
         return [Event.from_row(row) for row in rows]
 
+    def running_attempts_events(self, job_ids: list[str], kinds: tuple[str, ...]) -> dict[str, list[Event]]:
+        """The events of ``kinds`` recorded for the running attempt of each of many jobs (a few queries, not one
+        per job), each job's in order: what a listing shows on each job's current attempt."""
+        found: dict[str, list[Event]] = {job_id: [] for job_id in job_ids}
+        kind_marks = ",".join("?" * len(kinds))
+        for start in range(0, len(job_ids), 500):
+            chunk = tuple(job_ids[start:start + 500])
+            rows = self.db.query(
+                f"SELECT e.* FROM events e JOIN attempts a ON a.job_id = e.job_id AND a.attempt = e.attempt "
+                f"WHERE a.end_reason = 'running' AND e.job_id IN ({','.join('?' * len(chunk))}) "
+                f"AND e.kind IN ({kind_marks}) ORDER BY e.id", chunk + tuple(kinds))
+            for row in rows:
+                found[row["job_id"]].append(Event.from_row(row))
+        return found
+
 
 # Postgres only: the beats whose node rows this transaction could lock at once are written (each unless the stored
 # beat is newer); the ids of the existing rows it could not lock are returned (a plain read: it does not wait).

@@ -117,5 +117,10 @@ class Collective:
         else:
             self.agreement.drain()
 
+    def release_groups(self, threads_ended: bool) -> None:
+        """The last of close(): destroy the side groups now rather than at interpreter shutdown (group.py)."""
+        self.agreement.release()
+        self.ranks.release(threads_ended)
+
     def barrier(self) -> None:
         self.ranks.steps.barrier()

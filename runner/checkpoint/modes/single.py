@@ -70,5 +70,8 @@ class SingleProcess:
     def close(self) -> None:
         pass
 
+    def release_groups(self, threads_ended: bool) -> None:
+        pass
+
     def barrier(self) -> None:
         pass
