@@ -69,7 +69,7 @@ def rank_program(args) -> int:
     ddp = nn.parallel.DistributedDataParallel(model)
     x = torch.randn(32, args.width)
     out = open(args.report, "a")
-    phases = ckpt._elastic.last_phases  # a joiner's restore(): how its change's seconds went (not a public API)
+    phases = ckpt._mode.elastic.last_phases  # a joiner's restore(): how its change's seconds went (not a public API)
     if phases is not None:
         out.write(json.dumps({"join": phases.seconds, "ddp": time.time() - joined}) + "\n")
     while step < args.steps:
@@ -89,7 +89,7 @@ def rank_program(args) -> int:
         line = {"step": step, "world": ckpt.world_size, "rank": ckpt.rank, "start": started, "stepped": stepped,
                 "end": time.time(), "changed": ckpt.world_changed}
         if ckpt.world_changed:
-            line["phases"] = {**ckpt._elastic.last_phases.seconds, "ddp": round(line["end"] - changed, 4)}
+            line["phases"] = {**ckpt._mode.elastic.last_phases.seconds, "ddp": round(line["end"] - changed, 4)}
         out.write(json.dumps(line) + "\n")
         out.flush()
         while Path(args.gate).read_text().strip() and step >= int(Path(args.gate).read_text()):

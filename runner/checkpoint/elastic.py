@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from runner.protocol import messages as msg
 
-from . import peer_state, tolerant_group
+from . import peer_state, tolerant_group, world_sockets
 from .errors import CheckpointError, RestoreError
 from .group import GlooComm, folder_identity
 from .log import get_logger
@@ -111,14 +111,16 @@ class WorldInbox:
         self._newest: World | None = None
         self._cond = threading.Condition()
 
-    def offer(self, message: dict) -> None:
+    def offer(self, message: dict) -> World | None:
+        """Take ``message`` when it names a newer world than any known; the world taken, else None."""
         world = World.parse(message)
         with self._cond:
             if world is None or world.generation <= max(self.generation, self._newest.generation if self._newest
                                                         else 0):
-                return  # the agent repeats a world until it is known; an old one is done with
+                return None  # the agent repeats a world until it is known; an old one is done with
             self._newest = world
             self._cond.notify_all()
+            return world
 
     def pending(self) -> World | None:
         with self._cond:
@@ -329,7 +331,13 @@ class Elastic:
         self.intact = True  # false once a transfer into this rank's state broke half way: it holds no state
 
     def on_world(self, message: dict) -> None:
-        self.inbox.offer(message)
+        """The control channel's ``world`` (its reader thread). One formed after a loss (``lost``) cuts the older
+        worlds' connections at once: a rank blocked in a collective with the vanished node (which sends no reset)
+        fails it now instead of at RUNNER_ELASTIC_TIMEOUT_SECONDS, and leaves at its next step() as after any
+        loss (world_sockets.py)."""
+        world = self.inbox.offer(message)
+        if world is not None and message.get("lost") is True:
+            world_sockets.sever_before(world.generation)
 
     # ------------------------------------------------------------------ the training thread
 
@@ -459,10 +467,11 @@ class Elastic:
         from .agreement import StepAgreement
 
         ckpt = self.ckpt
-        enter(world)
-        phases.done("group")
-        fresh = side_groups(tolerant_group.timeout())
-        phases.done("side_groups")
+        with world_sockets.recording(world.generation):  # cut off when a newer world comes after a loss
+            enter(world)
+            phases.done("group")
+            fresh = side_groups(tolerant_group.timeout())
+            phases.done("side_groups")
         census = Census.take(fresh[0], step, diverged, ckpt.local.root)
         agreed = census.agreed_step()
         phases.done("census")
@@ -486,6 +495,7 @@ class Elastic:
         phases.moved_mb = round(moved / 2**20, 1)
         self.last_phases = phases
         self.inbox.accept(world)
+        world_sockets.forget_before(world.generation)
         self.changed = True
         if ranks.rank == 0:
             ckpt._send(msg.WorldChanged(world.generation, agreed, ranks.world_size).to_json())

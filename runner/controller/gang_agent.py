@@ -121,6 +121,8 @@ def exit_report(state, node: Node, reason: str, exit_code: int | None, message: 
         gangs.record_exit(tx, job_id, attempt, node.rank, reason, exit_code)
     current = store.current_attempt(job_id)
     new_state = None
+    if current is not None and current.attempt == attempt and reason == EndReason.FAILED:
+        elastic.replacement_job_failed(store, state.scheduler.providers, node, exit_code, message)
     if current is not None and current.attempt == attempt and elastic.left_the_world(store, node.id, job_id, attempt):
         elastic.release_left_node(store, node.id)  # it left an elastic world that trains on without it
         state.scheduler.nudge.set()

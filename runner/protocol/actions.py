@@ -22,8 +22,8 @@ class Action(StrEnum):
     STANDBY_WAIT = "wait"            # a prepared replacement: keep waiting for the handover
     STAY = "stay"                    # (exit report) a gang node kept for the next attempt: register again
     # An elastic gang's world changed: the reply's ``world`` ({"generation", "node_rank", "nnodes", "master_addr",
-    # "master_port"}) goes to every local rank with ``"op": "world"``; repeated until the heartbeat's
-    # ``generation`` says the agent knows it (docs/elastic.md).
+    # "master_port"}, and "lost": true after a loss) goes to every local rank with ``"op": "world"``; repeated until
+    # the heartbeat's ``generation`` says the agent knows it (docs/elastic.md).
     WORLD = "world"
 
     @property

@@ -353,9 +353,11 @@ class Resume(Message):
 
 @dataclass(frozen=True)
 class World(Message):
-    """An elastic gang's new world: this node's rank in it and where its store listens (the new global rank 0)."""
+    """An elastic gang's new world: this node's rank in it and where its store listens (the new global rank 0).
+    ``lost``: it was formed because a member vanished without a notice (the ranks cut the old groups off at once)."""
 
     op: ClassVar[Op] = Op.WORLD
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"lost"})
     required: ClassVar[dict] = {"generation": (int,), "node_rank": (int,), "nnodes": (int,),
                                 "master_addr": (str,), "master_port": (int,)}
     generation: int
@@ -363,6 +365,7 @@ class World(Message):
     nnodes: int
     master_addr: str
     master_port: int
+    lost: bool | None = None
 
 
 MESSAGES: dict[str, type[Message]] = {cls.op.value: cls for cls in (

@@ -27,6 +27,7 @@ from ..state.elastic import ElasticStore, World
 from ..state.gangs import GangStore
 from ..state.rows import Attempt, AttemptNode, Job
 from ..state.store import NODE_LAUNCHING, NODE_RUNNING, NODE_TERMINATING
+from .attempts import end_attempt
 from .states import RUNNING
 
 log = structlog.get_logger(__name__)
@@ -58,9 +59,19 @@ def grow(world: World, joiners: Iterable[int]) -> tuple[int, ...]:
 
 
 def world_message(world: World, rank: int) -> dict:
-    """What a member's agent forwards to its training processes (``RUNNER_NODE_RANK`` of the new world...)."""
-    return {"generation": world.generation, "node_rank": world.ranks.index(rank), "nnodes": len(world.ranks),
-            "master_addr": world.master_addr, "master_port": world.master_port}
+    """What a member's agent forwards to its training processes (``RUNNER_NODE_RANK`` of the new world...).
+    ``lost`` when a member vanished without a notice: the ranks cut the old groups off at once rather than wait
+    out a collective with it (runner/checkpoint/world_sockets.py)."""
+    message = {"generation": world.generation, "node_rank": world.ranks.index(rank), "nnodes": len(world.ranks),
+               "master_addr": world.master_addr, "master_port": world.master_port}
+    if formed_after_loss(world):
+        message["lost"] = True
+    return message
+
+
+def formed_after_loss(world: World) -> bool:
+    """Whether ``world`` was formed because a member was lost (no notice), not preempted or joined."""
+    return world.reason.startswith("rank ") and world.reason.endswith(" lost")
 
 
 def _next_world(ranks: dict[int, AttemptNode], members: tuple[int, ...], previous: World, attempt: Attempt,
@@ -72,10 +83,11 @@ def _next_world(ranks: dict[int, AttemptNode], members: tuple[int, ...], previou
 # --- a node leaves ------------------------------------------------------------------------------
 def node_leaves(store, providers: dict, job_id: str, attempt: int, rank: int, reason: str, why: str,
                 now: float | None = None, tx=None) -> bool:
-    """A node of the running attempt is preempted or lost: True when the attempt goes on without it (the new
-    world is issued), False when the caller must end the attempt as for any gang. In ``tx`` where given."""
+    """A node of the running attempt is preempted or lost (or a replacement's job ``failed``): True when the
+    attempt goes on without it (the new world is issued), False when the caller must end the attempt as for any
+    gang. In ``tx`` where given."""
     job = store.job(job_id, tx)
-    if job is None or not is_elastic(job) or reason not in ("preempted", "lost"):
+    if job is None or not is_elastic(job) or reason not in ("preempted", "lost", "failed"):
         return False
     if tx is not None:
         return _leave(store, providers, job_id, attempt, rank, reason, why, now or time.time(), tx)
@@ -97,26 +109,56 @@ def _leave(store, providers: dict, job_id: str, attempt: int, rank: int, reason:
     if mine.left_at is not None:
         return True  # its loss is known already (its notice, then the node's end)
     world = current_world(rows.values(), elastic.worlds(job_id, attempt, tx))
+    failed = reason == "failed"  # a replacement's own job: a failure of the job, not a preemption
+    if failed and job.failures + 1 > job.spec.recovery.max_failures:
+        return False
     if rank not in world.ranks:  # a replacement that had not joined yet: launch another
         elastic.mark_left(tx, job_id, attempt, rank, reason, now)
-        store.add_event(tx, job_id, ELASTIC_EVENT, f"{why}; it had not joined the gang yet", attempt=attempt,
-                        now=now)
+        if failed:
+            elastic.count_failure(tx, job_id)
+        store.add_event(tx, job_id, ELASTIC_EVENT, f"{why}; it had not joined the gang yet"
+                        + ("; its node is released and another replacement is launched" if failed else ""),
+                        attempt=attempt, now=now)
         return True
     members = shrink(world, rank, job.spec.resources.min_nodes)
-    if members is None or job.preemptions + 1 > job.spec.recovery.max_preemptions:
+    if members is None or (not failed and job.preemptions + 1 > job.spec.recovery.max_preemptions):
         return False
     new = _next_world(rows, members, world, current, providers.get(current.cloud),
                       f"rank {rank} {reason}")
     elastic.add_world(tx, job_id, attempt, new, now)
     elastic.mark_left(tx, job_id, attempt, rank, reason, now)
-    elastic.count_preemption(tx, job_id)
+    elastic.count_failure(tx, job_id) if failed else elastic.count_preemption(tx, job_id)
     store.add_event(tx, job_id, ELASTIC_EVENT,
                     f"{why}; the gang trains on with {len(members)} of {job.num_nodes} nodes "
                     f"(generation {new.generation}, rendezvous {new.master_addr}:{new.master_port}); "
-                    "a replacement is launched", attempt=attempt, now=now)
+                    + ("its node is released and another replacement is launched" if failed
+                       else "a replacement is launched"), attempt=attempt, now=now)
     log.info("elastic gang shrinks", job=job_id, attempt=attempt, rank=rank, reason=reason,
              generation=new.generation, members=list(members))
     return True
+
+
+def replacement_job_failed(store, providers: dict, node, exit_code: int | None, message: str | None) -> bool:
+    """A replacement's job failed while its node stays up (its training process crashed in ``restore()`` as it
+    joined, or later): it leaves the world as a lost node does, so the survivors, whose collectives with it
+    failed, train on in the next generation; its node is released and another replacement launched. It counts
+    against ``recovery.max_failures``: with that used up (or too few nodes left) False, and the attempt ends
+    failed as for any gang."""
+    row = next((r for r in GangStore(store).nodes_of(node.job_id, node.attempt) if r.node_id == node.id), None)
+    if row is None or row.joined_at is None or row.left_at is not None:
+        return False
+    code = f"exit code {exit_code}" if exit_code is not None else "no exit code"
+    why = f"replacement {node.id} (rank {row.rank}): its job failed ({code})" + (f": {message}" if message else "")
+    if node_leaves(store, providers, node.job_id, node.attempt, row.rank, "failed", why):
+        return True
+    current = store.current_attempt(node.job_id)
+    worlds = ElasticStore(store).worlds(node.job_id, node.attempt)
+    if current is not None and current.attempt == node.attempt and row.rank not in current_world(current.nodes,
+                                                                                                 worlds).ranks:
+        # Not a member yet, so its report decides nothing in the attempt's end: end it here (failures used up).
+        end_attempt(store, node.job_id, node.attempt, "failed", ranks=(row.rank,), exit_code=exit_code,
+                    message=f"{why}; recovery.max_failures is used up")
+    return False
 
 
 def left_the_world(store, node_id: str, job_id: str, attempt: int) -> AttemptNode | None:

@@ -65,6 +65,10 @@ class ElasticStore:
         """A node lost while the attempt goes on still counts against ``recovery.max_preemptions``."""
         tx.execute("UPDATE jobs SET preemptions = preemptions + 1 WHERE id = ?", (job_id,))
 
+    def count_failure(self, tx: Tx, job_id: str) -> None:
+        """A replacement whose job failed while the attempt goes on still counts against ``recovery.max_failures``."""
+        tx.execute("UPDATE jobs SET failures = failures + 1 WHERE id = ?", (job_id,))
+
     # --- what the training side reports ----------------------------------------------------------
     def record_world_size(self, tx: Tx, job_id: str, attempt: int, generation: int, step: int, world_size: int,
                           first: dict | None = None) -> bool:

@@ -6,7 +6,8 @@ changed. After each step a rank holds while the step is at or past the number in
 moves it), so the harness acts between known steps. At the end each rank writes its model to ``--out``.<pid>.pt.
 ``ELASTIC_TRAINEE_DIE_AT=send:N`` (``recv:N``, ``broadcast:N``) kills the process (SIGKILL) at its Nth
 point-to-point send (receive, broadcast) of the state to (from) a peer: a node dying in the middle of a joiner's transfer; ``restored``: once
-``restore()`` has returned.
+``restore()`` has returned. ``ELASTIC_TRAINEE_FREEZE_AT`` (same values but ``restored``) stops the process there
+instead (SIGSTOP): a node that vanished without a reset, its connections open and silent.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def dump(path: str, step: int, model, optimizer, sampler, extra: dict) -> None:
                 "extra": dict(extra)}, f"{path}.{os.getpid()}.{step}.pt")
 
 
-def die_at(where: str) -> None:
-    """Kill this process at its Nth point-to-point ``send`` or ``recv`` of the state (``where``: "send:N"), or at
-    its Nth ``broadcast`` of it as the sender (after a loss)."""
+def die_at(where: str, how: int = signal.SIGKILL) -> None:
+    """Kill this process (or send it ``how``) at its Nth point-to-point ``send`` or ``recv`` of the state
+    (``where``: "send:N"), or at its Nth ``broadcast`` of it as the sender (after a loss)."""
     op, count = where.split(":")
     calls = [0]
     link, op = (peer_state.Broadcast, "send") if op == "broadcast" else (peer_state.PointToPoint, op)
@@ -78,7 +79,7 @@ def die_at(where: str) -> None:
     def dying(self, tensor):
         calls[0] += 1
         if calls[0] >= int(count):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), how)
         return real(self, tensor)
 
     setattr(link, op, dying)
@@ -95,6 +96,8 @@ def main(argv) -> int:
     args = p.parse_args(argv)
     if ":" in os.environ.get("ELASTIC_TRAINEE_DIE_AT", ""):
         die_at(os.environ["ELASTIC_TRAINEE_DIE_AT"])
+    if ":" in os.environ.get("ELASTIC_TRAINEE_FREEZE_AT", ""):
+        die_at(os.environ["ELASTIC_TRAINEE_FREEZE_AT"], signal.SIGSTOP)
     dist.init_process_group("gloo")
     model, optimizer = build()
     dataset = Indexed()

@@ -22,6 +22,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--finish", help="a file whose existence ends the training (checked together every 20 steps)")
+    parser.add_argument("--crash-joiner", help="a replacement's process exits 1 right after restore() unless this "
+                        "file exists, which it creates (the first replacement crashes, the next one does not)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -34,6 +36,10 @@ def main() -> int:
     loader = DataLoader(dataset, batch_size=8, sampler=sampler)
     ckpt = Checkpointer(model=model, optimizer=optimizer, sampler=sampler, interval="1h")
     step = ckpt.restore()
+    if args.crash_joiner and os.environ.get("RUNNER_ELASTIC_JOIN") == "1" and not os.path.exists(args.crash_joiner):
+        open(args.crash_joiner, "w").close()
+        print(f"pid {os.getpid()} crashing after it joined at step {step}", flush=True)
+        os._exit(1)  # as a crash: no close(), no clean leave
     ddp = nn.parallel.DistributedDataParallel(model)
     print(f"pid {os.getpid()} rank {ckpt.rank} of {ckpt.world_size} from step {step}", flush=True)
     batches = iter(loader)

@@ -81,9 +81,10 @@ def test_a_lost_node_shrinks_the_world_and_the_attempt_goes_on(world):
     (generation,) = ElasticStore(store).worlds(JOB, current.attempt)
     assert generation.generation == 1 and generation.ranks == (0, 2)
     assert generation.master_addr == "10.0.0.0" and generation.master_port != first.master_port
+    # ``lost``: the ranks cut the old group's connections at once (a vanished machine sends no reset)
     assert elastic.heartbeat_world(store, view(store, node_of(store, 2)), 0) == (
         WORLD, {"generation": 1, "node_rank": 1, "nnodes": 2, "master_addr": "10.0.0.0",
-                "master_port": generation.master_port})
+                "master_port": generation.master_port, "lost": True})
     assert elastic.heartbeat_world(store, view(store, node_of(store, 0)), 1) is None  # known already
     assert elastic.heartbeat_world(store, view(store, lost), 0) == (STOP_FOR_PEER, None)
     rows = {r.rank: r for r in current.nodes}
@@ -121,6 +122,7 @@ def test_the_replacement_joins_as_the_next_generation_once_set_up_and_its_traini
     assert worlds[-1].master_port != worlds[0].master_port
     action, message = elastic.heartbeat_world(store, view(store, replacement), 0)
     assert action == WORLD and (message["generation"], message["node_rank"], message["nnodes"]) == (2, 2, 3)
+    assert "lost" not in message  # a grow: the old group works, the ranks leave it at an agreed step
     assert elastic.joiner_fields(store, replacement, JOB, current.attempt, "10.0.0.3")["elastic_join"] is True
     assert elastic.joiner_fields(store, node_of(store, 0), JOB, current.attempt, "10.0.0.0") is None
     assert len(market.alive()) == 3 and current.attempt == 1

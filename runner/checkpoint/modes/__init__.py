@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import elastic
+from .. import elastic, world_sockets
 from ..group import SIDE_GROUP_TIMEOUT, distributed, join
 from .collective import Collective
 from .single import SingleProcess
@@ -19,10 +19,14 @@ def choose(local_root: Path) -> SingleProcess | Collective:
     """Collective when torch.distributed is initialised (or this process joins an elastic gang), else a
     single process."""
     gang = elastic.enabled() and (distributed() or elastic.joining())
-    if gang:  # collectives that survive a lost peer, from the start (elastic.py)
+    if not gang:
+        ranks = join(local_root, timeout=SIDE_GROUP_TIMEOUT)
+        return SingleProcess() if ranks is None else Collective(ranks)
+    with world_sockets.recording(0):  # a world formed after a loss cuts these groups off (world_sockets.py)
+        # collectives that survive a lost peer, from the start (elastic.py)
         elastic.solo_group() if elastic.joining() else elastic.make_default_tolerant()
-    ranks = join(local_root, timeout=elastic.tolerant_group.timeout() if gang else SIDE_GROUP_TIMEOUT)
-    return SingleProcess() if ranks is None else Collective(ranks, gang=gang)
+        ranks = join(local_root, timeout=elastic.tolerant_group.timeout())
+    return SingleProcess() if ranks is None else Collective(ranks, gang=True)
 
 
 __all__ = ["Collective", "SingleProcess", "choose"]
