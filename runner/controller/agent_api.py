@@ -22,7 +22,7 @@ from ..scheduler.standby import release_failed_standby
 from ..scheduler.states import FAILED, PROVISIONING, RUNNING, TERMINAL
 from ..ledger import boot_seconds
 from ..state import ledger
-from ..state.rows import Attempt, Job, Node
+from ..state.rows import Node
 from ..state.standbys import PREPARED
 from ..state.store import NODE_LAUNCHING, NODE_RUNNING
 from ..scheduler.transitions import InvalidTransition, transition
@@ -42,16 +42,6 @@ router = APIRouter(prefix="/v1/agent")
 
 def _state(request: Request):
     return request.app.state.controller
-
-
-def _current(state, who: Principal) -> tuple[Job, Attempt | None]:
-    """The node's job and its attempt if that attempt is still the job's running one."""
-    node = who.node
-    job = state.store.job(node.job_id)
-    attempt = state.store.current_attempt(node.job_id)
-    if attempt is None or attempt.attempt != node.attempt:
-        return job, None
-    return job, attempt
 
 
 class WorldChanged(BaseModel):
@@ -88,20 +78,31 @@ def register(request: Request, who: Principal = Depends(require_node), body: Reg
     if state.store.job(who.node.job_id).num_nodes > 1:
         attempt, wait = gang_agent.register(state, who.node, address or "127.0.0.1")
         return wait or _assignment(state, who.node.job_id, attempt, who.node, address)
-    job, attempt = _current(state, who)
+    attempt = register_single_node(state, who.node)
     if attempt is None:
         raise HTTPException(409, "this node's attempt has ended; shut down")
+    return _assignment(state, who.node.job_id, attempt, who.node, address)
+
+
+def register_single_node(state, node: Node) -> int | None:
+    """A single node's agent registered: its attempt runs (and its job); None when that attempt has ended."""
     now = time.time()
     with state.store.db.transaction() as tx:
-        ledger.record_registration(tx, job.id, attempt.attempt, who.node.rank,
-                                   boot_seconds(who.node.created_at, who.node.registered_at is not None, now))
-        state.store.update_node(tx, who.node.id, registered_at=now, last_heartbeat=now)
-        state.store.note_first_registration(tx, who.node.id, now)
-        state.store.mark_attempt_running(tx, job.id, attempt.attempt, now)
+        # Read inside the write: the attempt can end meanwhile (its node found gone), and a registration for the
+        # attempt read before that would walk the job back to RUNNING with no attempt running (it would wait forever).
+        attempt = state.store.current_attempt(node.job_id, tx)
+        if attempt is None or attempt.attempt != node.attempt:
+            return None
+        job_id = node.job_id
+        ledger.record_registration(tx, job_id, attempt.attempt, node.rank,
+                                   boot_seconds(node.created_at, node.registered_at is not None, now))
+        state.store.update_node(tx, node.id, registered_at=now, last_heartbeat=now)
+        state.store.note_first_registration(tx, node.id, now)
+        state.store.mark_attempt_running(tx, job_id, attempt.attempt, now)
         # PENDING or RECOVERING still when the launch's answer has not been applied yet: the node is up all the same
-        if catch_up(tx, job.id, state.store.job(job.id, tx).state, RUNNING, attempt.attempt, now) == PROVISIONING:
-            transition(tx, job.id, RUNNING, now=now, message=f"attempt {attempt.attempt} running")
-    return _assignment(state, job.id, attempt.attempt, who.node, address)
+        if catch_up(tx, job_id, state.store.job(job_id, tx).state, RUNNING, attempt.attempt, now) == PROVISIONING:
+            transition(tx, job_id, RUNNING, now=now, message=f"attempt {attempt.attempt} running")
+    return attempt.attempt
 
 
 def _prepared_registration(state, node: Node, address: str | None = None) -> dict:

@@ -42,15 +42,18 @@ def waiting(message: str) -> dict:
 def register(state, node: Node, address: str) -> tuple[int, dict | None]:
     """Join the node's attempt; return (attempt, None) once the gang is complete, else (0, a waiting reply)."""
     store, gangs = state.store, GangStore(state.store)
-    job = store.job(node.job_id)
-    if job.state in TERMINAL or node.state != NODE_RUNNING:
-        raise HTTPException(409, "this node's job has ended or the node was released; shut down")
-    current = store.current_attempt(job.id)
-    mine = gangs.latest_for_node(node.id)
-    if current is None or mine is None or mine.attempt != current.attempt or mine.exit_reason:
-        return 0, waiting("this node is kept for the gang's next attempt, which is not planned yet")
     now = time.time()
+    # Read inside the write: a peer's report can end the attempt (and the next one be planned on the same nodes)
+    # at any moment, and a registration for the attempt read before that would complete the ended attempt's
+    # rendezvous and mark the job RUNNING while the next attempt's nodes have not registered.
     with store.db.transaction() as tx:
+        job = store.job(node.job_id, tx)
+        if job.state in TERMINAL or store.node(node.id, tx).state != NODE_RUNNING:
+            raise HTTPException(409, "this node's job has ended or the node was released; shut down")
+        current = store.current_attempt(job.id, tx)
+        mine = gangs.latest_for_node(node.id, tx)
+        if current is None or mine is None or mine.attempt != current.attempt or mine.exit_reason:
+            return 0, waiting("this node is kept for the gang's next attempt, which is not planned yet")
         gangs.register(tx, job.id, current.attempt, mine.rank, address, now)
         ledger.record_registration(tx, job.id, current.attempt, mine.rank,
                                    boot_seconds(node.created_at, node.registered_at is not None, now))

@@ -224,32 +224,15 @@ def release_unneeded(ctx, now: float | None = None) -> None:
     replacements of false notices."""
     store, standbys, now = ctx.store, StandbyStore(ctx.store), now or time.time()
     for node in standbys.every_live():
-        job = store.job(node.job_id)
-        current = store.current_attempt(node.job_id)
-        record = standbys.record(None, node.job_id, node.prepared_for) or {}
-        why = None
-        if job is None or job.state in TERMINAL:
-            why, outcome = "the job has ended", "released"
-        elif current is None:
-            continue  # the job waits for its next attempt: take_over starts it here
-        elif current.attempt != node.prepared_for:
-            why, outcome = f"attempt {node.prepared_for} it stood by for has ended", "released"
-        elif record.get("reason") == REBALANCE and record.get("notice_at") is None and current.notice is None:
-            timeout = job.spec.recovery.standby_timeout_seconds()
-            if now - node.created_at >= timeout:
-                why, outcome = f"no notice followed the rebalance recommendation within {timeout:g}s", "released"
-        elif current.notice is not None and record.get("deadline") is not None:
-            old = store.node(record.get("replaces") or current.node_id)  # a gang's: the node on notice
-            deadline = record["deadline"]
-            if (now > deadline + FALSE_NOTICE_GRACE_SECONDS and old is not None and old.state == NODE_RUNNING
-                    and (old.last_heartbeat or 0) > deadline + FALSE_NOTICE_GRACE_SECONDS / 2):
-                why, outcome = (f"false notice: node {old.id} still runs {now - deadline:.0f}s after its deadline",
-                                "released: false notice")
-        if why is None:
+        if _release_reason(store, node, now) is None:
             continue
         with store.db.transaction() as tx:
-            if store.node(node.id, tx).attempt != node.attempt:
-                continue  # it took over meanwhile
+            # Decided again inside the write: a notice may have come since (the rebalance standby is now the
+            # replacement it was launched for), or the standby taken over.
+            decided = _release_reason(store, node, now, tx)
+            if decided is None or store.node(node.id, tx).attempt != node.attempt:
+                continue
+            why, outcome = decided
             standbys.release(tx, node)
             standbys.update_record(tx, node.job_id, node.prepared_for, outcome=outcome, released_at=now)
             if outcome == "released: false notice":
@@ -258,3 +241,29 @@ def release_unneeded(ctx, now: float | None = None) -> None:
             store.add_event(tx, node.job_id, "standby", f"replacement {node.id} released: {why}",
                             attempt=node.prepared_for)
         log.info("prepared replacement released", job=node.job_id, node=node.id, why=why)
+
+
+def _release_reason(store, node: Node, now: float, tx=None) -> tuple[str, str] | None:
+    """Why a live standby is no longer needed, and its record's outcome (None while it is)."""
+    job = store.job(node.job_id, tx)
+    current = store.current_attempt(node.job_id, tx)
+    record = StandbyStore(store).record(tx, node.job_id, node.prepared_for) or {}
+    if job is None or job.state in TERMINAL:
+        return "the job has ended", "released"
+    if current is None:
+        return None  # the job waits for its next attempt: take_over starts it here
+    if current.attempt != node.prepared_for:
+        return f"attempt {node.prepared_for} it stood by for has ended", "released"
+    if record.get("reason") == REBALANCE and record.get("notice_at") is None and current.notice is None:
+        timeout = job.spec.recovery.standby_timeout_seconds()
+        if now - node.created_at >= timeout:
+            return f"no notice followed the rebalance recommendation within {timeout:g}s", "released"
+        return None
+    if current.notice is not None and record.get("deadline") is not None:
+        old = store.node(record.get("replaces") or current.node_id, tx)  # a gang's: the node on notice
+        deadline = record["deadline"]
+        if (now > deadline + FALSE_NOTICE_GRACE_SECONDS and old is not None and old.state == NODE_RUNNING
+                and (old.last_heartbeat or 0) > deadline + FALSE_NOTICE_GRACE_SECONDS / 2):
+            return (f"false notice: node {old.id} still runs {now - deadline:.0f}s after its deadline",
+                    "released: false notice")
+    return None

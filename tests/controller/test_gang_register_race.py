@@ -1,0 +1,97 @@
+"""A gang node's registration and its attempt's end at the same moment: the registration counts for the
+attempt that runs when it is written, never for one that ended (and was followed by the next) meanwhile."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from runner.controller import gang_agent
+from runner.providers.memory import MemoryProvider, memory_offers
+from runner.scheduler.attempts import end_attempt
+from runner.scheduler.reconciler import Reconciler, SchedulerContext
+from runner.spec import validate_job
+from runner.spec.stored import stored_job
+from runner.state import Store, open_database
+from runner.state.gangs import GangStore
+from runner.state.store import NODE_RUNNING
+
+# How long the registration, once it has read its attempt, waits for the attempt's end and the next attempt's plan.
+# With the attempt read inside the registration's write, they cannot come between the two, and the wait runs out.
+END_WAIT_S = 3.0
+
+
+def _gang_with_running_nodes(db_url) -> tuple[Store, SchedulerContext, list]:
+    store = Store(open_database(db_url))
+    market = MemoryProvider(memory_offers(("zone-a",)))
+    ctx = SchedulerContext(store=store, providers={"memory": market}, controller_url="http://ctl",
+                           node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}")
+    spec = validate_job({"name": "gang", "run": "train", "resources": {"num_nodes": 2},
+                         "recovery": {"resume_drill": "off"}})
+    with store.db.transaction() as tx:
+        store.insert_job(tx, "gang-1", "gang", stored_job(spec, None), "PENDING", time.time())
+    Reconciler(ctx).tick()
+    (attempt,) = store.attempts("gang-1")
+    with store.db.transaction() as tx:  # the nodes are up (their launch answered)
+        for rank in attempt.nodes:
+            store.update_node(tx, rank.node_id, state=NODE_RUNNING)
+    return store, ctx, [store.node(n.node_id) for n in attempt.nodes]
+
+
+def test_registration_racing_the_attempts_end_does_not_mark_the_next_attempt_running(db_url, monkeypatch):
+    """Node 0 completes attempt 1's rendezvous while node 1's failure ends attempt 1 and attempt 2 is planned on
+    the same nodes: the job waits for attempt 2's rendezvous (PROVISIONING), and node 0 registered for attempt 1
+    only if it did so before the end. (Its registration read attempt 1 before the end and wrote after it: the
+    job went RUNNING for an attempt none of whose nodes had registered, and node 0 was sent to attempt 1.)"""
+    store, ctx, (first, second) = _gang_with_running_nodes(db_url)
+    state = SimpleNamespace(store=store)
+    assert gang_agent.register(state, second, "10.0.0.2")[0] == 0  # node 1 waits for node 0
+    read, ended = threading.Event(), threading.Event()
+    reads = GangStore.latest_for_node
+
+    def latest_for_node(self, node_id, tx=None):
+        found = reads(self, node_id, tx)
+        if threading.current_thread().name == "register-node-0":
+            read.set()
+            ended.wait(END_WAIT_S)
+        return found
+
+    monkeypatch.setattr(GangStore, "latest_for_node", latest_for_node)
+    answers: list = []
+    errors: list[BaseException] = []
+
+    def register_node_0() -> None:
+        try:
+            answers.append(gang_agent.register(state, store.node(first.id), "10.0.0.1"))
+        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
+            errors.append(exc)
+
+    def fail_and_plan() -> None:
+        try:
+            read.wait(60)
+            end_attempt(store, "gang-1", 1, "failed", ranks=(1,), exit_code=1, message="rank 1 failed")
+            Reconciler(ctx).tick()  # attempt 2 on the same nodes
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            ended.set()
+
+    threads = [threading.Thread(target=register_node_0, name="register-node-0"),
+               threading.Thread(target=fail_and_plan, name="end-and-plan")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    attempts = store.attempts("gang-1")
+    assert [a.attempt for a in attempts] == [1, 2]
+    assert attempts[1].end_reason == "running" and attempts[1].running_at is None
+    assert store.job("gang-1").state == "PROVISIONING"
+    (answer,) = answers
+    # Node 0's registration came first (it completed attempt 1's rendezvous before its end) or it waits.
+    if answer[0] == 1:
+        assert attempts[0].running_at is not None
+        assert [e for e in store.events("gang-1") if "attempt 1 running" in (e.message or "")]
+    else:
+        assert answer[0] == 0
