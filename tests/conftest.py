@@ -171,6 +171,19 @@ def kill_nodes(home: Path) -> None:
         kill_node(ref_file.read_text())  # with torchrun's workers, in sessions of their own
 
 
+def shared_controller(tmp_path_factory, time_scale: float) -> Iterator[Runner]:
+    """A controller on the local market at ``time_scale`` for a module's tests that each read only their own jobs
+    (a controller start is a second of CPU): the CLI driver, pointed at it; stopped, its nodes killed, at the end."""
+    home = tmp_path_factory.mktemp("home")
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": time_scale}}}))
+    controller = Controller(home).start()
+    runner = Runner(home)
+    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
+    yield runner
+    controller.stop()
+    kill_nodes(home)
+
+
 BOTH_DATABASES = ("sqlite", "postgres")
 TESTS = Path(__file__).resolve().parent
 # The folders whose tests of the store and the controller run on both databases by default. A module there that

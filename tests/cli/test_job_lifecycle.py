@@ -10,9 +10,8 @@ import json
 from collections.abc import Iterator
 
 import pytest
-import yaml
 
-from conftest import Controller, Runner, kill_nodes, write_job
+from conftest import Runner, shared_controller, write_job
 
 ECHO_JOB = """
 name: hello
@@ -24,14 +23,7 @@ COUNT = "import sys, time\nfor i in range(3):\n    print(f'line {i}', flush=True
 
 
 def _shared_controller(tmp_path_factory) -> Iterator[Runner]:
-    home = tmp_path_factory.mktemp("home")
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    controller = Controller(home).start()
-    runner = Runner(home)
-    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    yield runner
-    controller.stop()
-    kill_nodes(home)
+    yield from shared_controller(tmp_path_factory, time_scale=0.05)
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,8 @@ which counts an accelerator comes in and where clouds are configured; `preempt` 
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from conftest import Controller, Runner, kill_nodes, write_job
+from conftest import Runner, shared_controller, write_job
 
 from runner.home import CONTROLLER_FILE
 
@@ -21,14 +20,7 @@ JOBS = {
 def market(tmp_path_factory) -> Runner:
     """One controller for the tests that ask one (none of them depends on what another submitted; a controller
     start is a second of CPU): the CLI driver, pointed at it."""
-    home = tmp_path_factory.mktemp("home")
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    controller = Controller(home).start()
-    runner = Runner(home)
-    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    yield runner
-    controller.stop()
-    kill_nodes(home)
+    yield from shared_controller(tmp_path_factory, time_scale=0.05)
 
 
 @pytest.mark.parametrize("which", list(JOBS))

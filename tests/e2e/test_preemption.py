@@ -18,9 +18,8 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
-from conftest import REPO, Controller, Runner, kill_nodes, write_job
+from conftest import REPO, Runner, shared_controller, write_job
 
 TRAIN = REPO / "examples" / "quickstart" / "train.py"
 STEPS = 160
@@ -49,14 +48,7 @@ def uninterrupted_sha(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def market(tmp_path_factory) -> Runner:
     """One controller for the module's jobs, on the e2e tests' less compressed clock (tests/e2e/e2e_fixtures.py)."""
-    home = tmp_path_factory.mktemp("home")
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
-    controller = Controller(home).start()
-    runner = Runner(home)
-    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    yield runner
-    controller.stop()
-    kill_nodes(home)
+    yield from shared_controller(tmp_path_factory, time_scale=0.2)
 
 
 @pytest.fixture(scope="module")

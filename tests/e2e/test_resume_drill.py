@@ -8,9 +8,8 @@ or it restores a different (older) step.
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from conftest import Controller, Runner, kill_nodes, write_job
+from conftest import Runner, shared_controller, write_job
 
 TRAINEE = r'''
 import os, shutil, sys, time
@@ -68,14 +67,7 @@ recovery: {{max_failures: 0, resume_drill: {drill}}}
 def runner(tmp_path_factory) -> Runner:
     """One controller for the module's jobs (each test submits its own and reads only it), on the e2e tests' less
     compressed clock (tests/e2e/e2e_fixtures.py): a controller start is a second of CPU."""
-    home = tmp_path_factory.mktemp("home")
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
-    controller = Controller(home).start()
-    runner = Runner(home)
-    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    yield runner
-    controller.stop()
-    kill_nodes(home)
+    yield from shared_controller(tmp_path_factory, time_scale=0.2)
 
 
 def _submit(runner, tmp_path, sabotage: str = "", run: str | None = None, load: float = 0, drill: str = "2s") -> str:
