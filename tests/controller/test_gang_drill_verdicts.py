@@ -4,40 +4,23 @@ drill's record keeps every node's ranks, whatever the order the reports are writ
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 
 from runner.controller import gang_agent
-from runner.providers.memory import MemoryProvider, memory_offers
-from runner.scheduler.reconciler import Reconciler, SchedulerContext
-from runner.spec import validate_job
-from runner.spec.stored import stored_job
-from runner.state import Store, open_database
+from runner.state import Store
 from runner.state.gangs import GangStore
+
+from launched_gang import launched_gang
 
 # How long the first report's write waits for the second report to have read the drill record. With the
 # record read inside the write, the second cannot read before the first commits, and the wait runs out.
 SECOND_READ_WAIT_S = 3.0
 
 
-def _launched_gang(db_url) -> tuple[Store, list]:
-    store = Store(open_database(db_url))
-    market = MemoryProvider(memory_offers(("zone-a",)))
-    ctx = SchedulerContext(store=store, providers={"memory": market}, controller_url="http://ctl",
-                           node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}")
-    spec = validate_job({"name": "gang", "run": "train", "resources": {"num_nodes": 2},
-                         "recovery": {"resume_drill": "off"}})
-    with store.db.transaction() as tx:
-        store.insert_job(tx, "gang-1", "gang", stored_job(spec, None), "PENDING", time.time())
-    Reconciler(ctx).tick()
-    (attempt,) = store.attempts("gang-1")
-    return store, [store.node(n.node_id) for n in attempt.nodes]
-
-
 def test_two_nodes_drill_verdicts_written_at_once_keep_both_nodes_ranks(db_url, monkeypatch):
     """Node 0's verdict is being written when node 1's report reads the record: both nodes' ranks end up in it,
     counted as two reports (a merge of what was read before node 0's write dropped node 0's ranks)."""
-    store, (first, second) = _launched_gang(db_url)
+    store, _, (first, second) = launched_gang(db_url)
     second_read = threading.Event()
     reads, writes = Store.attempts, GangStore.set_drill
 

@@ -4,39 +4,18 @@ attempt that runs when it is written, never for one that ended (and was followed
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 
 from runner.controller import gang_agent
-from runner.providers.memory import MemoryProvider, memory_offers
 from runner.scheduler.attempts import end_attempt
-from runner.scheduler.reconciler import Reconciler, SchedulerContext
-from runner.spec import validate_job
-from runner.spec.stored import stored_job
-from runner.state import Store, open_database
+from runner.scheduler.reconciler import Reconciler
 from runner.state.gangs import GangStore
-from runner.state.store import NODE_RUNNING
+
+from launched_gang import launched_gang
 
 # How long the registration, once it has read its attempt, waits for the attempt's end and the next attempt's plan.
 # With the attempt read inside the registration's write, they cannot come between the two, and the wait runs out.
 END_WAIT_S = 3.0
-
-
-def _gang_with_running_nodes(db_url) -> tuple[Store, SchedulerContext, list]:
-    store = Store(open_database(db_url))
-    market = MemoryProvider(memory_offers(("zone-a",)))
-    ctx = SchedulerContext(store=store, providers={"memory": market}, controller_url="http://ctl",
-                           node_token=lambda node_id: f"token-{node_id}", token_hasher=lambda t: f"hash-{t}")
-    spec = validate_job({"name": "gang", "run": "train", "resources": {"num_nodes": 2},
-                         "recovery": {"resume_drill": "off"}})
-    with store.db.transaction() as tx:
-        store.insert_job(tx, "gang-1", "gang", stored_job(spec, None), "PENDING", time.time())
-    Reconciler(ctx).tick()
-    (attempt,) = store.attempts("gang-1")
-    with store.db.transaction() as tx:  # the nodes are up (their launch answered)
-        for rank in attempt.nodes:
-            store.update_node(tx, rank.node_id, state=NODE_RUNNING)
-    return store, ctx, [store.node(n.node_id) for n in attempt.nodes]
 
 
 def test_registration_racing_the_attempts_end_does_not_mark_the_next_attempt_running(db_url, monkeypatch):
@@ -44,7 +23,7 @@ def test_registration_racing_the_attempts_end_does_not_mark_the_next_attempt_run
     the same nodes: the job waits for attempt 2's rendezvous (PROVISIONING), and node 0 registered for attempt 1
     only if it did so before the end. (Its registration read attempt 1 before the end and wrote after it: the
     job went RUNNING for an attempt none of whose nodes had registered, and node 0 was sent to attempt 1.)"""
-    store, ctx, (first, second) = _gang_with_running_nodes(db_url)
+    store, ctx, (first, second) = launched_gang(db_url, nodes_up=True)
     state = SimpleNamespace(store=store)
     assert gang_agent.register(state, second, "10.0.0.2")[0] == 0  # node 1 waits for node 0
     read, ended = threading.Event(), threading.Event()
