@@ -173,8 +173,13 @@ def kill_nodes(home: Path) -> None:
 
 def shared_controller(tmp_path_factory, time_scale: float) -> Iterator[Runner]:
     """A controller on the local market at ``time_scale`` for a module's tests that each read only their own jobs
-    (a controller start is a second of CPU): the CLI driver, pointed at it; stopped, its nodes killed, at the end."""
-    home = tmp_path_factory.mktemp("home")
+    (a controller start is a second of CPU): see ``local_controller``."""
+    yield from local_controller(tmp_path_factory.mktemp("home"), time_scale)
+
+
+def local_controller(home: Path, time_scale: float) -> Iterator[Runner]:
+    """A controller in ``home`` on the local market at ``time_scale``: the CLI driver, pointed at it; stopped, its
+    nodes killed, at the end."""
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": time_scale}}}))
     controller = Controller(home).start()
     runner = Runner(home)

@@ -6,13 +6,13 @@ go on in the same processes in a world of 2, the replacement joins with the stat
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
+from elastic_waits import wait_until, world_sizes
 from output_search import first, occurrences
 
 pytestmark = pytest.mark.timeout(900)  # torch in a replacement's two processes, twice, on a busy machine
@@ -27,22 +27,6 @@ resources: {{cloud: [local], num_nodes: 3, min_nodes: 2}}
 checkpoint: {{interval: 1h}}
 recovery: {{resume_drill: "off", max_failures: 0}}
 """
-
-
-# The waits poll what `runner restarts` and `runner logs --node 0` print through the CLI's own code in this process
-# (Runner.restarts, Runner.output): a CLI process twice a second took CPU from the four torch processes waited on.
-def _sizes(runner: Runner, job_id: str) -> list[int]:
-    return [w["world_size"] for w in runner.restarts(job_id)[0].get("world_sizes") or []]
-
-
-def _wait(condition, timeout: float, what: str, runner: Runner, job_id: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    events = runner.output(job_id, node=0)[-3000:]
-    raise AssertionError(f"timed out waiting for {what}; node 0's output ends: {events}")
 
 
 def _last_step(runner: Runner, job_id: str) -> int:
@@ -68,14 +52,14 @@ def test_a_gang_shrinks_and_grows_back_twice_in_one_attempt_with_the_same_surviv
         pid0 = first(r"pid (\d+) rank 0 of 3", runner("logs", job_id, "--node", "0").stdout).group(1)
 
         assert runner("preempt", job_id, "--node", "1", "--notice", "none").returncode == 0
-        _wait(lambda: _sizes(runner, job_id)[:2] == [3, 2], 90, "the shrink to 2", runner, job_id)
+        wait_until(lambda: world_sizes(runner, job_id)[:2] == [3, 2], 90, "the shrink to 2", runner, job_id)
         shrunk_at = _last_step(runner, job_id)
-        _wait(lambda: _last_step(runner, job_id) >= shrunk_at + 20, 90, "training in the smaller world", runner, job_id)
-        _wait(lambda: _sizes(runner, job_id)[:3] == [3, 2, 3], 240, "node 1's replacement to join", runner, job_id)
+        wait_until(lambda: _last_step(runner, job_id) >= shrunk_at + 20, 90, "training in the smaller world", runner, job_id)
+        wait_until(lambda: world_sizes(runner, job_id)[:3] == [3, 2, 3], 240, "node 1's replacement to join", runner, job_id)
 
         assert runner("preempt", job_id, "--node", "2", "--notice", "aws").returncode == 0
-        _wait(lambda: _sizes(runner, job_id)[:4] == [3, 2, 3, 2], 90, "the shrink after the notice", runner, job_id)
-        _wait(lambda: _sizes(runner, job_id) == [3, 2, 3, 2, 3], 240, "node 2's replacement to join", runner, job_id)
+        wait_until(lambda: world_sizes(runner, job_id)[:4] == [3, 2, 3, 2], 90, "the shrink after the notice", runner, job_id)
+        wait_until(lambda: world_sizes(runner, job_id) == [3, 2, 3, 2, 3], 240, "node 2's replacement to join", runner, job_id)
         job = runner.json("status", job_id)
         assert job["state"] == "RUNNING" and job["attempts"] == 1 and job["preemptions"] == 2
         out0 = runner("logs", job_id, "--node", "0").stdout

@@ -6,12 +6,12 @@ joins, and the job finishes in its one attempt; the restart log says what became
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import Controller, Runner, kill_nodes, write_job
+from elastic_waits import wait_until, world_sizes
 from output_search import first, occurrences
 
 pytestmark = pytest.mark.timeout(900)
@@ -26,20 +26,6 @@ resources: {{cloud: [local], num_nodes: 3, min_nodes: 2}}
 checkpoint: {{interval: 1h}}
 recovery: {{resume_drill: "off", max_failures: 1}}
 """
-
-
-def _sizes(runner: Runner, job_id: str) -> list[int]:
-    return [w["world_size"] for w in runner.restarts(job_id)[0].get("world_sizes") or []]
-
-
-def _wait(condition, timeout: float, what: str, runner: Runner, job_id: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; restarts: {runner.restarts(job_id)}; node 0's output ends: "
-                         f"{runner.output(job_id, node=0)[-3000:]}")
 
 
 def test_a_replacement_whose_training_crashes_after_it_joined_leaves_and_another_joins(tmp_path):
@@ -58,10 +44,10 @@ def test_a_replacement_whose_training_crashes_after_it_joined_leaves_and_another
         pid0 = first(r"pid (\d+) rank 0 of 3", runner("logs", job_id, "--node", "0").stdout).group(1)
 
         assert runner("preempt", job_id, "--node", "1", "--notice", "none").returncode == 0
-        _wait(lambda: _sizes(runner, job_id)[:2] == [3, 2], 90, "the shrink to 2", runner, job_id)
-        _wait(crashed.exists, 240, "the first replacement to join and crash", runner, job_id)
+        wait_until(lambda: world_sizes(runner, job_id)[:2] == [3, 2], 90, "the shrink to 2", runner, job_id)
+        wait_until(crashed.exists, 240, "the first replacement to join and crash", runner, job_id)
         # Its world is left again (3, then 2), and the next replacement joins (3).
-        _wait(lambda: _sizes(runner, job_id)[:5] == [3, 2, 3, 2, 3], 300, "the second replacement to join", runner,
+        wait_until(lambda: world_sizes(runner, job_id)[:5] == [3, 2, 3, 2, 3], 300, "the second replacement to join", runner,
               job_id)
         job = runner.json("status", job_id)
         assert job["state"] == "RUNNING" and job["attempts"] == 1

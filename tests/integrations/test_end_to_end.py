@@ -13,9 +13,8 @@ import shutil
 
 import pytest
 import torch
-import yaml
 
-from conftest import Controller, Runner, kill_nodes, write_job
+from conftest import local_controller, write_job
 
 from .conftest import REPO, load_example
 
@@ -55,13 +54,7 @@ def local_cloud(tmp_path):
     """A controller on the local provider, its clock less compressed than the unit tests' (as tests/e2e)."""
     home = tmp_path / "home"
     home.mkdir()
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.2}}}))
-    controller = Controller(home).start()
-    runner = Runner(home)
-    runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    yield runner
-    controller.stop()
-    kill_nodes(home)
+    yield from local_controller(home, time_scale=0.2)
 
 
 def _steps(runner, job_id: str, attempt: int) -> list[int]:
