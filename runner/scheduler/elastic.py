@@ -69,9 +69,16 @@ def world_message(world: World, rank: int) -> dict:
     return message
 
 
+def shrink_reason(rank: int | str, reason: str) -> str:
+    """The stored reason of a world formed because the member of ``rank`` left (``reason``: its end_reason)."""
+    return f"rank {rank} {reason}"
+
+
 def formed_after_loss(world: World) -> bool:
-    """Whether ``world`` was formed because a member was lost (no notice), not preempted or joined."""
-    return world.reason.startswith("rank ") and world.reason.endswith(" lost")
+    """Whether ``world`` was formed because a member was lost (no notice), not preempted or joined: its reason as
+    ``shrink_reason`` wrote it."""
+    rank = world.reason.removeprefix("rank ").partition(" ")[0]
+    return world.reason == shrink_reason(rank, "lost")
 
 
 def _next_world(ranks: dict[int, AttemptNode], members: tuple[int, ...], previous: World, attempt: Attempt,
@@ -124,7 +131,7 @@ def _leave(store, providers: dict, job_id: str, attempt: int, rank: int, reason:
     if members is None or (not failed and job.preemptions + 1 > job.spec.recovery.max_preemptions):
         return False
     new = _next_world(rows, members, world, current, providers.get(current.cloud),
-                      f"rank {rank} {reason}")
+                      shrink_reason(rank, reason))
     elastic.add_world(tx, job_id, attempt, new, now)
     elastic.mark_left(tx, job_id, attempt, rank, reason, now)
     elastic.count_failure(tx, job_id) if failed else elastic.count_preemption(tx, job_id)
