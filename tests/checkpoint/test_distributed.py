@@ -13,29 +13,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from .torchrun_launch import TIMEOUT, run_ranks
+
 TRAINEE = Path(__file__).with_name("ddp_trainee.py")
-TIMEOUT = 240  # generous: a busy 2-core machine starts 4 ranks slowly; nothing here waits on a clock
 # Minutes of torchrun gangs, on one worker (the module's tests share a fixture): started early, not at the run's tail.
 pytestmark = pytest.mark.start_early("four-rank torchrun gangs, one after another")
 
 
 def torchrun(ranks: int, *args, check: bool = True) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               str(TRAINEE), *map(str, args)]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    # In a session of its own: a run that times out (a rank stuck in a collective) is killed whole, ranks included.
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-    try:
-        stdout, stderr = launcher.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        stdout, stderr = launcher.communicate()
-        raise AssertionError(f"torchrun did not end within {TIMEOUT}s:\n{stdout[-3000:]}\n{stderr[-5000:]}") from None
-    done = subprocess.CompletedProcess(command, launcher.returncode, stdout, stderr)
-    if check and done.returncode != 0:
-        raise AssertionError(f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
-    return done
+    return run_ranks(ranks, TRAINEE, *args, check=check)
 
 
 def reports(prefix: Path, ranks: int) -> list[dict]:
