@@ -15,10 +15,12 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator, TextIO
 
+from ..errors import RunnerError
+
 OUTPUT_CLOSED_EXIT = 141
 
 
-class OutputClosed(Exception):
+class OutputClosed(RunnerError):
     """The reader of the command's output has gone. Not an OSError: click turns an EPIPE into exit status 1."""
 
 
