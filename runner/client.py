@@ -36,7 +36,8 @@ class Client:
     answered last, and move on to the next when it cannot be reached. Only a refused or failed connection
     moves on, never a request that timed out (another controller would do it a second time)."""
 
-    def __init__(self, url: str, token: str, timeout: float = 30.0):
+    def __init__(self, url: str, token: str, timeout: float = 30.0, token_source: str | None = None):
+        self.token_source = token_source  # the CLI's: where its token was read (RUNNER_TOKEN, a file), for a refusal
         self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()] or [url]
         self.url = self.urls[0]
         self.timeout = timeout
@@ -57,7 +58,7 @@ class Client:
             self.url = url
             self.last_headers = response.headers  # case-insensitive
             if response.status_code >= 400:
-                raise _error(response)
+                raise _error(response, self.token_source)
             if response.headers.get("content-type", "").startswith("application/json"):
                 return response.json()
             return response.content
@@ -73,7 +74,7 @@ class Client:
         return self.request("POST", path, json=json or {}, **kwargs)
 
 
-def _error(response: requests.Response) -> ClientError:
+def _error(response: requests.Response, token_source: str | None = None) -> ClientError:
     try:
         detail = response.json().get("detail", response.text)
     except ValueError:
@@ -81,8 +82,14 @@ def _error(response: requests.Response) -> ClientError:
     if not isinstance(detail, str):
         detail = str(detail)
     status = response.status_code
+    if status == 401 and token_source:
+        return ClientError(f"the controller refused the token from {token_source} ({detail}); set RUNNER_TOKEN to "
+                           "that controller's admin token (the admin-token file in its data dir)", status)
     if status == 401:
         return ClientError(f"the controller refused the token ({detail}); check RUNNER_TOKEN", status)
+    if status == 403 and token_source:
+        return ClientError(f"not allowed: {detail}; the token from {token_source} is a node's: set RUNNER_TOKEN to "
+                           "the controller's admin token (the admin-token file in its data dir)", status)
     if status == 403:
         return ClientError(f"not allowed: {detail}", status)
     if status == 404:

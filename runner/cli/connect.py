@@ -26,15 +26,16 @@ def connect(start_if_needed: bool = True) -> Client:
     config = load_config(home)
     url = os.environ.get("RUNNER_SERVER") or config.get("server")
     token = os.environ.get("RUNNER_TOKEN") or config.get("token")
+    source = "RUNNER_TOKEN" if os.environ.get("RUNNER_TOKEN") else f"{home / 'config.yaml'}: token"
     if url:
         _check_url(url, "RUNNER_SERVER" if os.environ.get("RUNNER_SERVER") else f"{home / 'config.yaml'}: server")
         if not token:
-            token = _read_token(home)
+            token, source = _read_token(home), str(home / ADMIN_TOKEN_FILE)
         if not token:
             # A controller that cannot be reached is exit 3 whatever the token; one that answers needs the token.
             Client(url, "", timeout=5).get("/healthz")
             raise ClientError(f"no token for {url}: set RUNNER_TOKEN (the admin token of that controller)")
-        return Client(url, token)
+        return Client(url, token, token_source=source)
     client = _local_client(home)
     if client is not None:
         return client

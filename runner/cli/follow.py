@@ -10,6 +10,7 @@ from typing import TextIO
 import click
 
 from ..client import Client, NotFound
+from .pipes import stop_if_reader_gone
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -119,6 +120,7 @@ def follow_logs(client: Client, job_id: str, attempt: int | None, follow: bool, 
                 return  # the job goes on: the attempt may come (--follow waits for it)
         elif not follow or done and client.get(f"/v1/jobs/{job_id}")["state"] in TERMINAL:
             return
+        stop_if_reader_gone(follower.out or sys.stdout)  # (`runner logs JOB -f | head -1` ends once head has)
         time.sleep(interval)
 
 
@@ -155,6 +157,7 @@ def follow_job(client: Client, job_id: str, interval: float = 0.5, output: TextI
                 break
         if job["state"] in TERMINAL and logs_done and not pending:
             return job["state"]
+        stop_if_reader_gone(output or sys.stdout)
         time.sleep(interval)
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import click
 
-from ..client import BadRequest, ClientError
+from ..client import BadRequest, ClientError, NotFound
 from ..spec import format_duration
 from .connect import connect
 from .follow import follow_job, follow_logs
@@ -63,6 +64,19 @@ def validate(job_file: Path):
     click.echo(f"{job_file}: valid (job {spec.name!r}), and a configured cloud can run it")
 
 
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")  # a job's name (lowercase letters, digits, '-') and its suffix
+
+
+def checked_job_id(job_id: str) -> str:
+    """A job id as `runner submit` prints it. Anything else names no job, and in a URL it would reach another
+    endpoint than the job's (``runner status .`` read the job listing, ``runner logs a/b`` got "Not Found")."""
+    if not JOB_ID.fullmatch(job_id):
+        raise NotFound(f"no job {job_id!r}: a job id is letters, digits and '-' (the job's name and a suffix, as "
+                       "`runner submit` printed it); `runner jobs` lists the jobs")
+    return job_id
+
+
+job_id_argument = click.argument("job_id", callback=lambda ctx, param, value: checked_job_id(value))
 JOB_STATES = ("PENDING", "PROVISIONING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED")
 DEFAULT_LIMIT = 100
 
@@ -106,7 +120,7 @@ def _print_jobs(jobs: list[dict], filtered: bool) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @click.option("--json", "as_json", is_flag=True)
 def status(job_id: str, as_json: bool):
     """One job in full, with its current attempt and node."""
@@ -142,7 +156,7 @@ def status(job_id: str, as_json: bool):
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @click.option("--attempt", type=int, help="Only this attempt.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--node", "rank", type=int, default=None,
@@ -153,7 +167,7 @@ def logs(job_id: str, attempt: int | None, follow: bool, rank: int | None):
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--wide", is_flag=True, help="Every column: prices, times, exit codes and the training's figures.")
 def restarts(job_id: str, as_json: bool, wide: bool):
@@ -256,7 +270,7 @@ def _drill(row: dict) -> str | None:
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 def cancel(job_id: str):
     """Stop the job and release its node."""
     result = connect().post(f"/v1/jobs/{job_id}/cancel")
@@ -267,7 +281,7 @@ def cancel(job_id: str):
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @click.option("--notice", type=click.Choice(["aws", "gcp", "azure", "none"]), default="aws", show_default=True,
               help="The cloud whose notice protocol is used; none: the node vanishes without a notice (its "
                    "processes are killed at once).")

@@ -11,6 +11,7 @@ import click
 
 from ..client import ClientError
 from ..errors import InputError
+from .pipes import OutputClosed, closed_output_ends_the_command, output_closed
 
 # Each command's module is imported only when that command runs: `runner agent` on a node and every quick
 # `runner status` start without the job-file schema, the tables and the simulator they do not use.
@@ -32,6 +33,16 @@ class LazyGroup(click.Group):
         module, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
 
+    # A closed output while parsing (`--help`, `--version`) or running a command: main() ends it (click's own catch of
+    # an EPIPE would exit 1).
+    def make_context(self, *args, **kwargs):
+        with closed_output_ends_the_command():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with closed_output_ends_the_command():
+            return super().invoke(ctx)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
@@ -43,9 +54,20 @@ def cli(debug: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # what is still buffered: a reader that has gone shows here, not as the interpreter exits
+        return code
+    except BrokenPipeError:  # (an error's message written to a closed stderr)
+        return output_closed()
+
+
+def _run(argv: list[str] | None) -> int:
     debug = "--debug" in (argv or sys.argv) or os.environ.get("RUNNER_DEBUG") == "1"
     try:
         cli.main(args=argv, prog_name="runner", standalone_mode=False)
+    except (OutputClosed, BrokenPipeError):  # `runner jobs | head -1`: no message, exit 141 (pipes.py)
+        return output_closed()
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130

@@ -10,6 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from .pipes import OutputClosed
+
 
 def print_json(value, one_line: bool = False) -> None:
     """One JSON document on stdout: indented, or on ``one_line`` (a program reading lines gets it whole at once)."""
@@ -42,8 +44,15 @@ def print_table(columns: list[str], rows: list[list], empty: str = "", err: bool
     for row in rows:
         table.add_row(*["-" if cell is None else str(cell) for cell in row])
     stream = sys.stderr if err else sys.stdout
-    console = Console(file=stream, width=output_width(stream), highlight=False)
+    console = _Console(file=stream, width=output_width(stream), highlight=False)
     console.print(table)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The table's reader has gone: the command ends as for any closed output (rich's own exits 1)."""
+        self.quiet = True
+        raise OutputClosed()
 
 
 def output_width(stream) -> int:

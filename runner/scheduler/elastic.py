@@ -292,12 +292,7 @@ def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None, joi
             ready.append(row.rank)
         elif row.registered_at is None and now - row.joined_at > ctx.gang_timeout:
             late.append(row)
-    for row in late:
-        with store.db.transaction() as tx:
-            elastic.mark_left(tx, job.id, current.attempt, row.rank, "lost", now)
-            store.update_node(tx, row.node_id, state=NODE_TERMINATING)
-            store.add_event(tx, job.id, ELASTIC_EVENT, f"replacement {row.node_id} (rank {row.rank}) did not register "
-                            f"within {ctx.gang_timeout:.0f}s; launching another", attempt=current.attempt, now=now)
+    late = [row for row in late if _give_up(ctx, job, current.attempt, row, now)]
     if not ready:
         return bool(late)
     rows = {r.rank: r for r in current.nodes}
@@ -317,6 +312,20 @@ def admit_joiners(ctx, job: Job, current: Attempt, now: float | None = None, joi
                         f"{', '.join(rows[r].node_id for r in ready)} joined: the gang trains with {len(members)} of "
                         f"{job.num_nodes} nodes (generation {new.generation})", attempt=current.attempt, now=now)
     log.info("elastic gang grows", job=job.id, attempt=current.attempt, joined=ready, generation=new.generation)
+    return True
+
+
+def _give_up(ctx, job: Job, attempt: int, row: AttemptNode, now: float) -> bool:
+    """The replacement of ``row`` was read as not registered past the gang timeout: it leaves the attempt and its node
+    goes, unless its registration was written first (read again inside this write: its agent was answered with the
+    assignment and it stays). A registration written after this is refused (its node is no longer running)."""
+    store = ctx.store
+    with store.db.transaction() as tx:
+        if not ElasticStore(store).give_up_unregistered(tx, job.id, attempt, row.rank, now):
+            return False
+        store.update_node(tx, row.node_id, state=NODE_TERMINATING)
+        store.add_event(tx, job.id, ELASTIC_EVENT, f"replacement {row.node_id} (rank {row.rank}) did not register "
+                        f"within {ctx.gang_timeout:.0f}s; launching another", attempt=attempt, now=now)
     return True
 
 

@@ -57,6 +57,13 @@ class ElasticStore:
         tx.execute("""UPDATE attempt_nodes SET left_at = COALESCE(left_at, ?), end_reason = ?
                       WHERE job_id = ? AND attempt = ? AND rank = ?""", (now, reason, job_id, attempt, rank))
 
+    def give_up_unregistered(self, tx: Tx, job_id: str, attempt: int, rank: int, now: float) -> bool:
+        """A replacement that has not registered in time leaves the attempt as ``lost``. Read inside the write: False
+        when its registration (or its leaving) was written first, which then stands."""
+        return tx.execute("""UPDATE attempt_nodes SET left_at = ?, end_reason = 'lost'
+                             WHERE job_id = ? AND attempt = ? AND rank = ? AND registered_at IS NULL
+                             AND left_at IS NULL""", (now, job_id, attempt, rank)) > 0
+
     def mark_joined(self, tx: Tx, job_id: str, attempt: int, rank: int, now: float) -> None:
         tx.execute("UPDATE attempt_nodes SET joined_at = ? WHERE job_id = ? AND attempt = ? AND rank = ?",
                    (now, job_id, attempt, rank))
