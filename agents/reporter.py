@@ -36,6 +36,15 @@ RELIABLE = frozenset({EventKind.CHECKPOINT, EventKind.NOTICE, EventKind.HANDOVER
 FLUSH_SECONDS = 30.0  # the least the exit report waits for reliable events still being retried
 
 
+def _next_beat(interval: float, asked) -> float:
+    """The wait before the next beat: the agent's interval, or less where the reply asked for a sooner one (a gang
+    node while a peer is on notice: the word to start the next attempt ahead comes on a reply). A reply cannot
+    slow the beats down, and each reply asks afresh."""
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or asked <= 0:
+        return interval
+    return min(interval, float(asked))
+
+
 class Reporter:
     def __init__(self, client: Client | None, patience: float = REGISTER_PATIENCE_SECONDS, retry_every: float = 2.0,
                  least_flush: float = FLUSH_SECONDS):
@@ -167,7 +176,7 @@ class Reporter:
                 if on_prestart is not None and isinstance(reply.get("prestart"), dict):  # agents/gang_prestart.py
                     on_prestart(reply["prestart"])
                 on_action(action)
-                self._wait_for_beat(interval(), stop)
+                self._wait_for_beat(_next_beat(interval(), reply.get("beat_seconds")), stop)
 
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 

@@ -27,6 +27,7 @@ from .auth import heartbeat_caller
 from .front_door import AWAITED, LeanRoute, json_object
 
 HEARTBEAT_PATH = "/v1/agent/heartbeat"
+GANG_NOTICE_BEAT_SECONDS = 0.5  # a gang node's beat while a peer is on notice (the reply's ``beat_seconds``)
 
 
 async def heartbeat(state, authorization: str, body: bytes) -> dict:
@@ -55,6 +56,10 @@ async def heartbeat(state, authorization: str, body: bytes) -> dict:
             ahead = await _off_the_loop(state, agent_api.peer_prestart, state, node)
             if ahead is not None:
                 return {"action": action, "prestart": ahead}
+            if node["attempt_current"]:
+                # The word to start ahead comes on a reply, as soon as the replacement has started its own: every
+                # second a beat waits then is a second of the handover's pause once the deadline's stop comes
+                return {"action": action, "beat_seconds": GANG_NOTICE_BEAT_SECONDS}
     return {"action": action}
 
 

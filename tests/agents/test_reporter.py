@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agents.reporter import Reporter
+from agents.reporter import Reporter, _next_beat
 from runner.client import Client
 
 
@@ -19,6 +19,7 @@ class FlakyController:
     def __init__(self, failures: int):
         self.failures = failures
         self.received: list[tuple[str, dict]] = []
+        self.heartbeat_reply: dict | None = None  # what a heartbeat is answered (else ``{"accepted": true}``)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,6 +29,8 @@ class FlakyController:
                     outer.failures -= 1
                     return self._send(503, {"detail": "restarting"})
                 outer.received.append((self.path, body))
+                if self.path == "/v1/agent/heartbeat" and outer.heartbeat_reply is not None:
+                    return self._send(200, outer.heartbeat_reply)
                 self._send(200, {"accepted": True})
 
             def _send(self, status, payload):
@@ -178,3 +181,26 @@ def test_beat_now_sends_the_next_heartbeat_at_once_with_the_status_of_then(flaky
     stop.set()
     reporter.beat_now()  # the thread sees the stop at once
     assert len(beats()) == 2 and beats()[1]["progress"] == {"joining": True}
+
+
+def test_a_reply_that_asks_for_sooner_beats_gets_them(flaky):
+    """A gang node while a peer is on notice: the word to start the next attempt ahead comes on a reply, and the
+    controller asks for the next beat sooner than the agent's interval (an hour here)."""
+    flaky.heartbeat_reply = {"action": "continue", "beat_seconds": 0.05}
+    reporter = Reporter(Client(flaky.url, "node-token", timeout=5), patience=30)
+    stop = threading.Event()
+    reporter.heartbeats(3600.0, lambda: {"phase": "running"}, lambda action: None, stop)
+    beats = lambda: sum(1 for path, _ in flaky.received if path == "/v1/agent/heartbeat")  # noqa: E731
+    deadline = time.monotonic() + 120
+    while beats() < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    reporter.beat_now()  # the thread sees the stop at once
+    assert beats() >= 3
+
+
+def test_a_reply_cannot_slow_the_beats_and_a_malformed_ask_is_ignored():
+    assert _next_beat(2.0, 0.5) == 0.5
+    assert _next_beat(2.0, 30) == 2.0  # never slower than the agent's own interval
+    for asked in (None, 0, -1, True, "0.5", [0.5]):
+        assert _next_beat(2.0, asked) == 2.0

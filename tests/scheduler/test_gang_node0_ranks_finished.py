@@ -49,7 +49,7 @@ def exit_report(api, headers, reason: str, code: int | None = 0) -> dict:
 def test_node_0_reclaimed_after_its_ranks_finished_ends_nothing_and_the_job_succeeds_with_one_attempt(world, api):
     job_id, (node0, node1), headers = running_gang(world, api)
     world.tick()  # the replacement is launched
-    assert beat(api, headers[1]) == {"action": "continue"}  # node 0 has said nothing: node 1 trains on
+    assert beat(api, headers[1])["action"] == "continue"  # node 0 has said nothing: node 1 trains on
     assert ranks_finished(api, headers[0]) == {"accepted": True, "state": None}  # node 1 has not reported
     assert beat(api, headers[1]) == {"action": "peers-exited"}  # its launcher need not wait for node 0's after all
     assert any("its part of attempt 1 is done" in m for m in world.events(job_id, "gang"))
@@ -143,3 +143,20 @@ def test_the_report_is_not_taken_after_the_nodes_exit_nor_for_a_single_node(worl
     api.post("/v1/agent/register", json={"address": "10.0.0.9"}, headers=headers)
     assert ranks_finished(api, headers) == {"accepted": False}
     assert world.store.job(single).state == "RUNNING"
+
+
+def test_every_node_of_a_gang_beats_sooner_while_a_peer_is_on_notice(world, api):
+    """The word to start the gang's next attempt ahead reaches a kept node on a heartbeat's reply, as soon as the
+    replacement has started its own: the reply asks for the next beat within half a second while a peer is on notice
+    (a second the word waits is a second of the handover's pause), and not otherwise."""
+    job_id = world.submit(resources={"num_nodes": 2}, recovery={"resume_drill": "off"})
+    world.tick()
+    ranks = world.store.current_attempt(job_id).nodes
+    headers = {r.rank: {"Authorization": f"Bearer {world.ctx.node_token(r.node_id)}"} for r in ranks}
+    for rank in range(2):
+        api.post("/v1/agent/register", json={"address": f"10.0.0.{rank}"}, headers=headers[rank])
+    assert beat(api, headers[1]) == {"action": "continue"}  # no notice: the agent's own interval
+    notice = {"source": "aws", "action": "terminate", "deadline_unix": time.time() + 120, "prepare": True}
+    api.post("/v1/agent/events", json={"kind": "notice", "data": notice}, headers=headers[0])
+    world.tick()  # the replacement is launched
+    assert beat(api, headers[1]) == {"action": "continue", "beat_seconds": 0.5}
