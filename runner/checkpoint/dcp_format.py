@@ -163,10 +163,46 @@ def _save_planner():
     return SavePlanner()
 
 
+# A rank's share of a large checkpoint is written as several files of about this size (at most MAX_FILES_PER_RANK,
+# never more than its tensors): each is written by a thread of its own, and each is a unit the durable tier's
+# readers fetch as soon as it is uploaded (a replacement's prefetch, a kept node's fill-in: agents/prefetch.py), so
+# their download follows the upload a file behind instead of starting once a rank's whole share is up.
+FILE_BYTES = 128 * 1024 * 1024
+MAX_FILES_PER_RANK = 8
+
+
+def files_for(items) -> int:
+    """How many files a rank writes its share (``items``: its DCP write plan's) into: about one per FILE_BYTES, and
+    no more than it has tensors large enough to fill a file's share (DCP puts the largest in files of their own, so
+    a file opened for a small one would stay small)."""
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    sizes = sorted((item.tensor_storage_size() or 0 for item in items if item.type != WriteItemType.BYTE_IO),
+                   reverse=True)
+    files = max(1, min(MAX_FILES_PER_RANK, len(sizes), round(sum(sizes) / FILE_BYTES)))
+    while files > 1 and sizes[files - 1] < sum(sizes) / files / 4:
+        files -= 1
+    return files
+
+
+def _writer(folder: Path):
+    dcp, _ = _dcp()
+
+    class SplitWriter(dcp.FileSystemWriter):
+        """DCP's file writer, with as many files (and threads) per rank as :func:`files_for` says: DCP spreads the
+        items over them by size (``thread_count``), and an empty file is never made."""
+
+        def write_data(self, plan, planner):
+            self.thread_count = files_for(plan.items)
+            return super().write_data(plan, planner)
+
+    return SplitWriter(str(folder), sync_files=True, overwrite=True)
+
+
 def write(staged: dict, folder: Path, comm) -> list[dict]:
     """Collective: write this rank's share of ``staged`` into ``folder``; return its files with checksums."""
     dcp, _ = _dcp()
-    writer = dcp.FileSystemWriter(str(folder), sync_files=True, overwrite=True)
+    writer = _writer(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
         dcp.save(staged, storage_writer=writer, planner=_save_planner(), process_group=comm.group,
