@@ -76,6 +76,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         self.output_tail: OutputTail | None = None
         self.failure_kind: str | None = None  # of a failed exit no relaunch can fix (agents/failure_kind.py)
         self.prefetch: CheckpointPrefetch | None = None  # the job's checkpoint, fetched while setup runs
+        self.setup_output: LocalOutput | None = None  # a prepared replacement's setup output, until its attempt
         self.prestarted: Prestarted | None = None  # the job's process, started before its attempt exists
         self.adopted: Prestarted | None = None  # that process, now its attempt's
         self._ahead_lock = threading.Lock()
@@ -134,7 +135,8 @@ class Agent(KeptNodeStartAhead, AgentCore):
         report ready, and wait (registering again) until the node on notice hands over and this node's
         attempt exists. False when this node is not needed after all (or cannot get ready)."""
         self.phase = "setup"
-        self.shipper = LocalOutput(self.local_log)  # no attempt to ship to yet: the node's own copy
+        self.setup_output = LocalOutput(self.local_log)  # no attempt to ship to yet: kept until there is one
+        self.shipper = self.setup_output
         # The newest durable checkpoint now, then the emergency one as the node on notice uploads it.
         self.prefetch = prefetch_for(self.assignment, local_checkpoint_root(self.assignment, self.config.scratch_dir))
         try:
@@ -255,6 +257,9 @@ class Agent(KeptNodeStartAhead, AgentCore):
             offset = self.reporter.patiently(lambda: self.client.get("/v1/agent/logs/offset")["offset"],
                                              "log offset")
             self.shipper = LogShipper(self.client, offset, local_copy=self.local_log).start()
+            if self.setup_output is not None:  # a prepared replacement's setup ran before this attempt existed
+                self.setup_output.hand_over(self.shipper)
+                self.setup_output = None
             self.gang.reset()
             self.ranks_finished = None
             self.trainee_pids = set()

@@ -195,18 +195,28 @@ class Prestarted:
 
 
 class LocalOutput:
-    """Where a prepared replacement's setup output goes: the node's own log (it has no attempt yet), with the
-    last lines kept for the report should setup fail."""
+    """Where a prepared replacement's setup output goes while it has no attempt: the node's own log and a buffer,
+    handed to the attempt's log once the node takes over (:meth:`hand_over`), as a first node's setup output is in
+    its attempt's; the last lines are kept for the report should setup fail."""
 
     def __init__(self, local_copy, keep: int = 2000):
         self.local_copy = local_copy
         self.keep = keep
         self._tail = b""
+        self._buffer = bytearray()
 
     def write(self, data: bytes) -> None:
         self.local_copy.write(data)
         self.local_copy.flush()
         self._tail = (self._tail + data)[-self.keep:]
+        if len(self._buffer) < BUFFER_LIMIT:
+            self._buffer += data[:BUFFER_LIMIT - len(self._buffer)]
 
     def tail(self) -> str:
         return self._tail.decode(errors="replace").strip()
+
+    def hand_over(self, shipper) -> None:
+        """The setup output, to the log of the attempt this node now runs (before anything the job prints)."""
+        if self._buffer:
+            shipper.write(bytes(self._buffer))
+            self._buffer.clear()

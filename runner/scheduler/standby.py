@@ -14,7 +14,9 @@ attempt starts on the waiting node from that checkpoint. Rows: runner/state/stan
   beats well after the deadline), are released.
 
 A gang (not elastic) prepares the replacement of its node on notice the same way, in the gang's zone, and
-every node of it trains on (runner/scheduler/gang_standby.py); rebalance standbys are for single nodes.
+every node of it trains on (runner/scheduler/gang_standby.py); a rebalance recommendation to one of its nodes
+launches a standby for that node's rank, on which the gang's next attempt is not started ahead (a standby may go
+unused).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
             or signal not in prepare_on(job.spec)):
         return None
     gang = job.num_nodes > 1
-    if gang and not (gang_standby.applies(job) and signal == NOTICE):
-        return None
+    if gang and not gang_standby.applies(job):
+        return None  # an elastic gang trains on without the node instead (runner/scheduler/elastic.py)
     existing = standbys.live(job.id)
     if gang and existing is not None and existing.rank != node.rank:
         return None  # one replacement at a time: a second node on notice stops the gang at its own timer
@@ -81,7 +83,8 @@ def prepare(ctx, node: Node, signal: str, deadline: float | None = None, now: fl
         record["placement"] = figures
     if gang:
         record.update(rank=node.rank, replaces=node.id)
-        prestart = gang_prestart.plan(ctx.providers, job, current)  # the next attempt started ahead, where safe
+        # the next attempt started ahead, where safe, for a notice's replacement (a rebalance standby may go unused)
+        prestart = gang_prestart.plan(ctx.providers, job, current) if signal == NOTICE else None
         if prestart is not None:
             record[gang_prestart.KEY] = prestart
     if signal == NOTICE:
@@ -130,8 +133,9 @@ def old_node_action(store, node: dict, now: float | None = None) -> str:
         # waiting at its exit for theirs waits for nothing (agents/launcher_exit.py ends it once its ranks have gone)
         return Action.PEERS_EXITED if peers_exited(current.nodes, node["rank"]) else Action.CONTINUE
     standby = StandbyStore(store).live(node["job_id"])
-    if standby is None:
-        return Action.CHECKPOINT_NOW  # nothing prepared (declined, failed, or not wanted): today's path
+    if standby is None or (gang and node.get("rank") is not None and standby.rank != node["rank"]):
+        # nothing prepared (declined, failed, or not wanted), or a gang's standby for another rank: today's path
+        return Action.CHECKPOINT_NOW
     if standby.ready_at is None:
         return Action.CONTINUE
     record = StandbyStore(store).record(None, node["job_id"], node["attempt"]) or {}

@@ -184,6 +184,11 @@ def test_an_aws_notice_is_trained_through_and_the_prepared_replacement_resumes_b
     # 2 s build, instead of pausing for them after the handover.
     waiting = float(re.search(r"^restore called at ([0-9.]+)$", runner.output(job_id, 2), re.M).group(1))
     assert int(waiting) <= _unix(standby["ready_at"])
+    # Its setup ran before that attempt existed; the setup's output is in the attempt's log all the same, before
+    # the job's own, as the first node's is in the first attempt's.
+    for attempt in (1, 2):
+        output = runner.output(job_id, attempt)
+        assert output.count("setting up") == 1 and output.index("setting up") < output.index("process started at")
 
 
 @pytest.mark.timeout(900)

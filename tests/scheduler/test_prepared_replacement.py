@@ -170,11 +170,11 @@ def test_the_attempt_on_a_prepared_replacement_shows_its_boot_and_setup_in_the_l
 
 # --- a gang (not elastic): the node on notice is prepared for while the whole gang trains on -----------------
 
-def _running_gang(world, **resources) -> tuple[str, list]:
+def _running_gang(world, recovery: dict | None = None, **resources) -> tuple[str, list]:
     from runner.state.gangs import GangStore
 
     job_id = world.submit(resources={"num_nodes": 2, **resources},
-                          recovery={"resume_drill": "off", "max_preemptions": 3})
+                          recovery={"resume_drill": "off", "max_preemptions": 3, **(recovery or {})})
     world.tick()
     gangs, now = GangStore(world.store), time.time()
     with world.store.db.transaction() as tx:
@@ -272,3 +272,50 @@ def test_a_false_notice_to_a_gang_node_releases_its_replacement_and_the_gang_tra
     attempt = world.store.current_attempt(job_id)
     assert attempt.attempt == 1 and attempt.notice is None
     assert attempt.standby["outcome"] == "released: false notice"
+
+
+def test_a_rebalance_to_a_gang_node_launches_a_standby_of_its_rank_that_a_notice_to_it_makes_the_replacement(world):
+    """prepare_on [rebalance, notice]: rank 1's rebalance recommendation launches a standby for rank 1 in the gang's
+    zone while every node trains on; a notice to rank 1 then makes it the replacement (the node on notice is told to
+    checkpoint once it is ready), and it takes rank 1 in the next attempt."""
+    job_id, (node0, node1) = _running_gang(world, recovery={"prepare_on": ["rebalance", "notice"],
+                                                            "standby_timeout": "1h"})
+    standby_id = standby.prepare(world.ctx, node1, standby.REBALANCE)
+    assert standby_id is not None
+    world.tick()
+    prepared = world.store.node(standby_id)
+    assert prepared.state == "running" and prepared.rank == 1 and prepared.offer.zone == node1.offer.zone
+    assert standby.mark_ready(world.store, prepared)
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    assert standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120) == standby_id
+    assert (_gang_beat(world, node0), _gang_beat(world, node1)) == ("continue", "checkpoint")
+    _commit(world, job_id, 80)
+    end_attempt(world.store, job_id, 1, "preempted", ranks=(1,))
+    world.tick(3)
+    first, second = world.store.attempts(job_id)
+    assert [(n.rank, n.node_id) for n in second.nodes] == [(0, node0.id), (1, standby_id)]
+    assert first.standby["reason"] == "rebalance" and first.standby["outcome"] == "took over"
+
+
+def test_a_gang_nodes_rebalance_standby_that_no_notice_follows_is_released_after_its_timeout(world):
+    job_id, (node0, _) = _running_gang(world, recovery={"prepare_on": ["rebalance", "notice"],
+                                                        "standby_timeout": "10s"})
+    standby_id = standby.prepare(world.ctx, node0, standby.REBALANCE)
+    world.tick()
+    assert world.store.node(standby_id).rank == 0
+    standby.release_unneeded(world.ctx, now=time.time() + 11)
+    assert world.store.node(standby_id).state == "terminating"
+    assert world.store.current_attempt(job_id).standby["outcome"] == "released"
+
+
+def test_a_notice_to_another_rank_than_the_gang_standbys_does_not_wait_for_that_standby(world):
+    """One standby at a time: with rank 0's rebalance standby up, a notice to rank 1 prepares nothing, and rank 1 is
+    told to checkpoint at once rather than wait for a node that is not its replacement."""
+    job_id, (node0, node1) = _running_gang(world, recovery={"prepare_on": ["rebalance", "notice"]})
+    assert standby.prepare(world.ctx, node0, standby.REBALANCE) is not None
+    world.tick()
+    with world.store.db.transaction() as tx:
+        world.store.set_attempt_notice(tx, job_id, 1, NOTICE.with_rank(1))
+    assert standby.prepare(world.ctx, node1, standby.NOTICE, deadline=time.time() + 120) is None
+    assert _gang_beat(world, node1) == "checkpoint"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shutil
 import socket
@@ -283,8 +284,9 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _non_negative_number(key: str, value, positive: bool = False) -> float:
-    """A number of clouds.local, checked: the error names the key."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0 or (
+    """A finite number of clouds.local, checked: the error names the key (``.inf`` would be a node that never
+    boots, a notice never reclaimed; an unlimited durable tier is the key left out)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
             positive and value == 0):
         what = "a positive number" if positive else "a number of 0 or more"
         raise ValueError(f"clouds.local.{key}: {value!r} is not {what}")

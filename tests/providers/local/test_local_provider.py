@@ -29,10 +29,13 @@ def test_a_zone_capacity_that_is_not_a_positive_whole_number_is_refused_naming_t
 
 
 @pytest.mark.parametrize("key, value", [("boot_seconds", -1), ("boot_seconds", "a minute"), ("boot_seconds", True),
-                                        ("durable_mb_per_s", 0), ("durable_mb_per_s", -200),
-                                        ("durable_mb_per_s", "fast"), ("time_scale", "slow")])
+                                        ("boot_seconds", float("inf")), ("durable_mb_per_s", 0),
+                                        ("durable_mb_per_s", -200), ("durable_mb_per_s", "fast"),
+                                        ("durable_mb_per_s", float("inf")), ("time_scale", "slow"),
+                                        ("time_scale", float("inf"))])
 def test_a_bad_number_of_the_slow_market_is_refused_naming_the_key(tmp_path, key, value):
-    """clouds.local.boot_seconds (0 or more) and durable_mb_per_s (more than 0): any other value names its key."""
+    """clouds.local.boot_seconds (0 or more) and durable_mb_per_s (more than 0), both finite (YAML's .inf would be a
+    node that never boots): any other value names its key."""
     with pytest.raises(ValueError, match=rf"clouds\.local\.{key}: .*{value!r}"):
         LocalProvider(tmp_path, **{key: value})
 
