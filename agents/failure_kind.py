@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import Iterable
 
 from runner.protocol.events import FailureKind
 
@@ -49,8 +50,23 @@ class OutputTail:
             self._tail = b""
 
 
-def classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None:
-    """(kind, one line for the restart log and status) of a failure no relaunch can fix, or None."""
+SHORTEST_HIDDEN = 6  # shorter values (1, true, offline) are settings, not secrets, and would blot out words
+
+
+def classify(exit_code: int | None, output_tail: str, hide: Iterable[str] = ()) -> tuple[str, str] | None:
+    """(kind, one line for the restart log and status) of a failure no relaunch can fix, or None. The line is the
+    output's own: each of ``hide`` (the job's ``env`` values, its secrets) in it is shown as ``***``; a value used as
+    a command (``run: $API_KEY``) is what the shell's "command not found" repeats."""
+    failure = _classify(exit_code, output_tail)
+    if failure is None:
+        return None
+    kind, line = failure
+    for value in sorted((v for v in hide if len(v) >= SHORTEST_HIDDEN), key=len, reverse=True):
+        line = line.replace(value, "***")
+    return kind, line
+
+
+def _classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None:
     if exit_code == 127:
         lines = _NOT_FOUND.findall(output_tail)
         return FailureKind.COMMAND_NOT_FOUND, "command not found (exit 127)" + (
