@@ -16,6 +16,7 @@ import re
 import threading
 from typing import Iterable
 
+from runner.protocol.environment import hide_values
 from runner.protocol.events import FailureKind
 
 TAIL_BYTES = 16 * 1024  # the last lines that can name the failure; a traceback's last line is within them
@@ -50,9 +51,6 @@ class OutputTail:
             self._tail = b""
 
 
-SHORTEST_HIDDEN = 6  # shorter values (1, true, offline) are settings, not secrets, and would blot out words
-
-
 def classify(exit_code: int | None, output_tail: str, hide: Iterable[str] = ()) -> tuple[str, str] | None:
     """(kind, one line for the restart log and status) of a failure no relaunch can fix, or None. The line is the
     output's own: each of ``hide`` (the job's ``env`` values, its secrets) in it is shown as ``***``; a value used as
@@ -60,10 +58,7 @@ def classify(exit_code: int | None, output_tail: str, hide: Iterable[str] = ()) 
     failure = _classify(exit_code, output_tail)
     if failure is None:
         return None
-    kind, line = failure
-    for value in sorted((v for v in hide if len(v) >= SHORTEST_HIDDEN), key=len, reverse=True):
-        line = line.replace(value, "***")
-    return kind, line
+    return failure[0], hide_values(failure[1], hide)
 
 
 def _classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None:
