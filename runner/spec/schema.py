@@ -326,6 +326,9 @@ class JobSpec(_Section):
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
+                if isinstance(key, str) and "=" in key:  # {API_KEY=...}: the shell's form, its value in the key
+                    raise ValueError(f"{key.partition('=')[0].strip()!r}: write NAME: value, not NAME=value (the "
+                                     "value is not shown here)")
                 if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                     raise ValueError(f"{key!r} is not a valid environment variable name")
                 if isinstance(item, (dict, list)) or item is None:
