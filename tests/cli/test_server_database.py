@@ -53,7 +53,8 @@ def test_a_password_given_as_a_url_parameter_is_never_shown(runner, postgres, ho
     """libpq takes the password as a parameter of the URL too (`?password=...`): migrate's answer and the
     controller's log name the database without it."""
     url = urlsplit(postgres.new_database())
-    as_parameter = f"postgresql://{url.username}@{url.hostname}:{url.port}{url.path}?sslmode=disable&password={PASSWORD}"
+    as_parameter = (f"postgresql://{url.username}@{url.hostname}:{url.port}{url.path}"
+                    f"?sslmode=disable&password={PASSWORD}")
     migrated = runner("server", "migrate", "--db", as_parameter)
     assert migrated.returncode == 0, migrated.stderr
     assert "password=***" in migrated.stdout and PASSWORD not in migrated.stdout + migrated.stderr
