@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import Iterable
 
+from runner.protocol.environment import hide_values
 from runner.protocol.events import FailureKind
 
 TAIL_BYTES = 16 * 1024  # the last lines that can name the failure; a traceback's last line is within them
@@ -49,8 +51,17 @@ class OutputTail:
             self._tail = b""
 
 
-def classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None:
-    """(kind, one line for the restart log and status) of a failure no relaunch can fix, or None."""
+def classify(exit_code: int | None, output_tail: str, hide: Iterable[str] = ()) -> tuple[str, str] | None:
+    """(kind, one line for the restart log and status) of a failure no relaunch can fix, or None. The line is the
+    output's own: each of ``hide`` (the job's ``env`` values, its secrets) in it is shown as ``***``; a value used as
+    a command (``run: $API_KEY``) is what the shell's "command not found" repeats."""
+    failure = _classify(exit_code, output_tail)
+    if failure is None:
+        return None
+    return failure[0], hide_values(failure[1], hide)
+
+
+def _classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None:
     if exit_code == 127:
         lines = _NOT_FOUND.findall(output_tail)
         return FailureKind.COMMAND_NOT_FOUND, "command not found (exit 127)" + (

@@ -376,7 +376,8 @@ class Agent(KeptNodeStartAhead, AgentCore):
                                             f"other nodes, was ended (its exit code {code})"), None
         if code == 0:
             return EndReason.SUCCEEDED, code, None, None
-        failure = classify(code, self.output_tail.text() if self.output_tail else "")
+        failure = classify(code, self.output_tail.text() if self.output_tail else "",
+                           hide=(self.assignment.get("env") or {}).values())
         self.failure_kind = failure[0] if failure else None
         if failure:
             log.error("the job failed in a way no relaunch can fix", kind=failure[0], why=failure[1])

@@ -393,9 +393,11 @@ recovery: {resume_drill: "off"}
 
 
 @contextmanager
-def controller_with_a_sleeping_job(folder: Path, db_url: str | None = None) -> Iterator[SimpleNamespace]:
-    """A controller under ``folder`` (its --db: ``db_url``) with one RUNNING job that never trains, for tests that
-    speak for its agent: ``controller``, ``runner``, ``job_id``, ``home`` and ``node_headers`` (its node's token)."""
+def controller_with_a_sleeping_job(folder: Path, db_url: str | None = None,
+                                   env: dict[str, str] | None = None) -> Iterator[SimpleNamespace]:
+    """A controller under ``folder`` (its --db: ``db_url``) with one RUNNING job that never trains (with ``env``), for
+    tests that speak for its agent: ``controller``, ``runner``, ``job_id``, ``home`` and ``node_headers`` (its node's
+    token)."""
     home = folder / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
@@ -403,7 +405,8 @@ def controller_with_a_sleeping_job(folder: Path, db_url: str | None = None) -> I
     runner = Runner(home)
     runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
     try:
-        job_id = runner.json("submit", str(write_job(folder / "job", SLEEPER)))["id"]
+        job = SLEEPER + (yaml.safe_dump({"env": env}) if env else "")
+        job_id = runner.json("submit", str(write_job(folder / "job", job)))["id"]
         runner.wait_for(job_id, lambda j: j["state"] == "RUNNING", what="running")
         node = runner.json("status", job_id)["current_attempt"]["node"]
         token = next(yaml.safe_load(c.read_text())["token"] for c in home.glob("nodes/*/agent.yaml")

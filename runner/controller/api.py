@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from .. import ledger, wire
+from ..protocol.environment import hide_values
 from ..providers.base import InjectsNotices, RefreshesPrices, default_checkpoint_url, gang_capacity
 from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import ALLOWED, TERMINAL
@@ -224,7 +225,7 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     failure = state.store.last_event(job_id, "checkpoint_failed")
     placed = state.store.last_event(job_id, PLACEMENT_EVENT)  # the cost policy's last choice, for a deadline job
     summary["cost_policy"] = placed.message if placed else None
-    summary["manifest"] = telemetry.latest_manifest(state.store.db, job_id)
+    summary["manifest"] = _without_env_values(telemetry.latest_manifest(state.store.db, job_id), job.spec.env)
     summary["failure"] = failure_summary(job, state.store.attempts(job_id))
     summary["last_checkpoint_failure"] = ({"time": wire.iso(failure.time), "attempt": failure.attempt,
                                            "message": failure.message} if failure else None)
@@ -238,6 +239,14 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
                              "last_heartbeat": wire.iso(n.last_heartbeat), "progress": n.progress}
                             for n in sorted(nodes, key=lambda n: (n.rank, n.created_at))]
     return summary
+
+
+def _without_env_values(manifest: dict | None, env: dict[str, str]) -> dict | None:
+    """The run manifest with the job's env values in its argv shown as ``***`` (``run: python train.py --token
+    $HF_TOKEN`` hands the training process the value itself)."""
+    if not manifest or not manifest.get("argv"):
+        return manifest
+    return {**manifest, "argv": [hide_values(arg, env.values()) for arg in manifest["argv"]]}
 
 
 @router.get("/jobs/{job_id}/restarts")

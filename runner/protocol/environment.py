@@ -93,3 +93,16 @@ def placement_environment(placement: dict | None) -> dict[str, str]:
         return {}
     return {CLOUD: str(placement["cloud"]), ZONE: str(placement["zone"]),
             INSTANCE_TYPE: str(placement["instance_type"]), SPOT: "1" if placement["spot"] else "0"}
+
+
+# The job file's ``env`` values are its secrets. Where a line of the job's own making is shown (a failure line
+# from its output, its argv in the run manifest), each value of at least this many characters is shown as
+# ``***``: shorter ones are settings (1, true, offline), and hiding them would blot out words.
+SHORTEST_HIDDEN_VALUE = 6
+
+
+def hide_values(text: str, values) -> str:
+    """``text`` with each of ``values`` (the job's env values) in it shown as ``***``, the longest first."""
+    for value in sorted({v for v in values if len(v) >= SHORTEST_HIDDEN_VALUE}, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text

@@ -45,6 +45,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _kind(value) -> str:
+    """What a value is, without the value: for a message about a key whose values may be secrets."""
+    if value is None:
+        return "nothing"
+    return {str: "a string", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), f"a {type(value).__name__}")
+
+
 def _command_text(key: str, value: str | None) -> str | None:
     """``run``/``setup``: no NUL byte (no process can take it) and short enough to be one argument."""
     if value is None:
@@ -318,6 +326,9 @@ class JobSpec(_Section):
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
+                if isinstance(key, str) and "=" in key:  # {API_KEY=...}: the shell's form, its value in the key
+                    raise ValueError(f"{key.partition('=')[0].strip()!r}: write NAME: value, not NAME=value (the "
+                                     "value is not shown here)")
                 if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                     raise ValueError(f"{key!r} is not a valid environment variable name")
                 if isinstance(item, (dict, list)) or item is None:
@@ -330,7 +341,9 @@ class JobSpec(_Section):
                     raise ValueError(f"{key}: the value is over 128 KiB, more than one environment variable can "
                                      "hold; put it in a file in the workdir and pass the file's name")
             return out
-        return value
+        # Never the value itself (the pydantic message quotes its input): `env: [API_KEY=...]`, the list form of
+        # other tools, holds the very secrets that must stay out of error messages.
+        raise ValueError(f"must be a mapping of NAME: value, such as {{WANDB_MODE: offline}} (got {_kind(value)})")
 
     @model_validator(mode="after")
     def _fits_in_one_process_start(self):

@@ -8,18 +8,21 @@ import sys
 
 from conftest import write_job
 
+SECRET = "sk-live-5f3a9c"  # the job's env holds a secret, which no line of the restart log or status repeats
 JOB = """
 name: {name}
 run: {run}
+env: {{API_KEY: %s}}
 resources: {{cloud: [local]}}
 recovery: {{max_failures: 3, resume_drill: "off"}}
-"""
+""" % SECRET
 
 OOM = ("import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
        "total capacity of 15.77 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process has "
        "15.74 GiB memory in use.')")
 CASES = {
     "missing-command": ("trian.py --steps 10", "command not found (exit 127)", True),
+    "secret-as-command": ("'\"$API_KEY\" --steps 10'", ": ***: command not found", True),
     "missing-module": (f"{sys.executable} -c 'import no_such_module_xyz'",
                        "No module named 'no_such_module_xyz'", True),
     "out-of-memory": (f"{sys.executable} -c \"{OOM}\"", "CUDA out of memory (exit 1); 15.74 GiB in use of the "
@@ -42,3 +45,4 @@ def test_failures_no_relaunch_can_fix_end_the_job_at_once_saying_why(runner, con
         assert f"exit code {row['exit_code']}" in job["failure"]
         status = runner("status", job_id)
         assert status.returncode == 0 and "failure:" in status.stdout and words in status.stdout
+        assert SECRET not in row["message"] + job["failure"] + status.stdout

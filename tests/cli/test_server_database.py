@@ -3,8 +3,12 @@ contract's exit code, never the password; migrate applies what is missing withou
 
 from __future__ import annotations
 
-import psycopg
+from urllib.parse import urlsplit
 
+import psycopg
+import pytest
+
+from conftest import Controller
 from postgres_server import PASSWORD
 from runner.state.migrations import MIGRATIONS
 
@@ -45,10 +49,29 @@ def test_a_database_migrated_by_a_newer_runner_is_refused_naming_both_versions(r
     assert f"schema version {NEWEST + 5}, newer than this runner's {NEWEST}" in result.stderr
 
 
-def test_an_unsupported_database_url_is_bad_input_naming_the_supported_schemes(runner):
-    """`--db mysql://...` is a mistake in the command: exit 2, the supported schemes named, never the password."""
+def test_a_password_given_as_a_url_parameter_is_never_shown(runner, postgres, home):
+    """libpq takes the password as a parameter of the URL too (`?password=...`): migrate's answer and the
+    controller's log name the database without it."""
+    url = urlsplit(postgres.new_database())
+    as_parameter = (f"postgresql://{url.username}@{url.hostname}:{url.port}{url.path}"
+                    f"?sslmode=disable&password={PASSWORD}")
+    migrated = runner("server", "migrate", "--db", as_parameter)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "password=***" in migrated.stdout and PASSWORD not in migrated.stdout + migrated.stderr
+    controller = Controller(home, db_url=as_parameter).start()
+    controller.stop()
+    controller.process.wait(20)
+    logged = (home / "controller.jsonl").read_text() + controller.process.stdout.read().decode()
+    assert "controller serving" in logged and PASSWORD not in logged
+
+
+@pytest.mark.parametrize("url", ["mysql://runner:s3cret-pw@127.0.0.1/jobs",
+                                 "host=127.0.0.1 user=runner password=s3cret-pw dbname=jobs"])
+def test_an_unsupported_database_url_is_bad_input_naming_the_supported_schemes(runner, url):
+    """`--db mysql://...` (or libpq's `key=value` string) is a mistake in the command: exit 2, the supported schemes
+    named, never the password."""
     for command in (("server", "--port", "0"), ("server", "migrate")):
-        result = runner(*command, "--db", "mysql://runner:s3cret-pw@127.0.0.1/jobs")
+        result = runner(*command, "--db", url)
         assert result.returncode == 2, result
         assert "sqlite:///" in result.stderr and "postgresql://" in result.stderr
         assert "s3cret-pw" not in result.stderr + result.stdout and "Traceback" not in result.stderr

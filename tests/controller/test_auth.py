@@ -9,7 +9,7 @@ import yaml
 from fastapi.routing import APIRoute
 
 from conftest import Controller, write_job
-from runner.controller import agent_api, api
+from runner.controller import agent_api, api, event_api, heartbeat_api, log_api, metrics
 
 SLEEPER = """
 name: sleeper
@@ -28,8 +28,10 @@ def _routes(router) -> list[tuple[str, str]]:
     return out
 
 
-ADMIN_ROUTES = _routes(api.router)
-AGENT_ROUTES = _routes(agent_api.router)
+ADMIN_ROUTES = _routes(api.router) + _routes(metrics.router)
+# With the agent requests answered in front of the framework (runner/controller/front_door.py), all POST.
+AGENT_ROUTES = _routes(agent_api.router) + [("POST", path) for path in (heartbeat_api.HEARTBEAT_PATH, log_api.LOGS_PATH,
+                                                                         event_api.EVENTS_PATH)]
 
 
 def _call(controller, method, path, token=None, job_id="none"):

@@ -11,10 +11,13 @@ import requests
 from conftest import controller_with_a_sleeping_job
 from runner.protocol.events import EventKind
 
+HF_TOKEN = "hf-secret-value"  # the job's env: a secret, which its training process may get in its argv
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, module_controller_db):
     """One controller with one running job that never trains: the tests post its agent's reports themselves."""
-    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("telemetry"), module_controller_db) as server:
+    with controller_with_a_sleeping_job(tmp_path_factory.mktemp("telemetry"), module_controller_db,
+                                        env={"HF_TOKEN": HF_TOKEN}) as server:
         yield server
 
 
@@ -58,17 +61,19 @@ def test_cost_per_1000_steps_is_the_cost_over_the_committed_step(server):
 
 
 def test_the_first_manifest_of_an_attempt_is_kept_with_only_the_contract_keys(server):
-    """The manifest shows in status; a second one for the attempt is ignored; other keys are dropped."""
+    """The manifest shows in status; a second one for the attempt is ignored; other keys are dropped; the job's
+    env values in its argv (`run: python train.py --hf-token $HF_TOKEN`) show as ***."""
+    argv = ["train.py", "--steps", "80", "--hf-token", HF_TOKEN, f"--token={HF_TOKEN}"]
     manifest = {"git_commit": "a" * 40, "git_dirty": False, "python": "3.11.7", "torch": "2.5.1", "cuda": None,
-                "gpus": [], "packages_sha256": "b" * 64, "argv": ["train.py", "--steps", "80"],
-                "environment": {"HF_TOKEN": "secret-value"}}
+                "gpus": [], "packages_sha256": "b" * 64, "argv": argv, "environment": {"HF_TOKEN": HF_TOKEN}}
     assert post(server, EventKind.MANIFEST, {"manifest": manifest}).json() == {"accepted": True}
     assert post(server, EventKind.MANIFEST, {"manifest": {**manifest, "python": "2.7"}}).json() == {
         "accepted": False}
     shown = server.runner.json("status", server.job_id)["manifest"]
-    assert shown == {k: v for k, v in manifest.items() if k != "environment"}
+    hidden = ["train.py", "--steps", "80", "--hf-token", "***", "--token=***"]
+    assert shown == {**{k: v for k, v in manifest.items() if k != "environment"}, "argv": hidden}
     table = server.runner("status", server.job_id).stdout
-    assert "commit aaaaaaaaaaaa, python 3.11.7, torch 2.5.1" in table and "secret-value" not in table
+    assert "commit aaaaaaaaaaaa, python 3.11.7, torch 2.5.1" in table and HF_TOKEN not in table
 
 
 @pytest.mark.parametrize("data, field", [

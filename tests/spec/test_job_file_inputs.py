@@ -70,6 +70,22 @@ def test_a_nul_byte_in_an_env_value_is_refused_naming_the_variable():
     assert problem.startswith("env:") and "TOKEN" in problem and "NUL" in problem
 
 
+@pytest.mark.parametrize("env", ["[API_KEY=sk-live-4242]", "API_KEY=sk-live-4242", "[{API_KEY: sk-live-4242}]"])
+def test_an_env_that_is_not_a_mapping_is_refused_without_showing_its_values(env):
+    """env: written as a list or a string (the form of other tools) is refused naming env and the form it takes,
+    and the message never repeats the values: they are the job's secrets."""
+    (problem,) = _problems(GOOD + f"env: {env}\n")
+    assert problem.startswith("env: must be a mapping of NAME: value") and "sk-live-4242" not in problem
+
+
+@pytest.mark.parametrize("env", ["{API_KEY=sk-live-4242}", "{API_KEY = sk-live-4242}", "\n  API_KEY=sk-live-4242: x"])
+def test_a_name_equals_value_in_env_is_refused_naming_the_variable_without_its_value(env):
+    """{API_KEY=...} (the shell's form) is a mapping whose key holds the value: refused naming the variable and the
+    form to use, never showing the value."""
+    (problem,) = _problems(GOOD + f"env: {env}\n")
+    assert problem.startswith("env: 'API_KEY': write NAME: value") and "sk-live-4242" not in problem
+
+
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
 def test_an_interval_that_is_not_a_finite_duration_is_refused(value):
     """interval: inf (which the controller could not even serialise) is refused naming checkpoint.interval."""
