@@ -489,8 +489,8 @@ class Persister:
         try:
             fn(arg)
         except Exception as exc:  # noqa: BLE001 - reporting and pruning are best effort
-            log.warning("checkpoint housekeeping failed", action=getattr(fn, "__name__", str(fn)),
-                        error=self.durable.describe(exc) if self.durable is not None else f"{type(exc).__name__}: {exc}")
+            error = self.durable.describe(exc) if self.durable is not None else f"{type(exc).__name__}: {exc}"
+            log.warning("checkpoint housekeeping failed", action=getattr(fn, "__name__", str(fn)), error=error)
 
 
 class _BufferReaders:

@@ -26,9 +26,9 @@ def check_fsspec_url(url: str) -> None:
     scheme = match.group(1).lower()
     known = sorted(fsspec.available_protocols())
     if scheme not in known:
-        raise ValueError(f"{redact(url)!r}: no installed fsspec filesystem knows the scheme {scheme}://; known schemes: "
-                         f"{', '.join(known)}. For buckets use s3:// (pip install 'spot-runner[s3]') or gs:// "
-                         "(pip install 'spot-runner[gcs]')")
+        raise ValueError(f"{redact(url)!r}: no installed fsspec filesystem knows the scheme {scheme}://; "
+                         f"known schemes: {', '.join(known)}. For buckets use s3:// "
+                         "(pip install 'spot-runner[s3]') or gs:// (pip install 'spot-runner[gcs]')")
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as exc:
