@@ -32,6 +32,8 @@ from pathlib import Path
 
 import structlog
 
+from runner.protocol.urls import hide_secrets, redact
+
 log = structlog.get_logger(__name__)
 
 POLL_SECONDS = 0.2
@@ -116,7 +118,8 @@ class CheckpointPrefetch:
                 self._follow_newest()
             except Exception as exc:  # noqa: BLE001 - a store that is away now may answer later
                 log.warning("checkpoint prefetch: the durable tier did not answer; trying again",
-                            url=self.durable_url, error=f"{type(exc).__name__}: {exc}")
+                            url=redact(self.durable_url),
+                            error=hide_secrets(f"{type(exc).__name__}: {exc}", self.durable_url))
                 self._stop.wait(2.0)
             with self._lock:
                 self._passes += 1
@@ -279,7 +282,8 @@ def prefetch_for(assignment: dict, local_root: Path, target: int | None = None,
     try:
         return follower(url, local_root, target=target).start()
     except Exception as exc:  # noqa: BLE001 - a URL this agent cannot open: the job's restore says why
-        log.warning("checkpoint prefetch unavailable", url=url, error=f"{type(exc).__name__}: {exc}")
+        log.warning("checkpoint prefetch unavailable", url=redact(url),
+                    error=hide_secrets(f"{type(exc).__name__}: {exc}", url))
         return None
 
 

@@ -219,7 +219,7 @@ class Checkpointer:
         self._schedule.restart()
         if restored is None:
             log.info("no checkpoint to restore; starting fresh", local=str(self.local.root),
-                     durable=self.durable.url if self.durable else None)
+                     durable=self.durable.shown if self.durable else None)
             self._send(msg.Restored(0, None, expected=handed_over or None).to_json())
             return
         log.info("restored checkpoint", step=step, manifest=restored.location,
@@ -307,8 +307,7 @@ class Checkpointer:
             self.durable.mark_attempt(self.attempt, self.job_id)
         except Exception as exc:  # noqa: BLE001 - the store may be down now; uploads will say so too
             log.warning("could not mark this attempt on the durable tier; an older attempt still running is not "
-                        "fenced off", attempt=self.attempt, url=self.durable.url,
-                        error=f"{type(exc).__name__}: {exc}")
+                        "fenced off", attempt=self.attempt, url=self.durable.shown, error=self.durable.describe(exc))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every save in flight is committed on both tiers; False if one failed or time ran out."""
@@ -522,7 +521,7 @@ class Checkpointer:
         durable = done and (job.durable_manifest is not None if self.durable is not None else job.error is None)
         if not done and self.durable is not None:
             log.warning("emergency checkpoint did not reach the durable tier before the deadline; stopping with "
-                        "the local copy only", step=step, path=str(self.local.folder(step)), url=self.durable.url)
+                        "the local copy only", step=step, path=str(self.local.folder(step)), url=self.durable.shown)
         self._stop_deadline = deadline
         self._stop_reason = request.reason
         self._should_stop = True
@@ -569,7 +568,8 @@ class Checkpointer:
                              job.manifest.bytes, timing_only=not first, replicated=job.replicated).to_json())
 
     def _on_failed(self, job: SaveJob, tier: str, error: BaseException) -> None:
-        self._send(msg.Failed(job.step, tier, f"{type(error).__name__}: {error}").to_json())
+        text = self.durable.describe(error) if self.durable is not None else f"{type(error).__name__}: {error}"
+        self._send(msg.Failed(job.step, tier, text).to_json())
 
     def _on_durable(self, job: SaveJob) -> None:
         seconds = time.monotonic() - job.started

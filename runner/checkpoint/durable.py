@@ -20,6 +20,7 @@ from pathlib import Path
 import fsspec
 
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
+from ..protocol.urls import hide_secrets, redact
 from .checksum import DEFAULT_ALGORITHM, new_hasher
 from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from .daemon_pool import DaemonPool
@@ -47,25 +48,27 @@ _DRIVERS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "a
 
 
 def open_filesystem(url: str):
-    """Resolve ``url`` to (filesystem, root path); raise CheckpointConfigError that names the fix."""
+    """Resolve ``url`` to (filesystem, root path); raise CheckpointConfigError that names the fix (and shows the URL
+    with its credentials as ``***``)."""
     scheme = url.split("://", 1)[0] if "://" in url else "file"
+    shown = redact(url)
     try:
         fsspec.get_filesystem_class(scheme)
     except ValueError as exc:
         raise CheckpointConfigError(
-            f"durable_url {url!r}: unknown scheme {scheme!r}; use a URL fsspec knows, such as "
+            f"durable_url {shown!r}: unknown scheme {scheme!r}; use a URL fsspec knows, such as "
             f"file:///path, s3://bucket/prefix or gs://bucket/prefix") from exc
     except ImportError as exc:
         package = _DRIVERS.get(scheme, f"the fsspec driver for {scheme}://")
         raise CheckpointConfigError(
-            f"durable_url {url!r} needs {package}: pip install {package}") from exc
+            f"durable_url {shown!r} needs {package}: pip install {package}") from exc
     try:
         fs, root = fsspec.core.url_to_fs(url)
     except ImportError as exc:
         package = _DRIVERS.get(scheme, f"the fsspec driver for {scheme}://")
-        raise CheckpointConfigError(f"durable_url {url!r} needs {package}: pip install {package}") from exc
+        raise CheckpointConfigError(f"durable_url {shown!r} needs {package}: pip install {package}") from exc
     except Exception as exc:  # noqa: BLE001 - a driver's own construction error, reported with the URL
-        raise CheckpointConfigError(f"durable_url {url!r} cannot be opened: {exc}") from exc
+        raise CheckpointConfigError(f"durable_url {shown!r} cannot be opened: {hide_secrets(str(exc), url)}") from None
     return fs, root.rstrip("/")
 
 
@@ -80,12 +83,17 @@ class DurableTier:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.shown = redact(url)  # what messages and logs show: the URL with its credentials as ***
         self.fs, self.root = open_filesystem(url)
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self._probe()
 
     def __repr__(self) -> str:
-        return f"DurableTier({self.url!r})"
+        return f"DurableTier({self.shown!r})"
+
+    def describe(self, exc: BaseException) -> str:
+        """``exc`` as a message may show it: its type and text, with this URL's credentials as ``***``."""
+        return hide_secrets(f"{type(exc).__name__}: {exc}", self.url)
 
     def _probe(self) -> None:
         """Touch the URL once so that missing credentials fail at construction, not at the first upload."""
@@ -96,7 +104,7 @@ class DurableTier:
                     self.fs.ls(bucket, detail=False)
                 except FileNotFoundError:
                     raise CheckpointConfigError(
-                        f"durable_url {self.url!r}: bucket {bucket!r} does not exist or is not visible with these "
+                        f"durable_url {self.shown!r}: bucket {bucket!r} does not exist or is not visible with these "
                         f"credentials; create it, or fix the URL") from None
             self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
@@ -106,17 +114,18 @@ class DurableTier:
         except Exception as exc:  # noqa: BLE001 - credentials and permission errors differ by driver
             if _unreachable(exc):
                 raise CheckpointConfigError(
-                    f"durable_url {self.url!r}: the store cannot be reached ({type(exc).__name__}: {exc}). Check "
-                    f"the endpoint (AWS_ENDPOINT_URL for S3-compatible stores) and the network") from exc
+                    f"durable_url {self.shown!r}: the store cannot be reached ({self.describe(exc)}). Check "
+                    f"the endpoint (AWS_ENDPOINT_URL for S3-compatible stores) and the network") from None
             raise CheckpointConfigError(
-                f"durable_url {self.url!r} is not usable: {type(exc).__name__}: {exc}. Check the credentials "
+                f"durable_url {self.shown!r} is not usable: {self.describe(exc)}. Check the credentials "
                 f"for {self.protocol}:// (AWS: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; "
-                f"Google: GOOGLE_APPLICATION_CREDENTIALS) and that the bucket exists") from exc
+                f"Google: GOOGLE_APPLICATION_CREDENTIALS) and that the bucket exists") from None
 
     def location(self, step: int, name: str = "") -> str:
-        path = posixpath.join(self.root, folder_name(step), name) if name else posixpath.join(
-            self.root, folder_name(step))
-        return path if self.protocol in ("file", "local") else f"{self.protocol}://{path}"
+        """Where a checkpoint (or one of its files) is, for messages: the credentials the root's path may hold (a
+        query parameter kept in it) shown as ``***``, the step folder and file name after them as they are."""
+        root = self.root if self.protocol in ("file", "local") else f"{self.protocol}://{self.root}"
+        return posixpath.join(hide_secrets(root, self.url), folder_name(step), *([name] if name else []))
 
     def _path(self, step: int, name: str = "") -> str:
         return posixpath.join(self.root, folder_name(step), name) if name else posixpath.join(
@@ -227,7 +236,8 @@ class DurableTier:
                 try:
                     future.result()
                 except FileNotFoundError as exc:
-                    raise CorruptCheckpointError(f"{self.location(step)}: a file is missing ({exc})") from exc
+                    raise CorruptCheckpointError(
+                        f"{self.location(step)}: a file is missing ({self.describe(exc)})") from None
 
     # ------------------------------------------------------------------ attempts sharing the folder
 

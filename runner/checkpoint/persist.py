@@ -417,7 +417,7 @@ class Persister:
             if job.error is None:
                 job.error = error
             log.warning("checkpoint not uploaded; it is kept on the local tier only", step=job.step,
-                        url=self.durable.location(job.step), error=f"{type(error).__name__}: {error}")
+                        url=self.durable.location(job.step), error=self.durable.describe(error))
             if self.uploader.rank == 0:
                 self._safely(lambda j: self._on_failed(j, "durable", error), job)
             return False
@@ -452,7 +452,7 @@ class Persister:
                 self._superseded_by = newest
                 log.warning("a newer attempt of this job has started: this process commits nothing more to the "
                             "durable tier (its local copies are kept)", attempt=job.attempt, newer_attempt=newest,
-                            url=self.durable.url)
+                            url=self.durable.shown)
         if self._superseded_by is None:
             return None
         return SupersededError(f"attempt {self._superseded_by} of this job has started; attempt {job.attempt} "
@@ -485,13 +485,12 @@ class Persister:
         finally:
             pool.shutdown(wait=False)  # an abandoned upload's thread stops at its next file (``abandoned``)
 
-    @staticmethod
-    def _safely(fn, arg) -> None:
+    def _safely(self, fn, arg) -> None:
         try:
             fn(arg)
         except Exception as exc:  # noqa: BLE001 - reporting and pruning are best effort
-            log.warning("checkpoint housekeeping failed", action=getattr(fn, "__name__", str(fn)),
-                        error=f"{type(exc).__name__}: {exc}")
+            error = self.durable.describe(exc) if self.durable is not None else f"{type(exc).__name__}: {exc}"
+            log.warning("checkpoint housekeeping failed", action=getattr(fn, "__name__", str(fn)), error=error)
 
 
 class _BufferReaders:

@@ -78,7 +78,7 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
             durable_steps = set(durable.committed())
         except Exception as exc:  # noqa: BLE001 - an unreachable store leaves the local tier
             log.warning("durable tier unreadable; restoring from the local tier only",
-                        url=durable.url, error=f"{type(exc).__name__}: {exc}")
+                        url=durable.shown, error=durable.describe(exc))
     steps = sorted(set().union(*comm.gather(sorted(mine | durable_steps))), reverse=True)
     if max_step is not None:
         newer = [s for s in steps if s > max_step]

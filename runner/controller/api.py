@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from .. import ledger, wire
 from ..protocol.environment import hide_values
+from ..protocol.urls import redact
 from ..providers.base import InjectsNotices, RefreshesPrices, default_checkpoint_url, gang_capacity
 from ..scheduler.placement import PLACEMENT_EVENT
 from ..scheduler.states import ALLOWED, TERMINAL
@@ -222,6 +223,8 @@ def get_job(job_id: str, request: Request, who: Principal = Depends(require_job_
     summary["goodput"] = ledger.goodput(attempts, spans, time.time()).to_json()
     summary["spec"] = job.spec.model_dump(exclude={"env"})  # env may hold secrets: only its names
     summary["spec"]["env"] = sorted(job.spec.env)
+    if job.spec.checkpoint.durable_url:  # so may the URL: its credentials show as ***
+        summary["spec"]["checkpoint"]["durable_url"] = redact(job.spec.checkpoint.durable_url)
     failure = state.store.last_event(job_id, "checkpoint_failed")
     placed = state.store.last_event(job_id, PLACEMENT_EVENT)  # the cost policy's last choice, for a deadline job
     summary["cost_policy"] = placed.message if placed else None

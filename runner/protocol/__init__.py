@@ -9,5 +9,6 @@ training process included. It imports nothing else of the project.
 - ``messages``: the typed messages on the control socket (``checkpoint``, ``stopping``, ``committed``...);
 - ``actions``: what a heartbeat (and the other agent calls) answer the agent;
 - ``events``: the kinds of report an agent posts, and why an attempt or an agent's job ended;
-- ``states``: the states of a job and of a node, with their predicates.
+- ``states``: the states of a job and of a node, with their predicates;
+- ``urls``: URLs as messages, logs and pages show them, their credentials as ``***`` (one ``redact`` for all).
 """

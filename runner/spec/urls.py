@@ -11,6 +11,7 @@ import re
 import fsspec
 
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
+from ..protocol.urls import redact
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The runner's extras that install a cloud bucket's filesystem (pyproject.toml).
@@ -25,12 +26,12 @@ def check_fsspec_url(url: str) -> None:
     scheme = match.group(1).lower()
     known = sorted(fsspec.available_protocols())
     if scheme not in known:
-        raise ValueError(f"{url!r}: no installed fsspec filesystem knows the scheme {scheme}://; known schemes: "
-                         f"{', '.join(known)}. For buckets use s3:// (pip install 'spot-runner[s3]') or gs:// "
-                         "(pip install 'spot-runner[gcs]')")
+        raise ValueError(f"{redact(url)!r}: no installed fsspec filesystem knows the scheme {scheme}://; "
+                         f"known schemes: {', '.join(known)}. For buckets use s3:// "
+                         "(pip install 'spot-runner[s3]') or gs:// (pip install 'spot-runner[gcs]')")
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as exc:
         extra = EXTRAS.get(scheme)
         fix = f"pip install 'spot-runner[{extra}]'" if extra else f"install the package it needs ({exc})"
-        raise ValueError(f"{url!r}: the {scheme}:// filesystem is not installed here; {fix}") from None
+        raise ValueError(f"{redact(url)!r}: the {scheme}:// filesystem is not installed here; {fix}") from None

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 from .dialect import to_postgres
 from .errors import DatabaseError, DatabaseUnreachable, UnsupportedDatabaseURL
 from .migrations import apply_migrations
-from .urls import passwords, redact
+from ..protocol.urls import hide_secrets, redact
 
 # Advisory lock keys (any 64-bit numbers, fixed): the write lock and the leader's lock.
 WRITE_LOCK_KEY = 0x72756E6E6572_01
@@ -425,6 +425,4 @@ def postgres_location(url: str) -> str:
 def _reason(exc: Exception, url: str) -> str:
     """The driver's first line about a failed connection, with the password taken out should it appear."""
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
-    for password in sorted(passwords(url), key=len, reverse=True):
-        text = text.replace(password, "***")
-    return text.removeprefix("connection failed: ")
+    return hide_secrets(text, url).removeprefix("connection failed: ")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from .errors import SchemaTooNew
-from .urls import redact
+from ..protocol.urls import redact
 
 MIGRATIONS: list[tuple[int, str]] = [
     (

@@ -1,0 +1,58 @@
+"""URLs as messages, logs, status and the web page may show them: with their credentials as ``***``.
+
+A URL may carry a secret: the password of its user (``sftp://user:PASSWORD@host/path``,
+``postgresql://u:PASSWORD@h/db``), or a query parameter whose name says it is one (a presigned or SAS URL's
+``X-Amz-Signature``/``sig``, a driver's ``?token=``/``?secret=``/``?key=``, libpq's ``?password=``), and so may a
+libpq ``key=value`` string (``host=h password=...``). The controller (database URLs), the agent and the
+checkpoint library (a job's ``checkpoint.durable_url``) hide them with the same function, so this module is in
+runner.protocol: standard library only, importable from every side.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote, urlsplit
+
+HIDDEN = "***"
+# A parameter whose name suggests a secret, in a query string (``?token=...&sig=...``) or a libpq key=value string
+# (``host=h password='...'``): the value runs to the next ``&``, ``#`` or white space (or the closing quote).
+_SECRET_PARAMETER = re.compile(
+    r"(?P<key>(?:^|[?&;\s])[A-Za-z0-9_.-]*(?:password|passwd|secret|token|key|signature|credential|sig)"
+    r"[A-Za-z0-9_.-]*\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^&#\s]*)",
+    re.IGNORECASE)
+
+
+def redact(url: str) -> str:
+    """``url`` with its user's password and its secret parameters shown as ``***``; everything else as written."""
+    text = _SECRET_PARAMETER.sub(lambda m: f"{m['key']}{HIDDEN}" if m["value"] else m[0], url)
+    try:
+        parts = urlsplit(text)
+        if parts.password is None:
+            return text
+    except ValueError:  # not a URL (a bracket that opens no IPv6 host): its parameters are already hidden
+        return text
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:{HIDDEN}@{host}").geturl()
+
+
+def secrets(url: str) -> set[str]:
+    """The secrets ``url`` holds, as written and decoded, to take out of a message that may repeat them (a driver's
+    error text)."""
+    found = {m["value"].strip("'") for m in _SECRET_PARAMETER.finditer(url)}
+    try:
+        found.add(urlsplit(url).password or "")
+    except ValueError:
+        pass
+    found |= {unquote(value) for value in found}
+    return {value for value in found if value}
+
+
+def hide_secrets(text: str, url: str | None) -> str:
+    """``text`` (a message that may quote ``url`` or repeat its secrets) with ``url``'s secrets shown as ``***``."""
+    if not url:
+        return text
+    text = text.replace(url, redact(url))
+    for secret in sorted(secrets(url), key=len, reverse=True):
+        text = text.replace(secret, HIDDEN)
+    return text
