@@ -12,6 +12,7 @@ from runner.scheduler.reconciler import Reconciler
 from runner.state.gangs import GangStore
 
 from launched_gang import launched_gang
+from races import run_together
 
 # How long the registration, once it has read its attempt, waits for the attempt's end and the next attempt's plan.
 # With the attempt read inside the registration's write, they cannot come between the two, and the wait runs out.
@@ -31,38 +32,24 @@ def test_registration_racing_the_attempts_end_does_not_mark_the_next_attempt_run
 
     def latest_for_node(self, node_id, tx=None):
         found = reads(self, node_id, tx)
-        if threading.current_thread().name == "register-node-0":
+        if threading.current_thread().name == "register_node_0":
             read.set()
             ended.wait(END_WAIT_S)
         return found
 
     monkeypatch.setattr(GangStore, "latest_for_node", latest_for_node)
     answers: list = []
-    errors: list[BaseException] = []
-
-    def register_node_0() -> None:
-        try:
-            answers.append(gang_agent.register(state, store.node(first.id), "10.0.0.1"))
-        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
-            errors.append(exc)
 
     def fail_and_plan() -> None:
         try:
             read.wait(60)
             end_attempt(store, "gang-1", 1, "failed", ranks=(1,), exit_code=1, message="rank 1 failed")
             Reconciler(ctx).tick()  # attempt 2 on the same nodes
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
         finally:
             ended.set()
 
-    threads = [threading.Thread(target=register_node_0, name="register-node-0"),
-               threading.Thread(target=fail_and_plan, name="end-and-plan")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    run_together(register_node_0=lambda: answers.append(gang_agent.register(state, store.node(first.id), "10.0.0.1")),
+                 end_and_plan=fail_and_plan)
     attempts = store.attempts("gang-1")
     assert [a.attempt for a in attempts] == [1, 2]
     assert attempts[1].end_reason == "running" and attempts[1].running_at is None

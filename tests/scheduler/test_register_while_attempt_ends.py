@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from api_world import api, world  # noqa: F401 - pytest fixtures
+from races import run_together
 
 from runner.scheduler.attempts import end_attempt
 from runner.state import Store
@@ -28,38 +29,26 @@ def test_a_registration_racing_the_end_of_its_attempt_leaves_the_job_waiting_for
 
     def current_attempt(self, job_id_, tx=None):
         found = reads(self, job_id_, tx)
-        if not read.is_set() and threading.current_thread().name != "node-gone":
+        if not read.is_set() and threading.current_thread().name != "node_gone":
             read.set()
             ended.wait(END_WAIT_S)
         return found
 
     answers: list = []
-    errors: list[BaseException] = []
 
     def register() -> None:
-        try:
-            answers.append(api.post("/v1/agent/register", json={},
-                                    headers={"Authorization": f"Bearer token-{node.id}"}))
-        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
-            errors.append(exc)
+        answers.append(api.post("/v1/agent/register", json={}, headers={"Authorization": f"Bearer token-{node.id}"}))
 
     def node_gone() -> None:
         try:
             read.wait(60)
             end_attempt(world.store, job_id, 1, "preempted", message=f"node {node.id} is gone")
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
         finally:
             ended.set()
 
     monkeypatch.setattr(Store, "current_attempt", current_attempt)
-    threads = [threading.Thread(target=register, name="register"), threading.Thread(target=node_gone, name="node-gone")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_together(register=register, node_gone=node_gone)
     monkeypatch.undo()
-    assert not errors, errors
     assert world.store.job(job_id).state == "RECOVERING"
     assert world.store.current_attempt(job_id) is None
     (answer,) = answers

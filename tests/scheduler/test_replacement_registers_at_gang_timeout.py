@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 from api_world import api, world  # noqa: F401 - pytest fixtures
+from races import run_together
 from scheduler_world import ADMIN
 from test_elastic_endpoints import elastic_gang, notice
 
@@ -48,37 +49,23 @@ def test_a_registration_written_while_the_timeout_pass_decides_keeps_the_replace
 
     def worlds_read(self, job_id_, attempt, tx=None):
         found = worlds(self, job_id_, attempt, tx)
-        if threading.current_thread().name == "timeout" and not read.is_set():
+        if threading.current_thread().name == "timeout_pass" and not read.is_set():
             read.set()
             registered.wait(REGISTER_WAIT_S)
         return found
 
     answers: list = []
-    errors: list[BaseException] = []
-
-    def timeout_pass() -> None:
-        try:
-            grow_elastic_gangs(world.ctx)
-        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
-            errors.append(exc)
 
     def register() -> None:
         try:
             read.wait(60)
             answers.append(api.post("/v1/agent/register", json={"address": "10.0.0.3"}, headers=headers))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
         finally:
             registered.set()
 
     monkeypatch.setattr(ElasticStore, "worlds", worlds_read)
-    threads = [threading.Thread(target=timeout_pass, name="timeout"), threading.Thread(target=register, name="register")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_together(timeout_pass=lambda: grow_elastic_gangs(world.ctx), register=register)
     monkeypatch.undo()
-    assert not errors, errors
     assert read.is_set()
     (answer,) = answers
     assert answer.status_code == 200, answer.text  # registered first: its agent has its assignment

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+from races import run_together
 from scheduler_world import make_world
 
 from runner.scheduler import standby
@@ -47,13 +48,6 @@ def test_a_notice_written_while_the_rebalance_standby_is_being_released_keeps_it
         return found
 
     monkeypatch.setattr(StandbyStore, "record", record)
-    errors: list[BaseException] = []
-
-    def release() -> None:
-        try:
-            standby.release_unneeded(world.ctx, now=time.time() + 11)
-        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
-            errors.append(exc)
 
     def notice() -> None:
         try:
@@ -61,17 +55,10 @@ def test_a_notice_written_while_the_rebalance_standby_is_being_released_keeps_it
             with world.store.db.transaction() as tx:
                 world.store.set_attempt_notice(tx, job_id, 1, NOTICE)
             assert standby.prepare(world.ctx, old, standby.NOTICE, deadline=time.time() + 120) == standby_id
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
         finally:
             noticed.set()
 
-    threads = [threading.Thread(target=release, name="release"), threading.Thread(target=notice, name="notice")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    run_together(release=lambda: standby.release_unneeded(world.ctx, now=time.time() + 11), notice=notice)
     assert world.store.node(standby_id).state == "running"
     record = world.store.current_attempt(job_id).standby
     assert record["notice_at"] is not None and record["outcome"] == "preparing"
