@@ -169,3 +169,28 @@ def test_a_local_disk_too_small_to_fetch_the_checkpoint_into_says_so_instead_of_
     with Checkpointer(local_dir=tmp_path / "roomy", durable_url=durable.as_uri(), big=restored) as ckpt:
         assert ckpt.restore() == 5
     assert torch.equal(restored.tensor, saved.tensor)
+
+
+def test_a_full_local_disk_at_a_notice_still_makes_the_emergency_checkpoint_durable(tmpfs, tmp_path, monkeypatch):
+    """ENOSPC on the local tier while a notice (SIGTERM) is served: the emergency checkpoint goes from memory to the
+    durable tier, should_stop comes, and a fresh process restores that step from there."""
+    import os
+    import signal
+
+    monkeypatch.setenv("RUNNER_SIGNAL_GRACE_SECONDS", "60")
+    durable = tmp_path / "durable"
+    state = Big(kib=1100)
+    with capture_logs() as logs, Checkpointer(local_dir=tmpfs, durable_url=durable.as_uri(), interval="1h",
+                                              big=state) as ckpt:
+        ckpt.save(1)
+        assert ckpt.wait()
+        state.tensor.fill_(2.0)
+        os.kill(os.getpid(), signal.SIGTERM)  # a notice: the library's handler records it
+        ckpt.step(2)  # the emergency checkpoint: does not fit on the 2 MiB tmpfs beside step 1
+        assert ckpt.should_stop
+    assert "No space left on device" in str(logs)
+    assert (durable / "step-00000002" / "manifest.json").is_file()
+    restored = Big(kib=1100)
+    with Checkpointer(local_dir=tmp_path / "fresh", durable_url=durable.as_uri(), big=restored) as again:
+        assert again.restore() == 2
+    assert torch.equal(restored.tensor, torch.full((1100 * 256,), 2.0))
