@@ -5,6 +5,10 @@
 - a CUDA out-of-memory error (``torch.OutOfMemoryError``, ``torch.cuda.OutOfMemoryError``): the same
   accelerator runs out of memory again at the same point.
 
+A process ended by a signal (exit 128 + its number, as a shell says it) is named by its signal for the restart
+log, with what to check for SIGKILL (the kernel's out-of-memory killer sends it); it is relaunched as any
+failure is: another node may have the memory.
+
 The output's tail is read rather than a report from ``runner.checkpoint``, so that a job that never imports
 the library (or fails before it could) is told as well: every Python traceback ends with its exception's line.
 The controller ends such an attempt FAILED at once, without spending the job's ``recovery.max_failures``.
@@ -13,6 +17,7 @@ The controller ends such an attempt FAILED at once, without spending the job's `
 from __future__ import annotations
 
 import re
+import signal
 import threading
 from typing import Iterable
 
@@ -75,6 +80,21 @@ def _classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None
     if _IMPORT.fullmatch(last_exception):
         return FailureKind.IMPORT_ERROR, f"a module could not be imported (exit {exit_code}): {_short(last_exception)}"
     return None
+
+
+def signal_death(exit_code: int | None) -> str | None:
+    """The restart log's line for a process that a signal ended (exit 128 + its number), or None."""
+    if exit_code is None or not 128 < exit_code < 128 + signal.NSIG:
+        return None
+    try:
+        name = signal.Signals(exit_code - 128).name
+    except ValueError:
+        return None
+    line = f"killed by {name} (exit {exit_code})"
+    if name == "SIGKILL":
+        line += ("; the kernel's out-of-memory killer ends processes this way when the node runs out of memory: "
+                 "check the job's memory use (`runner logs`), or ask for more with resources.memory_gb")
+    return line
 
 
 def _oom_message(output_tail: str, exit_code: int) -> str:

@@ -38,7 +38,7 @@ from .gang_prestart import KeptNodeStartAhead
 from .logship import LogShipper
 from .prefetch import CheckpointPrefetch, local_checkpoint_root, prefetch_for, resume_step
 from .prestart import DeferredOutput, LocalOutput, Prestarted, prestart_environment
-from .failure_kind import OutputTail, classify
+from .failure_kind import OutputTail, classify, signal_death
 from .stop_progress import StopProgress
 from .stop_with_checkpoint import StopPlan, StopWithCheckpoint
 from .supervisor import Supervisor
@@ -381,7 +381,7 @@ class Agent(KeptNodeStartAhead, AgentCore):
         self.failure_kind = failure[0] if failure else None
         if failure:
             log.error("the job failed in a way no relaunch can fix", kind=failure[0], why=failure[1])
-        return EndReason.FAILED, code, failure[1] if failure else None, None
+        return EndReason.FAILED, code, failure[1] if failure else signal_death(code), None
 
     @property
     def part_reported(self) -> bool:

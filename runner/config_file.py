@@ -19,7 +19,7 @@ def _mapping(value, example: str):
 
 class SchedulerConfig(Section):
     """``scheduler:``: ``auto_on_demand_after``, how long an auto job waits for spot before on-demand, and
-    ``gang_timeout``, how long a multi-node job's nodes get to all register (both default 10 minutes)."""
+    ``gang_timeout``, how long a job's nodes (one or several) get to all register (both default 10 minutes)."""
 
     auto_on_demand_after: Union[str, float] = "10m"
     gang_timeout: Union[str, float] = "10m"

@@ -15,6 +15,8 @@ from typing import TextIO
 
 import structlog
 
+from .errors import Unreachable
+
 STDERR_VARIABLE = "RUNNER_LOG_STDERR"
 
 
@@ -79,6 +81,17 @@ def _add_fields(fields: dict):
     return add
 
 
+def _outage_said_plainly(logger, method, event_dict):
+    """An ``Unreachable`` (the database, the controller) logged with its traceback: its message names the service and
+    the fix, so the line keeps that as ``error`` and drops the traceback, which would only bury it."""
+    exc_info = event_dict.get("exc_info")
+    error = sys.exc_info()[1] if exc_info is True else exc_info[1] if isinstance(exc_info, tuple) else exc_info
+    if isinstance(error, Unreachable):
+        del event_dict["exc_info"]
+        event_dict.setdefault("error", str(error))
+    return event_dict
+
+
 def configure_logging(json_file: Path | None = None, level: str = "info", stream=None,
                       to_stderr: bool | None = None, fields: dict | None = None) -> None:
     """Route structlog (and the stdlib loggers it wraps) to a JSON file or a readable stream.
@@ -92,6 +105,7 @@ def configure_logging(json_file: Path | None = None, level: str = "info", stream
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
+        _outage_said_plainly,
         structlog.processors.format_exc_info,
     ]
     problem = None

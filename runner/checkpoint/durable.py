@@ -12,6 +12,8 @@ job submitted again with the same URL) are not its attempts: they are ranked by 
 
 from __future__ import annotations
 
+import errno
+import os
 import posixpath
 import re
 import threading
@@ -22,7 +24,7 @@ import fsspec
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
 from ..protocol.urls import hide_secrets, redact
 from .checksum import DEFAULT_ALGORITHM, new_hasher
-from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
+from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError, RestoreError
 from .daemon_pool import DaemonPool
 from .log import get_logger
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
@@ -34,6 +36,7 @@ BUFFER_CHUNK = 8 << 20  # bytes of a buffer handed to the store's file object at
 ATTEMPTS_FOLDER = "attempts"  # the attempt markers, beside the step folders (whose names it never matches)
 _ATTEMPT_MARKER = re.compile(r"^attempt-(\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # the local disk cannot hold a fetched file
 
 
 class UploadAbandoned(CheckpointError):
@@ -232,12 +235,22 @@ class DurableTier:
         with DaemonPool(min(UPLOAD_THREADS, max(len(names), 1)), "runner-checkpoint-download") as pool:
             futures = [pool.submit(self.fs.get_file, self._path(step, n), str(folder / n),
                                    what=f"download of {self.location(step, n)}") for n in names]
-            for future in futures:
+            no_room = None
+            for name, future in zip(names, futures):
                 try:
                     future.result()
                 except FileNotFoundError as exc:
                     raise CorruptCheckpointError(
                         f"{self.location(step)}: a file is missing ({self.describe(exc)})") from None
+                except OSError as exc:
+                    if exc.errno not in NO_ROOM:
+                        raise
+                    (folder / name).unlink(missing_ok=True)  # a half-written file would keep the disk full
+                    no_room = no_room or exc
+        if no_room is not None:  # not damage: restore must not pass over this checkpoint and start fresh
+            raise RestoreError(
+                f"step {step} of {self.shown} cannot be fetched into {folder.parent}: {os.strerror(no_room.errno)}; "
+                f"free space there, or set local_dir (checkpoint.local_dir) to a larger disk") from no_room
 
     # ------------------------------------------------------------------ attempts sharing the folder
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import rng
 from .checksum import file_digest
 from .dcp_format import METADATA_NAME
-from .durable import DurableTier
+from .durable import NO_ROOM, DurableTier
 from .errors import CheckpointError, CorruptCheckpointError, RestoreError
 from .flat_read import read_flat
 from .group import folder_identity
@@ -152,12 +152,26 @@ def restore_into(local: LocalTier, durable: DurableTier | None, comm, folder_lea
 
 
 def _all_verified(comm, error: BaseException | None, step: int) -> bool:
-    """True on every rank when no rank failed to make its folder's copy of ``step`` complete and verified."""
+    """True on every rank when no rank failed to make its folder's copy of ``step`` complete and verified.
+    A RestoreError (a local disk too full to fetch it into) is raised on every rank: the checkpoint is good,
+    and passing over it would start the training over."""
     if comm.all_true(error is None):
         return True
+    refused = [text for text in comm.gather(_no_room_text(error)) if text]
+    if refused:
+        raise RestoreError(refused[0]) from error
     if error is not None:
         log.warning("skipping a checkpoint that does not verify", step=step, error=f"{type(error).__name__}: {error}")
     return False
+
+
+def _no_room_text(error: BaseException | None) -> str | None:
+    """What to tell the user when ``error`` says the local tier has no room for the checkpoint (None otherwise)."""
+    if isinstance(error, RestoreError):
+        return str(error)
+    if isinstance(error, OSError) and error.errno in NO_ROOM:
+        return f"{error}; free space there, or set local_dir (checkpoint.local_dir) to a larger disk"
+    return None
 
 
 def _files_needed(folder: Path, manifest: Manifest, objects: dict, apply_folder, comm) -> set[str]:

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
+import structlog
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ..scheduler.reconciler import SchedulerContext
-from ..state import Store
+from ..state import DatabaseUnreachable, Store
 from ..state.logs import DatabaseLogStore
 from .agent_wheel import AgentWheel
 from .auth import principal
@@ -22,6 +23,8 @@ from .heartbeat_reads import heartbeat_reads
 from .heartbeats import HeartbeatBook
 from .logstore import LogStore
 from .workdirs import FileWorkdirs
+
+log = structlog.get_logger(__name__)
 
 LOG_LANES = 4  # log-chunk transactions at once on a shared database (runner/controller/group_commit.py)
 
@@ -112,6 +115,12 @@ def create_app(state: ControllerState, routers: tuple = ()):
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=422)
+
+    @app.exception_handler(DatabaseUnreachable)
+    async def _database_away(request: Request, exc: DatabaseUnreachable):
+        """A database out of reach is a 503 that says so (the caller tries again), not a bare 500 and a traceback."""
+        log.warning("request not answered: the database cannot be reached", path=request.url.path, error=str(exc))
+        return JSONResponse({"detail": str(exc)}, status_code=503)
 
     # What every node sends all the time is answered in front of the framework (front_door.py).
     return FrontDoor(app, state, {heartbeat_api.HEARTBEAT_PATH: heartbeat_api.ROUTE, log_api.LOGS_PATH: log_api.ROUTE,

@@ -24,6 +24,8 @@ from typing import Any, Callable
 import structlog
 from fastapi import HTTPException
 
+from ..state.errors import DatabaseUnreachable
+
 log = structlog.get_logger(__name__)
 
 
@@ -65,6 +67,10 @@ class FrontDoor:
             status, payload = 200, await self._answer(route, _header(scope, b"authorization"), body)
         except HTTPException as refused:
             status, payload, headers = refused.status_code, {"detail": refused.detail}, dict(refused.headers or {})
+        except DatabaseUnreachable as exc:  # a 503 for this request; the agent sends it again
+            log.warning("agent request not answered: the database cannot be reached", path=scope["path"],
+                        error=str(exc))
+            status, payload = 503, {"detail": str(exc)}
         except Exception:  # a bug or a database error: a 500 for this request; the agent sends it again
             log.exception("agent request failed", path=scope["path"])
             status, payload = 500, {"detail": "Internal Server Error"}

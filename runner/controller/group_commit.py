@@ -26,6 +26,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import structlog
 
 from ..errors import RunnerError
+from ..state.errors import DatabaseUnreachable
 from .batching import Batcher, hand_back
 
 log = structlog.get_logger(__name__)
@@ -87,8 +88,9 @@ class GroupCommit(Batcher):
                 outcomes = self._write_group(tx, [work for work, _, _ in group])
         except Exception as exc:  # the transaction failed: nothing of the group was kept
             log.warning("group commit failed", group=self._name, requests=len(group), error=str(exc))
-            failed = GroupCommitFailed(f"{self._name}: the transaction of {len(group)} requests failed and none "
-                                       f"was stored ({type(exc).__name__}: {exc}); send again")
+            failed = exc if isinstance(exc, DatabaseUnreachable) else GroupCommitFailed(  # (the cause, said plainly)
+                f"{self._name}: the transaction of {len(group)} requests failed and none was stored "
+                f"({type(exc).__name__}: {exc}); send again")
             for _, answer, loop in group:
                 hand_back(loop, answer, failed, failed=True)
             return

@@ -188,7 +188,9 @@ def abandon_gang_launch(ctx, tx, node: Node, exc: ProviderError) -> None:
 
 
 def watch_gang_formation(ctx) -> None:
-    """A gang attempt whose nodes have not all registered within ``ctx.gang_timeout`` ends as ``lost``."""
+    """A gang attempt whose nodes have not all registered within ``ctx.gang_timeout`` ends as ``lost``; so does a
+    one-node attempt whose node never registered (it never booted, or its agent never started): it would otherwise
+    wait, billed, for ever."""
     store, gangs = ctx.store, GangStore(ctx.store)
     now = time.time()
     for current in store.unformed_gang_attempts((PROVISIONING, RUNNING)):
@@ -196,6 +198,13 @@ def watch_gang_formation(ctx) -> None:
 
 
 def _watch_formation(ctx, gangs: GangStore, current, now: float) -> None:
+    if current.num_nodes == 1:
+        if now - current.started_at > ctx.gang_timeout:
+            end_attempt(ctx.store, current.job_id, current.attempt, "lost",
+                        message=f"node {current.node_id} did not register within {ctx.gang_timeout:.0f}s (it never "
+                                "booted, or its agent never started); replacing it")
+            ctx.nudge.set()
+        return
     ranks = gangs.nodes_of(current.job_id, current.attempt)
     missing = unregistered_ranks(ranks, current.started_at, now, ctx.gang_timeout)
     if not missing:

@@ -345,7 +345,7 @@ class PostgresDatabase(Database):
         if getattr(self._held, "conn", None) is not None:
             raise DatabaseError("a transaction was begun inside another on the same thread; pass the open "
                                 "transaction down instead")
-        with self._pool.connection() as conn:
+        with self._reaching(), self._pool.connection() as conn:
             # BEGIN and the write lock go out with the transaction's first statement, in one round trip
             tx = PostgresTx(conn, to_postgres, self._pipelines, _BEGIN_SERIALIZED if serialized else ("BEGIN",))
             self._held.conn = tx._conn
@@ -375,8 +375,21 @@ class PostgresDatabase(Database):
         held = getattr(self._held, "conn", None)
         if held is not None:  # inside this thread's transaction: on its connection (see above)
             return list(held.execute(to_postgres(sql), params))
-        with self._pool.connection() as conn:
+        with self._reaching(), self._pool.connection() as conn:
             return list(conn.execute(to_postgres(sql), params))
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """A lost connection or a server out of reach (the pool's wait for a connection ran out) becomes one
+        DatabaseUnreachable naming the server and the fix; an error of the statement itself passes unchanged."""
+        try:
+            yield
+        except self._psycopg.OperationalError as exc:
+            if not _connection_lost(exc):
+                raise
+            raise DatabaseUnreachable(f"the database at {self.where} cannot be reached ({_reason(exc, self.url)}); "
+                                      "the controller keeps trying and goes on when it is back: check that the "
+                                      "database server is up and that this host reaches it") from exc
 
     def close(self) -> None:
         pool = getattr(self, "_pool", None)
@@ -385,6 +398,13 @@ class PostgresDatabase(Database):
 
 
 _BEGIN_SERIALIZED = ("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+
+def _connection_lost(exc: Exception) -> bool:
+    """Whether a psycopg OperationalError is about the connection, not the statement: no SQLSTATE (the socket
+    closed, the pool found no connection in time), class 08 (connection exception) or 57P0x (the server shut down)."""
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith(("08", "57P0"))
 
 
 def _roll_back(conn) -> None:

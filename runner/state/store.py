@@ -190,11 +190,14 @@ class Store:
         return rows[-1] if rows and rows[-1].end_reason == EndReason.RUNNING else None
 
     def unformed_gang_attempts(self, job_states: tuple[str, ...]) -> list[Attempt]:
-        """The running attempts of multi-node jobs in ``job_states`` whose nodes have not all registered yet."""
+        """The running attempts of jobs in ``job_states`` whose nodes have not all registered yet: a multi-node
+        job's, and a one-node job's whose launched node has never registered."""
         marks = ",".join("?" * len(job_states))
         rows = self.db.query(
-            "SELECT a.* FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.num_nodes > 1 AND a.running_at IS NULL "
-            f"AND a.end_reason = 'running' AND j.state IN ({marks}) ORDER BY a.started_at", job_states)
+            "SELECT a.* FROM attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN nodes n ON n.id = a.node_id "
+            "WHERE a.running_at IS NULL AND a.end_reason = 'running' "
+            "AND (a.num_nodes > 1 OR (n.id IS NOT NULL AND n.registered_at IS NULL)) "
+            f"AND j.state IN ({marks}) ORDER BY a.started_at", job_states)
         return [Attempt.from_row(r) for r in rows]
 
     def mark_attempt_running(self, tx: Tx, job_id: str, attempt: int, now: float) -> None:

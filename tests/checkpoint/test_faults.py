@@ -144,3 +144,53 @@ def test_a_full_local_disk_still_sends_checkpoints_to_the_durable_tier(tmpfs, tm
     with Checkpointer(local_dir=tmp_path / "fresh", durable_url=durable.as_uri(), big=restored) as again:
         assert again.restore() == 2
     assert torch.equal(restored.tensor, torch.full((1100 * 256,), 2.0))
+
+
+def test_a_local_disk_too_small_to_fetch_the_checkpoint_into_says_so_instead_of_starting_fresh(tmpfs, tmp_path):
+    """ENOSPC while restore() fetches a good durable checkpoint onto a 2 MiB tmpfs: restore raises a RestoreError
+    naming the folder, the cause and the fix, rather than starting the training over from step 0; the half-fetched
+    file is removed (the space is given back) and the durable checkpoint is untouched."""
+    from runner.checkpoint import RestoreError
+
+    durable = tmp_path / "durable"
+    saved = Big(kib=3000)
+    saved.tensor.fill_(7.0)
+    with Checkpointer(local_dir=tmp_path / "first", durable_url=durable.as_uri(), big=saved) as ckpt:
+        ckpt.save(5)
+    restored = Big(kib=3000)
+    with Checkpointer(local_dir=tmpfs, durable_url=durable.as_uri(), big=restored) as ckpt:
+        with pytest.raises(RestoreError) as raised:
+            ckpt.restore()
+    text = str(raised.value)
+    assert "step 5" in text and str(tmpfs) in text and "No space left on device" in text
+    assert "local_dir" in text  # the fix: free space there or point local_dir at a larger disk
+    assert not (tmpfs / "step-00000005" / "data-00000.bin").exists()
+    assert (durable / "step-00000005" / "manifest.json").is_file()
+    with Checkpointer(local_dir=tmp_path / "roomy", durable_url=durable.as_uri(), big=restored) as ckpt:
+        assert ckpt.restore() == 5
+    assert torch.equal(restored.tensor, saved.tensor)
+
+
+def test_a_full_local_disk_at_a_notice_still_makes_the_emergency_checkpoint_durable(tmpfs, tmp_path, monkeypatch):
+    """ENOSPC on the local tier while a notice (SIGTERM) is served: the emergency checkpoint goes from memory to the
+    durable tier, should_stop comes, and a fresh process restores that step from there."""
+    import os
+    import signal
+
+    monkeypatch.setenv("RUNNER_SIGNAL_GRACE_SECONDS", "60")
+    durable = tmp_path / "durable"
+    state = Big(kib=1100)
+    with capture_logs() as logs, Checkpointer(local_dir=tmpfs, durable_url=durable.as_uri(), interval="1h",
+                                              big=state) as ckpt:
+        ckpt.save(1)
+        assert ckpt.wait()
+        state.tensor.fill_(2.0)
+        os.kill(os.getpid(), signal.SIGTERM)  # a notice: the library's handler records it
+        ckpt.step(2)  # the emergency checkpoint: does not fit on the 2 MiB tmpfs beside step 1
+        assert ckpt.should_stop
+    assert "No space left on device" in str(logs)
+    assert (durable / "step-00000002" / "manifest.json").is_file()
+    restored = Big(kib=1100)
+    with Checkpointer(local_dir=tmp_path / "fresh", durable_url=durable.as_uri(), big=restored) as again:
+        assert again.restore() == 2
+    assert torch.equal(restored.tensor, torch.full((1100 * 256,), 2.0))

@@ -1,7 +1,8 @@
-"""A TCP proxy on loopback that can be told to stall: new and open connections then get no answer.
+"""A TCP proxy on loopback that can be told to stall (new and open connections then get no answer) or to cut
+(open connections are closed and new ones closed at once, until it is mended).
 
-It stands in front of a real server (moto's S3) to reproduce a store that accepts connections and never
-answers, the fault that must not freeze training.
+It stands in front of a real server (moto's S3, Postgres) to reproduce a store that accepts connections and
+never answers, the fault that must not freeze training, or a database that cannot be reached for a while.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ class StallingProxy:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.stalled = threading.Event()
+        self.cutting = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._sockets: list[socket.socket] = []
         self._closed = False
@@ -21,11 +23,30 @@ class StallingProxy:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def port(self) -> int:
+        return self._listener.getsockname()[1]
 
     def stall(self) -> None:
         """From now on nothing reaches the client: bytes sent either way are swallowed."""
         self.stalled.set()
+
+    def cut(self) -> None:
+        """Close every open connection; from now on a new one is closed as soon as it is accepted."""
+        self.cutting.set()
+        for sock in list(self._sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            except OSError:
+                pass
+        self._sockets.clear()
+
+    def mend(self) -> None:
+        """New connections reach the server again."""
+        self.cutting.clear()
 
     def close(self) -> None:
         self._closed = True
@@ -41,6 +62,9 @@ class StallingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.cutting.is_set():
+                client.close()
+                continue
             self._sockets.append(client)
             if self.stalled.is_set():
                 threading.Thread(target=self._swallow, args=(client,), daemon=True).start()

@@ -1,0 +1,86 @@
+"""Postgres out of reach while a controller runs a job (a proxy in front of it closes every connection): the
+CLI is told the database cannot be reached, naming it, instead of a bare 500; the controller logs the cause in
+plain lines (no traceback), leads again once it is back, and the job's output and exit, sent meanwhile, are
+stored: every line once, in order, and the job SUCCEEDED."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import requests
+import yaml
+
+from conftest import Controller, Runner, kill_nodes, write_job
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+from tcp_proxy import StallingProxy  # noqa: E402
+
+LINES = 40
+JOB = """
+name: ticking
+run: for i in $(seq 1 {lines}); do echo "line $i"; sleep 0.2; if [ $i = 10 ]; then while [ ! -e {go} ]; do sleep 0.1; done; fi; done
+resources: {{cloud: [local]}}
+recovery: {{max_preemptions: 0, max_failures: 0, resume_drill: "off"}}
+"""
+
+
+def _leads(ctl: Controller) -> bool | None:
+    try:
+        return requests.get(ctl.url + "/healthz", timeout=2).json().get("leader")
+    except (requests.RequestException, ValueError):
+        return None
+
+
+def _wait(condition, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def test_output_printed_while_the_database_is_out_of_reach_is_stored_once_in_order(tmp_path, postgres):
+    db = urlparse(postgres.new_database())
+    proxy = StallingProxy(("127.0.0.1", db.port))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
+    ctl = Controller(home, db_url=db._replace(netloc=f"{db.username}:{db.password}@127.0.0.1:{proxy.port}").geturl())
+    ctl.start()
+    cli = Runner(home)
+    cli.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
+    try:
+        go = tmp_path / "go"
+        job_id = cli.json("submit", str(write_job(tmp_path / "job", JOB.format(lines=LINES, go=go))))["id"]
+        cli.wait_for_output(job_id, r"^line 10$", timeout=180)
+        proxy.cut()
+        _wait(lambda: _leads(ctl) is False, "the controller to stand down")
+        go.touch()  # the job prints the rest of its lines, and exits, while the database is away
+        _wait(lambda: any(f"line {LINES}\n" in p.read_text() for p in home.glob("nodes/**/job.log")),
+              "the job's last line on its node")
+        during = cli("status", job_id)
+        assert during.returncode != 0 and "Traceback" not in during.stderr
+        assert f"the database at 127.0.0.1:{proxy.port}/" in during.stderr and "cannot be reached" in during.stderr, \
+            during.stderr
+        proxy.mend()
+        _wait(lambda: _leads(ctl) is True, "the controller to lead again")
+        job = cli.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=240,
+                           what="the end of the job")
+        assert job["state"] == "SUCCEEDED" and job["attempts"] == 1, job
+        assert [int(n) for n in re.findall(r"^line (\d+)$", cli("logs", job_id).stdout, re.M)] == \
+            list(range(1, LINES + 1))
+    finally:
+        ctl.stop()
+        kill_nodes(home)
+        proxy.close()
+    logged = [json.loads(line) for line in (home / "controller.jsonl").read_text().splitlines() if line.strip()]
+    tracebacks = [line for line in logged if "exception" in line]
+    assert not tracebacks, tracebacks[:2]  # the cause is said plainly, once a line
+    assert any("the database cannot be reached" in line.get("event", "") for line in logged)
