@@ -19,7 +19,7 @@ import psycopg
 from conftest import kill_nodes, write_job
 from test_failover import cli_for, start_team
 
-LINES = 40
+LINES = 30  # ten lines after the go-ahead: appended after the second failover
 # After line 20 the job waits for the test's go-ahead (a file), so a slow machine cannot let it finish first.
 JOB = """
 name: ticking

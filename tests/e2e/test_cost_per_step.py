@@ -58,7 +58,7 @@ def test_the_relaunch_after_a_measured_attempt_lands_on_the_cheaper_step(tmp_pat
     write_job(tmp_path / "job", JOB, {"train.py": TRAIN})
     job_id = runner.json("submit", str(tmp_path / "job" / "job.yaml"))["id"]
 
-    trained(runner, job_id, 1, 50)  # 10 s or more on the T4: its speed is reported
+    trained(runner, job_id, 1, 25)  # 5 s or more on the T4; its speed is reported within 5 s of its start
     runner.wait_for(job_id, lambda j: (j.get("steps_per_second") or 0) > 0, timeout=60, what="a measured speed")
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
     trained(runner, job_id, 2, 600)

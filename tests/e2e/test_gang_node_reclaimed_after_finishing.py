@@ -1,15 +1,16 @@
 """A gang whose training ended during a notice succeeds with one attempt though the node on notice is reclaimed at
 its deadline while a peer's ranks still tear down.
 
-Node 1 of a 2 x 2 torchrun gang gets an AWS notice whose deadline leaves time (the local market's clock at 0.5: 60 s,
-where the job's end and node 1's report take seconds), so the gang trains on while the controller prepares the
-replacement; the replacement's setup waits for the whole test, so the controller's word never comes and only the
-notice's deadline timer acts on node 1. Meanwhile the job ends: the test tells the training to finish (every rank
-agrees on the step) and each rank closes its Checkpointer after its last step. Rank 0 (on node 0) then tears down
-slowly, on purpose, until the test lets it go: node 1's ranks have exited, its node reports ``succeeded``, and the
-local market reclaims it at the deadline while rank 0 still lingers. Only once the controller has seen node 1 gone
-does rank 0 exit. Node 1's loss after it finished its part is no loss: the attempt ends with node 0's report, the job
-succeeds with its one attempt, nothing is trained again and no process is left.
+Node 1 of a 2 x 2 torchrun gang gets an AWS notice whose deadline leaves time (the local market's clock at 0.25:
+30 s, where the job's end and node 1's report take seconds: 6 s at a load of 6 on 2 cores, and the timer acts some
+4 s before the deadline), so the gang trains on while the controller prepares the replacement; the replacement's
+setup waits for the whole test, so the controller's word never comes and only the notice's deadline timer acts on
+node 1. Meanwhile the job ends: the test tells the training to finish (every rank agrees on the step) and each rank
+closes its Checkpointer after its last step. Rank 0 (on node 0) then tears down slowly, on purpose, until the test
+lets it go: node 1's ranks have exited, its node reports ``succeeded``, and the local market reclaims it at the
+deadline while rank 0 still lingers. Only once the controller has seen node 1 gone does rank 0 exit. Node 1's loss
+after it finished its part is no loss: the attempt ends with node 0's report, the job succeeds with its one attempt,
+nothing is trained again and no process is left.
 
 Every wait is for an event (a line of output, a line of an agent's log, a node's state), never for a time.
 """
@@ -89,7 +90,7 @@ def test_a_gang_node_reclaimed_after_its_part_succeeded_ends_nothing_and_the_job
     home, files = tmp_path / "home", tmp_path / "files"
     home.mkdir()
     files.mkdir()
-    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.5, "boot_seconds": 1.0}}}))
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.25, "boot_seconds": 1.0}}}))
     controller = Controller(home).start()
     runner = Runner(home)
     runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})

@@ -105,7 +105,7 @@ def _train_through(tmp_path, files: dict) -> tuple[Path, dict, dict, dict, str, 
         folder = tmp_path / "job"
         folder.mkdir()
         job_id = runner.json("submit", str(write_job(folder, JOB, {"train.py": _trainee(), **files})))["id"]
-        runner.wait_for_output(job_id, r"step 5 at ", timeout=400)  # training: the notice may come
+        runner.wait_for_output(job_id, r"step 2 at ", timeout=400)  # training (past its first step): the notice may come
         preempted = runner("preempt", job_id, "--node", "1", "--notice", "aws")
         assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
         job = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
