@@ -134,7 +134,10 @@ def _leave(store, providers: dict, job_id: str, attempt: int, rank: int, reason:
                       shrink_reason(rank, reason))
     elastic.add_world(tx, job_id, attempt, new, now)
     elastic.mark_left(tx, job_id, attempt, rank, reason, now)
-    elastic.count_failure(tx, job_id) if failed else elastic.count_preemption(tx, job_id)
+    if failed:
+        elastic.count_failure(tx, job_id)
+    else:
+        elastic.count_preemption(tx, job_id)
     store.add_event(tx, job_id, ELASTIC_EVENT,
                     f"{why}; the gang trains on with {len(members)} of {job.num_nodes} nodes "
                     f"(generation {new.generation}, rendezvous {new.master_addr}:{new.master_port}); "

@@ -193,7 +193,7 @@ def watch_gang_formation(ctx) -> None:
     wait, billed, for ever."""
     store, gangs = ctx.store, GangStore(ctx.store)
     now = time.time()
-    for current in store.unformed_gang_attempts((PROVISIONING, RUNNING)):
+    for current in store.unformed_attempts((PROVISIONING, RUNNING)):
         ctx.guard.run("gang formation", current.job_id, _watch_formation, ctx, gangs, current, now)
 
 

@@ -189,7 +189,7 @@ class Store:
         rows = self.attempts(job_id, tx)
         return rows[-1] if rows and rows[-1].end_reason == EndReason.RUNNING else None
 
-    def unformed_gang_attempts(self, job_states: tuple[str, ...]) -> list[Attempt]:
+    def unformed_attempts(self, job_states: tuple[str, ...]) -> list[Attempt]:
         """The running attempts of jobs in ``job_states`` whose nodes have not all registered yet: a multi-node
         job's, and a one-node job's whose launched node has never registered."""
         marks = ",".join("?" * len(job_states))

@@ -107,6 +107,13 @@ def _submit(tmp_path: Path, runner, text: str) -> str:
     return runner.json("submit", str(path))["id"]
 
 
+def _after_a_durable_commit(runner, job_id: str) -> None:
+    """Until the controller has a durable checkpoint of the running attempt: the agent has then timed one too, so a
+    short notice is sized on this job's commits (under 0.1 s), not on the default reserved before any is measured."""
+    runner.wait_for(job_id, lambda j: ((j["current_attempt"] or {}).get("checkpoint_step") or 0) >= 10,
+                    timeout=240, what="a durable checkpoint")
+
+
 REFERENCE_STEPS = 1000  # the bit-exact tests' job: at most 10 steps a second in the first attempt, 100 s at least
 
 
@@ -205,6 +212,7 @@ def test_a_replacement_not_ready_by_the_deadline_takes_over_once_the_node_is_rec
     setup, go = _replacement_setup_held(tmp_path)
     job_id = _submit(tmp_path, runner, _job("slow-replacement", REFERENCE_STEPS, setup=setup, pause=0.1))
     runner.wait_for_output(job_id, r"^step 30 at ")
+    _after_a_durable_commit(runner, job_id)
     assert runner("preempt", job_id, "--notice", "aws").returncode == 0
     _release_when_the_first_attempt_ends(runner, job_id, go)
 
@@ -348,6 +356,7 @@ def test_a_false_notice_keeps_the_old_node_training_and_releases_the_replacement
     setup = f"if [ -e {marker} ]; then sleep 600; else touch {marker}; fi"
     job_id = _submit(tmp_path, runner, _job("false-notice", 100000, setup=setup))
     runner.wait_for_output(job_id, r"^step 30 at ")
+    _after_a_durable_commit(runner, job_id)
     assert runner("preempt", job_id, "--notice", "aws", "--no-reclaim").returncode == 0
 
     def released(job) -> bool:
