@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -16,6 +15,7 @@ import requests
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
+from polling import eventually
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 from tcp_proxy import StallingProxy  # noqa: E402
@@ -36,16 +36,6 @@ def _leads(ctl: Controller) -> bool | None:
         return None
 
 
-def _wait(condition, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-
-
 def test_output_printed_while_the_database_is_out_of_reach_is_stored_once_in_order(tmp_path, postgres):
     db = urlparse(postgres.new_database())
     proxy = StallingProxy(("127.0.0.1", db.port))
@@ -61,16 +51,16 @@ def test_output_printed_while_the_database_is_out_of_reach_is_stored_once_in_ord
         job_id = cli.json("submit", str(write_job(tmp_path / "job", JOB.format(lines=LINES, go=go))))["id"]
         cli.wait_for_output(job_id, r"^line 10$", timeout=180)
         proxy.cut()
-        _wait(lambda: _leads(ctl) is False, "the controller to stand down")
+        eventually(lambda: _leads(ctl) is False, "the controller to stand down", timeout=120.0, every=0.1)
         go.touch()  # the job prints the rest of its lines, and exits, while the database is away
-        _wait(lambda: any(f"line {LINES}\n" in p.read_text() for p in home.glob("nodes/**/job.log")),
-              "the job's last line on its node")
+        eventually(lambda: any(f"line {LINES}\n" in p.read_text() for p in home.glob("nodes/**/job.log")),
+                   "the job's last line on its node", timeout=120.0, every=0.1)
         during = cli("status", job_id)
         assert during.returncode != 0 and "Traceback" not in during.stderr
         assert f"the database at 127.0.0.1:{proxy.port}/" in during.stderr and "cannot be reached" in during.stderr, \
             during.stderr
         proxy.mend()
-        _wait(lambda: _leads(ctl) is True, "the controller to lead again")
+        eventually(lambda: _leads(ctl) is True, "the controller to lead again", timeout=120.0, every=0.1)
         job = cli.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=240,
                            what="the end of the job")
         assert job["state"] == "SUCCEEDED" and job["attempts"] == 1, job

@@ -17,6 +17,7 @@ import yaml
 from gcp_fixtures import CONFIG, ZONE, gce  # noqa: F401 - gce is a fixture
 
 from conftest import Controller, Runner, kill_nodes, write_job
+from polling import eventually
 from runner.providers.gcp.requests import PREEMPTED_OPERATION, STARTUP_SCRIPT_KEY, label_value
 
 OTHER_ZONE = CONFIG["zones"][1]
@@ -67,17 +68,6 @@ def cluster(tmp_path, gce):
 
 def zone_of(vm: dict) -> str:
     return vm["zone"].rsplit("/", 1)[1]
-
-
-def eventually(check, what: str, timeout: float = 30.0):
-    """The first truthy result of ``check()``, polled until ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_a_job_inserts_one_spot_vm_labelled_with_it_and_logs_where(cluster, tmp_path):
