@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import ddp_buckets, rng
+from . import dcp_read, ddp_buckets, rng
 from .checksum import file_digest
 from .errors import CorruptCheckpointError, RestoreError
 
 METADATA_NAME = ".metadata"
+READ_DIRECT = True  # tensors read straight into the restored ones (dcp_read.py); False: DCP's reader alone
 BLOB_PREFIX = "__runner__.rank"
 
 
@@ -258,8 +259,17 @@ def read_metadata(folder: Path):
 def _reader(folder: Path):
     dcp, _ = _dcp()
     from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.futures import Future
 
     class SafeReader(dcp.FileSystemReader):
+        def read_data(self, plan, planner):
+            if not READ_DIRECT:
+                return super().read_data(plan, planner)
+            dcp_read.read_data(self, plan, planner, lambda rest: super(SafeReader, self).read_data(rest, planner).wait())
+            done = Future()
+            done.set_result(None)
+            return done
+
         def read_metadata(self, *args, **kwargs):
             metadata = read_metadata(Path(self.path))
             if getattr(metadata, "storage_meta", None) is None:
@@ -326,6 +336,8 @@ def files_needed(folder: Path, objects: dict, rank: int, world_size: int, saved_
 def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> None:
     """Collective: load the checkpoint in ``folder`` into the registered objects (resharding as needed)."""
     dcp, _ = _dcp()
+    from torch.distributed.checkpoint.api import CheckpointException
+
     metadata = read_metadata(folder)
     same_world = saved_world == comm.world_size
     target, blob_key = _target(folder, metadata, objects, comm.rank, comm.world_size, saved_world)
@@ -335,9 +347,12 @@ def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> No
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(target, storage_reader=_reader(folder), planner=_planner(), process_group=comm.group,
                      no_dist=comm.group is None)
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure in one exception
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP gathers every rank's failure in one
+        cause = _rank_failure(exc)
+        if isinstance(cause, CorruptCheckpointError):  # a file that changed since the restore verified it
+            raise CorruptCheckpointError(str(cause)) from exc
         raise RestoreError(f"{folder}: the checkpoint written by {saved_world} rank(s) cannot be loaded into "
-                           f"{', '.join(target)} on {comm.world_size} rank(s): {_first_line(exc)}. Register the "
+                           f"{', '.join(target)} on {comm.world_size} rank(s): {_first_line(cause)}. Register the "
                            f"same model and optimizer as the run that saved it") from exc
     try:
         blob = torch.load(io.BytesIO(target[blob_key]), weights_only=True)
@@ -370,6 +385,16 @@ def _apply(target: dict, blob: dict, objects: dict, extra: dict, owners: dict, f
     if restore_rng:  # the same ranks: the steps after the resume can be the uninterrupted run's, bit for bit
         rng.restore(rng.from_portable(blob["rng"]))
         ddp_buckets.restore(objects, blob.get("ddp_buckets", {}))
+
+
+def _rank_failure(exc: BaseException) -> BaseException:
+    """The first rank's own error inside DCP's CheckpointException (which derives from BaseException, and whose
+    text is every rank's traceback); any other error as it is."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = failures[min(failures)]
+        return first[0] if isinstance(first, tuple) else first
+    return exc
 
 
 def _first_line(exc: BaseException) -> str:

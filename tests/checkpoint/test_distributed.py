@@ -237,3 +237,16 @@ def test_each_nodes_first_process_tells_its_own_agent_how_long_a_commit_took(tmp
                 for timing_only in (False, True)]
     assert sorted(commits) == expected
     assert all(m["seconds"] > 0 for m in messages if m["op"] == "committed")
+
+
+def test_a_model_changed_since_the_checkpoint_fails_the_restore_naming_the_mismatch(tmp_path):
+    """Resumed with a wider model than the one saved, every rank's restore() raises the library's RestoreError
+    naming the tensor whose size changed and what to do (not DCP's gathered tracebacks of every rank)."""
+    common = ["--local-dir", tmp_path / "local", "--every-steps", 2]
+    torchrun(2, *common, "--steps", 2)
+    resumed = torchrun(2, *common, "--steps", 4, "--width", 24, check=False)
+    assert resumed.returncode != 0
+    output = resumed.stdout + resumed.stderr
+    assert "RestoreError" in output and "Size mismatch" in output
+    assert "Register the same model and optimizer as the run that saved it" in output
+    assert "CheckpointException" not in output
