@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -239,12 +240,11 @@ def test_each_nodes_first_process_tells_its_own_agent_how_long_a_commit_took(tmp
     assert all(m["seconds"] > 0 for m in messages if m["op"] == "committed")
 
 
-def test_a_model_changed_since_the_checkpoint_fails_the_restore_naming_the_mismatch(tmp_path):
+def test_a_model_changed_since_the_checkpoint_fails_the_restore_naming_the_mismatch(tmp_path, uninterrupted):
     """Resumed with a wider model than the one saved, every rank's restore() raises the library's RestoreError
     naming the tensor whose size changed and what to do (not DCP's gathered tracebacks of every rank)."""
-    common = ["--local-dir", tmp_path / "local", "--every-steps", 2]
-    torchrun(2, *common, "--steps", 2)
-    resumed = torchrun(2, *common, "--steps", 4, "--width", 24, check=False)
+    shutil.copytree(uninterrupted.parent / "local", tmp_path / "local")
+    resumed = torchrun(2, "--local-dir", tmp_path / "local", "--steps", 40, "--width", 24, check=False)
     assert resumed.returncode != 0
     output = resumed.stdout + resumed.stderr
     assert "RestoreError" in output and "Size mismatch" in output
