@@ -35,7 +35,7 @@ from .checksum import file_digest
 from .errors import CorruptCheckpointError, RestoreError
 
 METADATA_NAME = ".metadata"
-READ_DIRECT = True  # tensors read straight into the restored ones (dcp_read.py); False: DCP's reader alone
+READ_DIRECT = hasattr(os, "preadv")  # tensors read straight into the restored ones (dcp_read.py); False: DCP's reader
 BLOB_PREFIX = "__runner__.rank"
 
 
