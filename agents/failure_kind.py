@@ -28,7 +28,12 @@ TAIL_BYTES = 16 * 1024  # the last lines that can name the failure; a traceback'
 
 _IMPORT = re.compile(r"^(?:\w+\.)*(ModuleNotFoundError|ImportError): .+$", re.M)
 _OOM = re.compile(r"^(?:torch\.(?:cuda\.)?)?OutOfMemoryError: .*$|CUDA out of memory.*$", re.M)
-_TRACEBACK_END = re.compile(r"^(?:\w+\.)*\w+(?:Error|Exception|Interrupt|Exit)\b.*$", re.M)
+# An exception's last line, as Python prints it or as torchrun passes a worker's on ("[rank1]: ValueError: ...").
+_TRACEBACK_END = re.compile(r"^(?:\[rank\d+\]:\s?)?((?:\w+\.)*\w+(?:Error|Exception|Interrupt|Exit)\b.*)$", re.M)
+_LAUNCHER_END = re.compile(r"^(?:\w+\.)*ChildFailedError\b")  # torchrun's own, after its workers' tracebacks
+# The checkpoint library's RestoreError: a verified checkpoint that does not fit the registered objects (a
+# NoRoomToRestoreError, a full local disk, is another class: another node can resume from it).
+_MISMATCH = re.compile(r"^(?:\w+\.)*RestoreError: .+$")
 _NOT_FOUND = re.compile(r"^.*(?:command not found|No such file or directory).*$", re.M)
 _TOTAL = re.compile(r"total capacity of ([\d.]+ [KMGT]iB)")
 _IN_USE = re.compile(r"this process has ([\d.]+ [KMGT]iB) memory in use")
@@ -73,12 +78,16 @@ def _classify(exit_code: int | None, output_tail: str) -> tuple[str, str] | None
             f": {_short(lines[-1])}" if lines else "")
     if exit_code in (0, None):
         return None
-    last_exception = (_TRACEBACK_END.findall(output_tail) or [""])[-1]
+    last_exception = ([line for line in _TRACEBACK_END.findall(output_tail) if not _LAUNCHER_END.match(line)]
+                      or [""])[-1]
     oom = _OOM.findall(output_tail)
     if oom and (_OOM.search(last_exception) or not last_exception):
         return FailureKind.CUDA_OOM, _oom_message(output_tail, exit_code)
     if _IMPORT.fullmatch(last_exception):
         return FailureKind.IMPORT_ERROR, f"a module could not be imported (exit {exit_code}): {_short(last_exception)}"
+    if _MISMATCH.fullmatch(last_exception):
+        return FailureKind.CHECKPOINT_MISMATCH, (f"the checkpoint does not fit the job's model (exit {exit_code}): "
+                                                 f"{_short(last_exception)}")
     return None
 
 

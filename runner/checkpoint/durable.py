@@ -24,7 +24,7 @@ import fsspec
 from .. import local_durable  # noqa: F401 - registers local-durable://, the local market's durable tier
 from ..protocol.urls import hide_secrets, redact
 from .checksum import DEFAULT_ALGORITHM, new_hasher
-from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError, RestoreError
+from .errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError, NoRoomToRestoreError
 from .daemon_pool import DaemonPool
 from .log import get_logger
 from .manifest import MANIFEST_NAME, Manifest, folder_name, step_of
@@ -248,7 +248,7 @@ class DurableTier:
                     (folder / name).unlink(missing_ok=True)  # a half-written file would keep the disk full
                     no_room = no_room or exc
         if no_room is not None:  # not damage: restore must not pass over this checkpoint and start fresh
-            raise RestoreError(
+            raise NoRoomToRestoreError(
                 f"step {step} of {self.shown} cannot be fetched into {folder.parent}: {os.strerror(no_room.errno)}; "
                 f"free space there, or set local_dir (checkpoint.local_dir) to a larger disk") from no_room
 

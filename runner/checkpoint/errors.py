@@ -21,5 +21,10 @@ class RestoreError(CheckpointError):
     """A verified checkpoint does not fit the registered objects (for example, the model changed shape)."""
 
 
+class NoRoomToRestoreError(RestoreError):
+    """A good checkpoint cannot be fetched onto this node: its local disk is full. Unlike a checkpoint that does not
+    fit the model, another node (with room) can resume from it."""
+
+
 class SupersededError(CheckpointError):
     """A newer attempt of the same job has started: this process no longer commits where that attempt reads."""

@@ -15,7 +15,7 @@ from . import rng
 from .checksum import file_digest
 from .dcp_format import METADATA_NAME
 from .durable import NO_ROOM, DurableTier
-from .errors import CheckpointError, CorruptCheckpointError, RestoreError
+from .errors import CheckpointError, CorruptCheckpointError, NoRoomToRestoreError, RestoreError
 from .flat_read import read_flat
 from .group import folder_identity
 from .local import LocalTier, check_size
@@ -159,7 +159,7 @@ def _all_verified(comm, error: BaseException | None, step: int) -> bool:
         return True
     refused = [text for text in comm.gather(_no_room_text(error)) if text]
     if refused:
-        raise RestoreError(refused[0]) from error
+        raise NoRoomToRestoreError(refused[0]) from error
     if error is not None:
         log.warning("skipping a checkpoint that does not verify", step=step, error=f"{type(error).__name__}: {error}")
     return False
@@ -167,7 +167,7 @@ def _all_verified(comm, error: BaseException | None, step: int) -> bool:
 
 def _no_room_text(error: BaseException | None) -> str | None:
     """What to tell the user when ``error`` says the local tier has no room for the checkpoint (None otherwise)."""
-    if isinstance(error, RestoreError):
+    if isinstance(error, NoRoomToRestoreError):
         return str(error)
     if isinstance(error, OSError) and error.errno in NO_ROOM:
         return f"{error}; free space there, or set local_dir (checkpoint.local_dir) to a larger disk"

@@ -70,3 +70,4 @@ class FailureKind(StrEnum):
     COMMAND_NOT_FOUND = "command-not-found"
     IMPORT_ERROR = "import-error"
     CUDA_OOM = "cuda-oom"
+    CHECKPOINT_MISMATCH = "checkpoint-mismatch"  # the checkpoint does not fit the job's model or objects

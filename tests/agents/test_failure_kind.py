@@ -49,3 +49,26 @@ def test_the_tail_passes_every_byte_on_and_keeps_only_the_last_ones():
     tail.write(b"\nModuleNotFoundError: No module named 'y'\n")
     assert len(Sink.data) == 100_000 + 42 and len(tail.text()) == TAIL_BYTES
     assert tail.text().endswith("No module named 'y'\n")
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_a_mismatch_and_a_full_disk_is_left_to_relaunch():
+    mismatch = TRACEBACK + ("runner.checkpoint.errors.RestoreError: /ckpt/step-00000040/manifest.json: "
+                            "model.load_state_dict failed (size mismatch for weight)\n")
+    kind, message = classify(1, mismatch)
+    assert kind == FailureKind.CHECKPOINT_MISMATCH
+    assert message.startswith("the checkpoint does not fit the job's model (exit 1): ") and "size mismatch" in message
+    full_disk = TRACEBACK + ("runner.checkpoint.errors.NoRoomToRestoreError: step 40 of s3://b/j cannot be fetched "
+                             "into /ckpt: No space left on device\n")
+    assert classify(1, full_disk) is None  # another node, with room, resumes from the same checkpoint
+
+
+def test_a_torchrun_worker_s_failure_is_read_past_the_launcher_s_own_lines():
+    """torchrun prefixes its workers' output with their rank and ends with its own ChildFailedError report."""
+    tail = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"train.py\", line 3, in <module>\n"
+            "[rank1]: ModuleNotFoundError: No module named 'flash_attn'\n"
+            "Traceback (most recent call last):\n  File \"/venv/bin/torchrun\", line 8, in <module>\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "============================================================\ntrain.py FAILED\n"
+            "  exitcode  : 1 (pid: 4242)\n")
+    kind, message = classify(1, tail)
+    assert kind == FailureKind.IMPORT_ERROR and "No module named 'flash_attn'" in message

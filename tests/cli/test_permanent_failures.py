@@ -1,6 +1,7 @@
 """Failures no relaunch can fix end the job FAILED on the first exit, saying why in the restart log and in
 `runner status`, without spending recovery.max_failures: a command not found (exit 127), a module that
-cannot be imported, a CUDA out-of-memory error (raised on CPU here: the same exception type)."""
+cannot be imported, a CUDA out-of-memory error (raised on CPU here: the same exception type), a checkpoint that
+does not fit the job's model (restored by the real library into a model of another shape)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ recovery: {{max_failures: 3, resume_drill: "off"}}
 OOM = ("import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
        "total capacity of 15.77 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process has "
        "15.74 GiB memory in use.')")
+# The job commits a checkpoint of one model, then restores it into a wider one, as a job whose code changed would.
+MISMATCH = ("import torch; from runner.checkpoint import Checkpointer as C; "
+            "c = C(model=torch.nn.Linear(4, 4), every_steps=1); c.restore(); c.step(1); c.close(); "
+            "C(model=torch.nn.Linear(8, 8)).restore()")
 CASES = {
     "missing-command": ("trian.py --steps 10", "command not found (exit 127)", True),
     "secret-as-command": ("'\"$API_KEY\" --steps 10'", ": ***: command not found", True),
@@ -27,6 +32,8 @@ CASES = {
                        "No module named 'no_such_module_xyz'", True),
     "out-of-memory": (f"{sys.executable} -c \"{OOM}\"", "CUDA out of memory (exit 1); 15.74 GiB in use of the "
                                                          "device's 15.77 GiB", False),
+    "changed-model": (f"{sys.executable} -c \"{MISMATCH}\"", "the checkpoint does not fit the job's model (exit 1): "
+                                                              "runner.checkpoint.errors.RestoreError: ", False),
 }
 
 
