@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from runner.protocol import messages as msg
 
 from . import peer_state, tolerant_group, world_sockets
-from .errors import CheckpointError, RestoreError
+from .errors import CheckpointError, NoWorldToJoinError
 from .group import GlooComm, folder_identity
 from .log import get_logger
 from .sampler import ResumableSampler
@@ -445,9 +445,9 @@ class Elastic:
         while True:
             world = self.inbox.wait(self.wait_s)
             if world is None:
-                raise RestoreError(f"this process was started to join an elastic gang ({JOIN_ENV}=1) but no "
-                                   f"world it could enter came within {self.wait_s:.0f} s; is the agent's "
-                                   "control channel there?")
+                raise NoWorldToJoinError(f"this process was started to join an elastic gang ({JOIN_ENV}=1) but no "
+                                         f"world it could enter came within {self.wait_s:.0f} s; is the agent's "
+                                         "control channel there?")
             try:
                 step = self._move(world, None, False, phases)
                 break

@@ -26,5 +26,10 @@ class NoRoomToRestoreError(RestoreError):
     fit the model, another node (with room) can resume from it."""
 
 
+class NoWorldToJoinError(RestoreError):
+    """A process started to join an elastic gang got no world to enter in time: the gang, not the checkpoint, is
+    at fault, and a relaunch may find one."""
+
+
 class SupersededError(CheckpointError):
     """A newer attempt of the same job has started: this process no longer commits where that attempt reads."""
