@@ -351,6 +351,8 @@ def load(folder: Path, objects: dict, extra: dict, comm, saved_world: int) -> No
         cause = _rank_failure(exc)
         if isinstance(cause, CorruptCheckpointError):  # a file that changed since the restore verified it
             raise CorruptCheckpointError(str(cause)) from exc
+        if isinstance(cause, (OSError, MemoryError)):  # the node's disk or memory, not the checkpoint's fit
+            raise cause from exc
         raise RestoreError(f"{folder}: the checkpoint written by {saved_world} rank(s) cannot be loaded into "
                            f"{', '.join(target)} on {comm.world_size} rank(s): {_first_line(cause)}. Register the "
                            f"same model and optimizer as the run that saved it") from exc
