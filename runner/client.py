@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import requests
 
 from .errors import InputError, RunnerError, Unreachable
+from .protocol.urls import redact
 
 
 class ClientError(RunnerError):
@@ -54,7 +55,7 @@ class Client:
             except requests.ConnectionError:  # refused, reset or not connected in time: try the next one
                 continue
             except requests.Timeout:
-                raise ControllerUnreachable(f"the controller at {url} did not answer in {self.timeout:.0f}s") from None
+                raise ControllerUnreachable(f"the controller at {redact(url)} did not answer in {self.timeout:.0f}s") from None
             self.url = url
             self.last_headers = response.headers  # case-insensitive
             if response.status_code >= 400:
@@ -62,7 +63,8 @@ class Client:
             if response.headers.get("content-type", "").startswith("application/json"):
                 return response.json()
             return response.content
-        where = self.urls[0] if len(self.urls) == 1 else "any of " + ", ".join(self.urls)
+        shown = [redact(u) for u in self.urls]  # a URL's user may be a token (https://TOKEN@host)
+        where = shown[0] if len(shown) == 1 else "any of " + ", ".join(shown)
         raise ControllerUnreachable(
             f"cannot reach the controller at {where}; start it with `runner server` "
             "or check RUNNER_SERVER")

@@ -145,6 +145,7 @@ class Controller:
                 return self
             except (OSError, ValueError, requests.RequestException):
                 time.sleep(0.1)
+        self.kill()  # no test holds it yet to stop it: it must not outlive the test
         raise AssertionError("controller did not start")
 
     @property
@@ -157,7 +158,14 @@ class Controller:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(sig)
-            self.process.wait(20)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:  # a failure, but first nothing is left running: it, nor its nodes
+                self.process.kill()
+                self.process.wait()
+                kill_nodes(self.home)
+                raise AssertionError(f"the controller did not exit within 20 s of {signal.Signals(sig).name}; "
+                                     "killed, with its nodes") from None
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)

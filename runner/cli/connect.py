@@ -15,6 +15,7 @@ import click
 from ..client import Client, ClientError, ControllerUnreachable
 from ..home import ADMIN_TOKEN_FILE, CONTROLLER_FILE, LAST_PORT_FILE, ConfigError, load_config, runner_home
 from ..private import private_dir
+from ..protocol.urls import redact
 
 START_TIMEOUT_SECONDS = 30.0
 BAD_INPUT_EXIT = 2  # `runner server`'s exit code for a configuration it refused
@@ -34,7 +35,7 @@ def connect(start_if_needed: bool = True) -> Client:
         if not token:
             # A controller that cannot be reached is exit 3 whatever the token; one that answers needs the token.
             Client(url, "", timeout=5).get("/healthz")
-            raise ClientError(f"no token for {url}: set RUNNER_TOKEN (the admin token of that controller)")
+            raise ClientError(f"no token for {redact(url)}: set RUNNER_TOKEN (the admin token of that controller)")
         return Client(url, token, token_source=source)
     client = _local_client(home)
     if client is not None:
@@ -54,7 +55,7 @@ def _check_url(url: str, source: str) -> None:
         except ValueError:
             usable = False
         if not usable:
-            raise ConfigError(f"{source}: {part!r} is not a controller URL; give http://HOST:PORT "
+            raise ConfigError(f"{source}: {redact(part)!r} is not a controller URL; give http://HOST:PORT "
                               "(several separated by commas), e.g. http://127.0.0.1:8470")
 
 

@@ -89,7 +89,12 @@ def create_app(state: ControllerState, routers: tuple = ()):
             state.heartbeat_reads.stop()
             for commits in (*state.log_commits, *filter(None, [state.report_commits])):
                 commits.stop()  # what is waiting is committed and answered first
-            state.heartbeats.stop()  # the last second's heartbeats are written before the server exits
+            unwritten = state.heartbeats.stop()  # the last second's heartbeats are written before the server exits
+            if state.store.db.unreachable:  # every write above failed at once: say what that leaves to the nodes
+                log.warning("stopping while the database cannot be reached: nothing more is written here; nodes "
+                            "report again to the next controller what this one did not acknowledge (their output, "
+                            "events and exits; heartbeats not written are replaced by the next ones)",
+                            database=state.store.db.where, heartbeats_not_written=unwritten)
 
     # No /openapi.json: every endpoint needs a token, and the API's description is not one to hand out.
     app = FastAPI(title="runner controller", version="1", docs_url=None, redoc_url=None, openapi_url=None,

@@ -14,7 +14,7 @@ import threading
 
 import structlog
 
-from ..state import Store
+from ..state import DatabaseUnreachable, Store
 
 log = structlog.get_logger(__name__)
 
@@ -71,13 +71,19 @@ class HeartbeatBook:
         self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the flusher and write what it had not yet; later heartbeats are written as they come."""
+    def stop(self) -> int:
+        """Stop the flusher and write what it had not yet; later heartbeats are written as they come. Returns how
+        many nodes' beats are left unwritten (the database is out of reach: their nodes beat again)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
-        self.flush()
+        try:
+            self.flush()
+        except DatabaseUnreachable:  # said once by the caller, with the rest that could not be written
+            pass
+        with self._lock:
+            return len(self._pending)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
+import structlog
+
 from .dialect import to_postgres
 from .errors import DatabaseError, DatabaseUnreachable, UnsupportedDatabaseURL
 from .migrations import apply_migrations
@@ -25,6 +27,18 @@ WRITE_LOCK_KEY = 0x72756E6E6572_01
 LEADER_LOCK_KEY = 0x72756E6E6572_02
 CONNECT_TIMEOUT_SECONDS = 10
 POOL_SIZE = 8  # pooled connections of one controller to Postgres
+# How long a request waits for a pooled connection: while the database answers, as long as a busy pool may take
+# (POOL_WAIT_SECONDS); once it is known to be out of reach, only long enough for the new connection that the
+# request's wait starts to be made, where the database is back (AWAY_WAIT_SECONDS). Every other request of an
+# outage is then answered in about that time, not after the whole pool timeout.
+POOL_WAIT_SECONDS = 30.0
+AWAY_WAIT_SECONDS = 1.0
+# The pool's own retries of a lost connection stop after this (psycopg_pool's default retries for 5 minutes,
+# waiting twice as long each time, so a database back after a minute was found a minute later again); after
+# that a request that finds the pool empty starts a new connection at once.
+RECONNECT_SECONDS = 5.0
+
+log = structlog.get_logger(__name__)
 
 
 def padded(values: list) -> list:
@@ -63,6 +77,7 @@ class Database:
 
     kind = ""
     shared = False  # may several controllers use it at once?
+    unreachable = False  # is it known to be out of reach (a server's database: PostgresDatabase)?
 
     def transaction(self, serialized: bool = True):  # pragma: no cover - interface
         """A write transaction. ``serialized`` (the default): one at a time across every controller, so a
@@ -307,7 +322,7 @@ class PostgresDatabase(Database):
     kind = "postgres"
     shared = True
 
-    def __init__(self, url: str, pool_size: int = POOL_SIZE, pool_timeout: float = 30.0):
+    def __init__(self, url: str, pool_size: int = POOL_SIZE, pool_timeout: float = POOL_WAIT_SECONDS):
         try:
             import psycopg
             from psycopg.rows import dict_row
@@ -318,17 +333,25 @@ class PostgresDatabase(Database):
         self.where = postgres_location(url)
         self._psycopg = psycopg
         self._pipelines = psycopg.Pipeline.is_supported()
-        self._options = dict(row_factory=dict_row, autocommit=True, **KEEPALIVES)
+        self._options = dict(row_factory=dict_row, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                             **KEEPALIVES)
         self.connect().close()  # fail now, naming host and port, rather than in the pool's background thread
         self._held = threading.local()  # the connection of this thread's open transaction, if any
+        self._away: str | None = None  # why the database is out of reach, from the first failure; None while it answers
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=self._options, open=False,
-                                    name="runner", configure=_configure, timeout=pool_timeout)
+                                    name="runner", configure=_configure, timeout=pool_timeout,
+                                    reconnect_timeout=RECONNECT_SECONDS, reconnect_failed=self._reconnecting_failed)
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether the database is known to be out of reach (its last use failed for want of a connection)."""
+        return self._away is not None
 
     def connect(self):
         """A new connection of its own (autocommit, dict rows), e.g. to hold the leader's lock."""
         try:
-            conn = self._psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECONDS, **self._options)
+            conn = self._psycopg.connect(self.url, **self._options)
         except self._psycopg.Error as exc:
             raise DatabaseUnreachable(f"cannot connect to Postgres at {self.where}: {_reason(exc, self.url)}; "
                                       "check the host, port, user, password and database of --db") from None
@@ -345,7 +368,7 @@ class PostgresDatabase(Database):
         if getattr(self._held, "conn", None) is not None:
             raise DatabaseError("a transaction was begun inside another on the same thread; pass the open "
                                 "transaction down instead")
-        with self._reaching(), self._pool.connection() as conn:
+        with self._reaching(), self._pooled() as conn:
             # BEGIN and the write lock go out with the transaction's first statement, in one round trip
             tx = PostgresTx(conn, to_postgres, self._pipelines, _BEGIN_SERIALIZED if serialized else ("BEGIN",))
             self._held.conn = tx._conn
@@ -375,21 +398,47 @@ class PostgresDatabase(Database):
         held = getattr(self._held, "conn", None)
         if held is not None:  # inside this thread's transaction: on its connection (see above)
             return list(held.execute(to_postgres(sql), params))
-        with self._reaching(), self._pool.connection() as conn:
+        with self._reaching(), self._pooled() as conn:
             return list(conn.execute(to_postgres(sql), params))
+
+    def _pooled(self):
+        """A connection of the pool, waited for as long as the pool's timeout while the database answers and
+        AWAY_WAIT_SECONDS while it is known to be out of reach (the wait itself starts a new connection)."""
+        return self._pool.connection(timeout=AWAY_WAIT_SECONDS if self._away is not None else None)
 
     @contextmanager
     def _reaching(self) -> Iterator[None]:
         """A lost connection or a server out of reach (the pool's wait for a connection ran out) becomes one
-        DatabaseUnreachable naming the server and the fix; an error of the statement itself passes unchanged."""
+        DatabaseUnreachable naming the server and the fix; an error of the statement itself passes unchanged.
+        A lost connection marks the database out of reach (see ``_pooled``) until a use of it succeeds."""
+        from psycopg_pool import PoolTimeout
+
         try:
             yield
         except self._psycopg.OperationalError as exc:
             if not _connection_lost(exc):
                 raise
-            raise DatabaseUnreachable(f"the database at {self.where} cannot be reached ({_reason(exc, self.url)}); "
+            # A wait that ran out names the outage's first cause; on its own (the database answers, the pool
+            # was busy) it marks nothing.
+            reason = self._away if isinstance(exc, PoolTimeout) and self._away else _reason(exc, self.url)
+            if not isinstance(exc, PoolTimeout):
+                self._went_away(reason)
+            raise DatabaseUnreachable(f"the database at {self.where} cannot be reached ({reason}); "
                                       "the controller keeps trying and goes on when it is back: check that the "
                                       "database server is up and that this host reaches it") from exc
+        if self._away is not None:
+            self._away = None
+            log.info("the database answers again", database=self.where)
+
+    def _went_away(self, reason: str) -> None:
+        if self._away is None:
+            self._away = reason
+            log.warning("the database cannot be reached; requests are answered at once until it is back",
+                        database=self.where, error=reason)
+
+    def _reconnecting_failed(self, pool) -> None:
+        """The pool's retries of a lost connection all failed (``RECONNECT_SECONDS``): the database is away."""
+        self._went_away("no connection could be made")
 
     def close(self) -> None:
         pool = getattr(self, "_pool", None)

@@ -1,7 +1,8 @@
 """Postgres out of reach while a controller runs a job (a proxy in front of it closes every connection): the
 CLI is told the database cannot be reached, naming it, instead of a bare 500; the controller logs the cause in
 plain lines (no traceback), leads again once it is back, and the job's output and exit, sent meanwhile, are
-stored: every line once, in order, and the job SUCCEEDED."""
+stored: every line once, in order, and the job SUCCEEDED. A controller stopped while the database is away stops
+at once, saying what it could not write, and the next controller on the database gets it all from the nodes."""
 
 from __future__ import annotations
 
@@ -36,13 +37,23 @@ def _leads(ctl: Controller) -> bool | None:
         return None
 
 
-def test_output_printed_while_the_database_is_out_of_reach_is_stored_once_in_order(tmp_path, postgres):
+def _logged(home: Path) -> list[dict]:
+    return [json.loads(line) for line in (home / "controller.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _proxied(postgres) -> tuple[StallingProxy, str]:
+    """A new database behind a proxy; the proxy and the database's URL through it."""
     db = urlparse(postgres.new_database())
     proxy = StallingProxy(("127.0.0.1", db.port))
+    return proxy, db._replace(netloc=f"{db.username}:{db.password}@127.0.0.1:{proxy.port}").geturl()
+
+
+def test_output_printed_while_the_database_is_out_of_reach_is_stored_once_in_order(tmp_path, postgres):
+    proxy, db_url = _proxied(postgres)
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
-    ctl = Controller(home, db_url=db._replace(netloc=f"{db.username}:{db.password}@127.0.0.1:{proxy.port}").geturl())
+    ctl = Controller(home, db_url=db_url)
     ctl.start()
     cli = Runner(home)
     cli.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
@@ -70,7 +81,47 @@ def test_output_printed_while_the_database_is_out_of_reach_is_stored_once_in_ord
         ctl.stop()
         kill_nodes(home)
         proxy.close()
-    logged = [json.loads(line) for line in (home / "controller.jsonl").read_text().splitlines() if line.strip()]
+    logged = _logged(home)
     tracebacks = [line for line in logged if "exception" in line]
     assert not tracebacks, tracebacks[:2]  # the cause is said plainly, once a line
     assert any("the database cannot be reached" in line.get("event", "") for line in logged)
+
+
+def test_a_controller_stopped_while_the_database_is_away_stops_at_once_and_the_next_one_gets_every_report(
+        tmp_path, postgres):
+    proxy, db_url = _proxied(postgres)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml.safe_dump({"clouds": {"local": {"time_scale": 0.05}}}))
+    ctl = Controller(home, db_url=db_url)
+    ctl.start()
+    cli = Runner(home)
+    cli.env.update({"RUNNER_SERVER": ctl.url, "RUNNER_TOKEN": ctl.token})
+    try:
+        go = tmp_path / "go"
+        job_id = cli.json("submit", str(write_job(tmp_path / "job", JOB.format(lines=LINES, go=go))))["id"]
+        cli.wait_for_output(job_id, r"^line 10$", timeout=180)
+        proxy.cut()
+        eventually(lambda: _leads(ctl) is False, "the controller to stand down", timeout=120.0, every=0.1)
+        go.touch()  # the job prints the rest of its lines, and exits, while the database is away
+        eventually(lambda: any(f"line {LINES}\n" in p.read_text() for p in home.glob("nodes/**/job.log")),
+                   "the job's last line on its node", timeout=120.0, every=0.1)
+        port = urlparse(ctl.url).port
+        ctl.stop()  # SIGTERM; the helper waits a while for the exit, and fails where it does not come
+        assert ctl.process.returncode == 0, ctl.process.stdout.read().decode()[-3000:]
+        stopping = [line for line in _logged(home) if line.get("event", "").startswith("stopping")]
+        assert any("the database cannot be reached" in line["event"] and "nodes report again" in line["event"]
+                   for line in stopping), stopping
+        proxy.mend()
+        ctl = Controller(home, db_url=db_url).start(port=port)  # where the nodes send their reports
+        job = cli.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=240,
+                           what="the end of the job")
+        assert job["state"] == "SUCCEEDED" and job["attempts"] == 1, job
+        assert [int(n) for n in re.findall(r"^line (\d+)$", cli("logs", job_id).stdout, re.M)] == \
+            list(range(1, LINES + 1))
+    finally:
+        ctl.stop()
+        kill_nodes(home)
+        proxy.close()
+    tracebacks = [line for line in _logged(home) if "exception" in line]
+    assert not tracebacks, tracebacks[:2]

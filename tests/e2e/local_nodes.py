@@ -4,6 +4,8 @@ the processes left of a job; and a wait for an event."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -34,6 +36,16 @@ def processes_naming(path: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def kill_processes_naming(path: Path) -> None:
+    """SIGKILL every process whose command line names ``path``: what a failing test left of a job (a setup or a
+    training process that outlived its node is in no node's process tree any more)."""
+    for pid in processes_naming(path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def wait_until(predicate, timeout: float, what: str):

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
-from local_nodes import agent_events, node_alive, processes_naming, wait_until
+from local_nodes import agent_events, kill_processes_naming, node_alive, processes_naming, wait_until
 from output_search import occurrences
 
 TRAINEE = """
@@ -148,8 +148,11 @@ def test_node_0_on_notice_reports_its_part_while_hosting_the_store_and_its_recla
     finally:
         for name in ("release", "go"):  # (a rank torchrun started leads a session of its own: not a node's to kill)
             (files / name).touch()
-        controller.stop()
-        kill_nodes(home)
+        try:
+            controller.stop()
+        finally:  # a failing test leaves nothing behind: the nodes, then what outlived them
+            kill_nodes(home)
+            kill_processes_naming(files)
 
     events = agent_events(home, node0)
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 0 and job["attempts"] == 1, (job, rows, events)

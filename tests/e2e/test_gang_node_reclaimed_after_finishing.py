@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
-from local_nodes import agent_events, node_alive, processes_naming, wait_until
+from local_nodes import agent_events, kill_processes_naming, node_alive, processes_naming, wait_until
 from output_search import occurrences
 
 TRAINEE = """
@@ -130,8 +130,11 @@ def test_a_gang_node_reclaimed_after_its_part_succeeded_ends_nothing_and_the_job
     finally:
         for name in ("release", "go"):  # (a rank torchrun started leads a session of its own: not a node's to kill)
             (files / name).touch()
-        controller.stop()
-        kill_nodes(home)
+        try:
+            controller.stop()
+        finally:  # a failing test leaves nothing behind: the nodes, then what outlived them
+            kill_nodes(home)
+            kill_processes_naming(files)
 
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 0 and job["attempts"] == 1, (job, rows)
     assert len(rows) == 1 and rows[0]["end_reason"] == "succeeded" and rows[0]["notice"] is not None

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import Controller, Runner, kill_nodes, write_job
-from local_nodes import agent_events, node_alive, processes_naming, wait_until
+from local_nodes import agent_events, kill_processes_naming, node_alive, processes_naming, wait_until
 
 TRAINEE = """
 import os, sys, time
@@ -130,8 +130,11 @@ def test_a_job_that_ends_while_its_notice_is_trained_through_succeeds_with_one_a
         wait_until(lambda: not processes_naming(files), 120, "the end of every process of the job")
     finally:
         (files / "linger-done").touch()  # a rank torchrun started leads a session of its own: not a node's to kill
-        controller.stop()
-        kill_nodes(home)
+        try:
+            controller.stop()
+        finally:  # a failing test leaves nothing behind: the nodes, then what outlived them
+            kill_nodes(home)
+            kill_processes_naming(files)
 
     assert job["state"] == "SUCCEEDED" and job["preemptions"] == 0 and job["attempts"] == 1, (job, rows)
     assert len(rows) == 1 and rows[0]["end_reason"] == "succeeded"

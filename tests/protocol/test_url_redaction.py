@@ -18,8 +18,12 @@ CASES = {
     "postgresql://runner:pw@db:5432/jobs?sslmode=require&password=pw2":
         "postgresql://runner:***@db:5432/jobs?sslmode=require&password=***",
     "host=db user=runner password='a b' dbname=jobs": "host=db user=runner password=*** dbname=jobs",
+    # a user name without a password is a token under a scheme whose user is no account's name
+    "https://ghp_4d1b7e9a0c2f@github.com/org/repo": "https://***@github.com/org/repo",
+    "s3://AKIAIOSFODNN7EXAMPLE@bucket/run": "s3://***@bucket/run",
 }
 UNCHANGED = ["s3://bucket/tiny-gpt", "gs://bucket/key=value/run", "/mnt/ckpt", "sftp://trainer@host/ckpt",
+             "git+ssh://git@github.com/org/repo", "postgresql://runner@db:5432/jobs",
              "local-durable:///tmp/ckpt?endpoint=http://x", "http://[::1"]
 
 
@@ -31,7 +35,8 @@ def test_credentials_show_as_stars_and_the_rest_as_written(url):
 
 @pytest.mark.parametrize("url", UNCHANGED)
 def test_a_url_without_credentials_is_shown_as_written(url):
-    """A bucket, a path, a user without a password, a parameter that is no secret: shown unchanged."""
+    """A bucket, a path, an account's name without a password (ssh, sftp, postgres...), a parameter that is no
+    secret: shown unchanged."""
     assert redact(url) == url
 
 
@@ -40,3 +45,9 @@ def test_a_message_repeating_a_secret_of_the_url_shows_it_as_stars():
     url = "sftp://trainer:p%40ss@host/ckpt"
     text = hide_secrets(f"cannot open {url}: login as trainer with p@ss refused", url)
     assert text == "cannot open sftp://trainer:***@host/ckpt: login as trainer with *** refused"
+
+
+def test_a_message_repeating_a_token_written_as_the_user_shows_it_as_stars():
+    url = "https://ghp_4d1b7e9a0c2f@github.com/org/repo"
+    text = hide_secrets(f"cannot open {url}: ghp_4d1b7e9a0c2f was refused", url)
+    assert text == "cannot open https://***@github.com/org/repo: *** was refused"
