@@ -26,6 +26,9 @@ from .config import AgentConfig
 
 log = structlog.get_logger(__name__)
 REGISTER_PATIENCE_SECONDS = 300.0
+# The exit report is retried for this long, however fast each try is answered (a controller whose database is away
+# answers 503 at once): a controller's failover or a database's restart, with room to spare.
+EXIT_PATIENCE_SECONDS = 900.0
 REFUSED = (401, 403, 409)  # a wrong token, another node's job, an attempt that has ended: retrying cannot help
 # Events a resume depends on: retried, flushed before the exit report, delivered in the order they were sent.
 # The attempt's telemetry too: its final report comes just before the exit. And the node's setup times, which
@@ -47,11 +50,12 @@ def _next_beat(interval: float, asked) -> float:
 
 class Reporter:
     def __init__(self, client: Client | None, patience: float = REGISTER_PATIENCE_SECONDS, retry_every: float = 2.0,
-                 least_flush: float = FLUSH_SECONDS):
+                 least_flush: float = FLUSH_SECONDS, exit_patience: float = EXIT_PATIENCE_SECONDS):
         self.client = client
         self.patience = patience
         self.retry_every = retry_every
         self.least_flush = least_flush  # the exit report waits this long at least for reliable events
+        self.exit_patience = exit_patience
         # (kind, data, on_delivered, when queued): each is retried until ``patience`` after it was queued
         self._outbox: queue.Queue[tuple[str, dict, Callable[[dict], None] | None, float]] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -206,7 +210,8 @@ class Reporter:
         body = {"reason": reason, "exit_code": code, "message": message, "drill": drill}
         if failure_kind:  # only when known (a controller without failure kinds ignores the field)
             body["failure_kind"] = failure_kind
-        for _ in range(60):
+        deadline = time.monotonic() + self.exit_patience
+        while True:
             try:
                 reply = self.client.post("/v1/agent/exit", body)
                 log.info("exit reported", reason=reason, code=code)
@@ -215,9 +220,12 @@ class Reporter:
                 if exc.status and exc.status < 500:
                     log.error("exit report refused", error=str(exc))
                     return None
+                if time.monotonic() > deadline:
+                    log.error("the controller did not take the exit report in time; it will find the node gone",
+                              seconds=self.exit_patience, error=str(exc))
+                    return None
                 log.warning("exit report failed; retrying", error=str(exc))
-                time.sleep(2)
-        return None
+                time.sleep(self.retry_every)
 
     def drill(self, result: dict) -> dict | None:
         if self.client is None:

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from agents.reporter import Reporter, _next_beat
+from polling import eventually
 from runner.client import Client
 
 
@@ -204,3 +205,24 @@ def test_a_reply_cannot_slow_the_beats_and_a_malformed_ask_is_ignored():
     assert _next_beat(2.0, 30) == 2.0  # never slower than the agent's own interval
     for asked in (None, 0, -1, True, "0.5", [0.5]):
         assert _next_beat(2.0, asked) == 2.0
+
+
+def test_the_exit_report_is_retried_for_its_patience_however_fast_each_refusal_comes():
+    """A controller whose database is away answers each try at once (503): the exit report is retried until it is
+    taken (here after 150 quick refusals), not given up after a count of tries."""
+    outage = DatabaseOutage()
+    try:
+        reporter = Reporter(Client(outage.url, "node-token", timeout=5), patience=30, retry_every=0.01,
+                            least_flush=0.0, exit_patience=120)
+        done = threading.Event()
+        threading.Thread(target=lambda: (reporter.report_exit("succeeded", 0, None), done.set()),
+                         daemon=True).start()
+        eventually(lambda: sum(path == "/v1/agent/exit" for path, _ in outage.arrived) >= 150,
+                   "150 refused tries of the exit report", timeout=120, every=0.05)
+        assert not done.is_set()  # still trying
+        outage.back.set()
+        assert done.wait(120), "the exit report was given up"
+        assert outage.exited
+    finally:
+        outage.server.shutdown()
+        outage.server.server_close()
