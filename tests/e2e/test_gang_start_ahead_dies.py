@@ -21,8 +21,8 @@ def test_a_start_ahead_that_dies_leaves_the_gang_to_start_anew_with_nothing_lost
     standby = first["standby"]
     assert standby["outcome"] == "took over" and standby["rank"] == 1
     assert [n["node"] for n in second["nodes"]] == [first["nodes"][0]["node"], standby["node"]]
-    stopped, last_step_at = stopped_at(first, second, scenario.outputs[1], scenario.outputs[2],
-                                       unix(standby["launched_at"]))
+    _, last_step_at = stopped_at(first, second, scenario.outputs[1], scenario.outputs[2],
+                                 unix(standby["launched_at"]))
     assert FINAL.search(scenario.logs).group(1) == uninterrupted_gang.sha256()
     assert first["lost_seconds"] == 0.0 and job["goodput"]["redone_seconds"] == 0
     # Node 0 started the next attempt ahead and its process died; every rank of the next attempt was started
