@@ -1,5 +1,5 @@
 """The job of the tests that train a 2-node x 2-rank DDP gang (torchrun, gloo, CPU) through an AWS notice to node 1
-(tests/e2e/test_gang_train_through.py, test_gang_start_ahead_dies.py), and what they read of it.
+(tests/e2e/test_gang_train_through.py), and what they read of it.
 
 At the notice the controller launches node 1's replacement at once, in the gang's zone, while every rank of the gang
 trains on; the next attempt is started ahead on both nodes (a job without accelerators), then node 1 is told to
@@ -7,9 +7,9 @@ checkpoint and every rank stops at one step; the next attempt resumes from it on
 
 The local market's clock runs at 4.0 (four times AWS's 120 s): the replacement, and the next attempt's six processes
 started ahead beside the four training, get ready long before the deadline even on a busy machine. Its boot is
-1 s and its setup a shell builtin, so a test lasts as long as the processes take to start. The attempts before the
-notice's end pause between steps, so that the gang is still training when the next attempt is ready (200 steps: 360 s
-of pauses at least); a later attempt, and the uninterrupted run, just train: each of a 2 x 2 gang's steps costs CPU
+1 s and its setup a shell builtin, so a test lasts as long as the processes take to start. The attempts up to the
+last notice pause between steps, so that the gang is still training when the next attempt is ready (200 steps: 360 s
+of pauses at least); the last attempt, and the uninterrupted run, just train: each of a 2 x 2 gang's steps costs CPU
 that the processes being started need. The uninterrupted run is tests/e2e/gang_reference.py's.
 """
 
@@ -32,14 +32,15 @@ STEP_TIME = 1.8  # the pause between steps of the attempts that train through th
 # Unanchored: ranks (and the library's log lines) printing at once share a line ("...step=90rank 1/4: resumed").
 STEP = re.compile(r"step (\d+) at (\d+\.\d+)")
 BUILT = re.compile(r"rank (\d): built at (\d+\.\d+)")
-DIE_AHEAD = "die-ahead"  # in the workdir: node 0's process started ahead exits before its restore()
 
 
-def job(drill: str = "off") -> str:
-    """The job file; ``drill``: its recovery.resume_drill."""
+def job(die_ahead: Path, drill: str = "off") -> str:
+    """The job file; ``drill``: its recovery.resume_drill; once ``die_ahead`` exists, node 0's processes started
+    ahead exit before their restore()."""
     return f"""
 name: gang-train-through
 setup: 'true'
+env: {{DIE_AHEAD: '{die_ahead}'}}
 run: >-
   {TORCHRUN.format(nodes="$RUNNER_NUM_NODES", rank="$RUNNER_NODE_RANK", addr="$RUNNER_MASTER_ADDR",
                    port="$RUNNER_MASTER_PORT")} train.py {TRAINING} --step-time {STEP_TIME} --log-every 1
@@ -63,7 +64,7 @@ def trainee(paused_attempts: int) -> str:
     source = source.replace(future, future + (
         'import os, sys\n'
         'if os.environ.get("RUNNER_RESUME_WAIT") == "1" and os.environ.get("RUNNER_NODE_RANK") == "0" \\\n'
-        f'        and os.path.exists("{DIE_AHEAD}"):\n'
+        '        and os.path.exists(os.environ["DIE_AHEAD"]):\n'
         '    sys.exit(3)\n'), 1)
     source = source.replace(parse, parse + (
         f'    if int(os.environ.get("RUNNER_ATTEMPT", "1")) > {paused_attempts}:\n'
@@ -86,11 +87,12 @@ def logged_at(home: Path, node: str, event: str) -> list[float]:
     return [unix(e["timestamp"]) for e in agent_log(home, node) if e.get("event") == event]
 
 
-def train_through(folder: Path, files: dict, drill: bool = False) -> SimpleNamespace:
-    """The job through node 1's notice, in ``folder``; with ``drill``, its resume drill first (5 s into the
-    training), the notice once the attempt after it trains. Returns ``home``, ``job`` (its final status), ``rows``
-    (the restart log), ``outputs`` (each attempt's output, by number), ``logs`` (the job's) and ``preempted`` (the
-    preempt command's result)."""
+def train_through(folder: Path, notices: int = 1, drill: bool = False) -> SimpleNamespace:
+    """The job in ``folder``: with ``drill``, its resume drill first (5 s into the training); then, each time the next
+    attempt trains, an AWS notice to node 1, ``notices`` times. The next attempt started ahead at the last notice
+    dies on node 0 where there are two. Returns ``home``, ``job`` (its final status), ``rows`` (the restart log),
+    ``outputs`` (each attempt's output, by number), ``logs`` (the job's) and ``preempted`` (each preempt command's
+    result)."""
     home = folder / "home"
     home.mkdir()
     (home / "config.yaml").write_text(yaml.safe_dump(
@@ -98,19 +100,24 @@ def train_through(folder: Path, files: dict, drill: bool = False) -> SimpleNames
     controller = Controller(home).start()
     runner = Runner(home)
     runner.env.update({"RUNNER_SERVER": controller.url, "RUNNER_TOKEN": controller.token})
-    noticed = 2 if drill else 1  # the attempt that trains through the notice
+    noticed = 2 if drill else 1  # the first attempt that trains through a notice
+    die_ahead = folder / "die-ahead"
+    preempted = []
     try:
-        text = job("5s" if drill else "off")
+        text = job(die_ahead, "5s" if drill else "off")
         job_id = runner.json("submit", str(write_job(folder / "job", text,
-                                                     {"train.py": trainee(noticed), **files})))["id"]
-        first_step = 1
-        if drill:
-            runner.wait_for(job_id, lambda j: j["attempts"] == 2, timeout=400, what="the drill's restart")
-            first_step = runner.restarts(job_id)[0]["checkpoint_step"] + 1
-        # Training (past its first step): the notice may come.
-        runner.wait_for_output(job_id, rf"step {first_step + 1} at ", timeout=400, attempt=noticed)
-        preempted = runner("preempt", job_id, "--node", "1", "--notice", "aws")
-        assert preempted.returncode == 0 and "(rank 1)" in preempted.stdout
+                                                     {"train.py": trainee(noticed + notices - 1)})))["id"]
+        for attempt in range(noticed, noticed + notices):
+            first_step = 1
+            if attempt > 1:
+                runner.wait_for(job_id, lambda j: j["attempts"] == attempt, timeout=400, what=f"attempt {attempt}")
+                first_step = runner.restarts(job_id)[attempt - 2]["checkpoint_step"] + 1
+            if notices > 1 and attempt == noticed + notices - 1:
+                die_ahead.touch()
+            # Training (past its first step): the notice may come.
+            runner.wait_for_output(job_id, rf"step {first_step + 1} at ", timeout=400, attempt=attempt)
+            preempted.append(runner("preempt", job_id, "--node", "1", "--notice", "aws"))
+            assert preempted[-1].returncode == 0 and "(rank 1)" in preempted[-1].stdout
         final = runner.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED"), timeout=600, what="the end")
         rows = runner.restarts(job_id)  # what the CLI prints, read in this process (tests/conftest.py)
         outputs = {n: runner.output(job_id, n) for n in range(1, len(rows) + 1)}
