@@ -1,13 +1,12 @@
 """The reference of the 2-node x 2-rank gang tests: examples/multinode/train.py trained from start to end by the same
 four ranks (gloo, CPU), outside the runner; its final weights' sha256.
 
-tests/e2e/test_multinode.py and test_gang_train_through.py preempt gangs of this training, with the same steps and
-`--bit-exact`, and compare their final weights with it. Pauses between steps and progress lines do not change the
-weights, so one uninterrupted run serves them all: once per test session (200 steps cost about 20 s of CPU, most of
-it starting the processes), shared as tests/e2e/session_reference.py says. Each step of the gang costs CPU (about
-30 ms for the four ranks together), in the reference and in every attempt that trains without pauses, so the
-training is kept short: the tests that must still be training at an event pause longer between steps rather than
-train more of them.
+tests/e2e/test_gang_train_through.py preempts a gang of this training, with the same steps and `--bit-exact`, and
+compares its final weights with it. Pauses between steps and progress lines do not change the weights, so one
+uninterrupted run serves them all: once per test session (200 steps cost about 20 s of CPU, most of it starting the
+processes), shared as tests/e2e/session_reference.py says. Each step of the gang costs CPU (about 30 ms for the four
+ranks together), in the reference and in every attempt that trains without pauses, so the training is kept short:
+the tests that must still be training at an event pause longer between steps rather than train more of them.
 
 The weights depend on the four ranks, not on how many launchers start them: the reference runs them under one
 torchrun (``--standalone``), which binds its own rendezvous port. Two launchers of two "nodes" each would need a port
