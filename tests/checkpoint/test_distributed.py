@@ -21,8 +21,8 @@ TRAINEE = Path(__file__).with_name("ddp_trainee.py")
 pytestmark = pytest.mark.start_early("four-rank torchrun gangs, one after another")
 
 
-def torchrun(ranks: int, *args, check: bool = True) -> subprocess.CompletedProcess:
-    return run_ranks(ranks, TRAINEE, *args, check=check)
+def torchrun(ranks: int, *args, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_ranks(ranks, TRAINEE, *args, check=check, env=env)
 
 
 def reports(prefix: Path, ranks: int) -> list[dict]:
@@ -42,23 +42,6 @@ def uninterrupted(tmp_path_factory) -> Path:
     return where / "w.pt"
 
 
-def test_sigterm_to_one_rank_stops_every_rank_at_one_step_and_resumes_bit_exact(tmp_path, uninterrupted):
-    """SIGTERM to rank 1 alone: both ranks stop at the same step with it committed; the resumed run ends
-    with the weights of the uninterrupted one."""
-    common = ["--steps", 30, "--local-dir", tmp_path / "local", "--durable-url", (tmp_path / "durable").as_uri(),
-              "--every-steps", 10]
-    torchrun(2, *common, "--report", tmp_path / "first", "--signal-self", "1:13")
-    first = reports(tmp_path / "first", 2)
-    assert [r["should_stop"] for r in first] == [True, True]
-    assert first[0]["step"] == first[1]["step"] < 30
-    stop = first[0]["step"]
-    manifest = json.loads((tmp_path / "durable" / f"step-{stop:08d}" / "manifest.json").read_text())
-    assert manifest["emergency"] and manifest["layout"] == "dcp" and manifest["world_size"] == 2
-    torchrun(2, *common, "--report", tmp_path / "second", "--out", tmp_path / "w.pt")
-    assert [r["restored"] for r in reports(tmp_path / "second", 2)] == [stop, stop]
-    assert same_weights(tmp_path / "w.pt", uninterrupted)
-
-
 FOUR_RANK_DDP = ["--steps", 16, "--width", 4096, "--every-steps", 4]
 
 
@@ -71,17 +54,42 @@ def four_rank_ddp(tmp_path_factory) -> Path:
     return where
 
 
-def test_four_rank_default_ddp_resumes_bit_exact(tmp_path, four_rank_ddp):
+@pytest.fixture(scope="module")
+def four_rank_ddp_resumed(tmp_path_factory) -> SimpleNamespace:
+    """The same 4-rank run with both tiers, SIGTERM to rank 1 alone before step 6's ``ckpt.step``, then resumed
+    to its end: each rank's report of the first run (``first``) and of the second (``second``), the durable
+    folder (``durable``) and the resumed run's final weights (``weights``)."""
+    where = tmp_path_factory.mktemp("four-rank-ddp-resumed")
+    common = [*FOUR_RANK_DDP, "--local-dir", where / "local", "--durable-url", (where / "durable").as_uri()]
+    torchrun(4, *common, "--report", where / "first", "--signal-self", "1:6")
+    torchrun(4, *common, "--report", where / "second", "--out", where / "resumed.pt")
+    return SimpleNamespace(first=reports(where / "first", 4), second=reports(where / "second", 4),
+                           durable=where / "durable", weights=where / "resumed.pt")
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step_and_resumes_bit_exact(four_rank_ddp_resumed,
+                                                                                  four_rank_ddp):
+    """SIGTERM to rank 1 alone: every rank stops at the same step with it committed to the durable tier as an
+    emergency checkpoint; the resumed run restores that step on every rank and ends with the weights of the
+    uninterrupted one."""
+    first = four_rank_ddp_resumed.first
+    assert [r["should_stop"] for r in first] == [True] * 4
+    assert len({r["step"] for r in first}) == 1 and first[0]["step"] < 16
+    stop = first[0]["step"]
+    manifest = json.loads((four_rank_ddp_resumed.durable / f"step-{stop:08d}" / "manifest.json").read_text())
+    assert manifest["emergency"] and manifest["layout"] == "dcp" and manifest["world_size"] == 4
+    assert [r["restored"] for r in four_rank_ddp_resumed.second] == [stop] * 4
+    assert same_weights(four_rank_ddp_resumed.weights, four_rank_ddp / "whole.pt")
+
+
+def test_four_rank_default_ddp_resumes_bit_exact(four_rank_ddp_resumed, four_rank_ddp):
     """With DistributedDataParallel's default buckets, 4 gloo ranks stopped at step 6 and resumed end with
     exactly the weights of an uninterrupted run: the resumed DDP reduces with the buckets the saved one had
     (its first backward would otherwise sum in another order, and the last bits differ)."""
-    common = [*FOUR_RANK_DDP, "--local-dir", tmp_path / "local"]
-    torchrun(4, *common, "--report", tmp_path / "first", "--signal-self", "1:6")
-    stop = reports(tmp_path / "first", 4)[0]["step"]
+    stop = four_rank_ddp_resumed.first[0]["step"]
     assert stop % 4 and stop < 16  # an emergency checkpoint between the periodic ones
-    torchrun(4, *common, "--report", tmp_path / "second", "--out", tmp_path / "resumed.pt")
-    assert [r["restored"] for r in reports(tmp_path / "second", 4)] == [stop] * 4
-    assert same_weights(tmp_path / "resumed.pt", four_rank_ddp / "whole.pt")
+    assert [r["restored"] for r in four_rank_ddp_resumed.second] == [stop] * 4
+    assert same_weights(four_rank_ddp_resumed.weights, four_rank_ddp / "whole.pt")
 
 
 def test_sigterm_to_torchrun_stops_every_rank_at_one_step(tmp_path):
@@ -132,14 +140,24 @@ FSDP_ON_TWO_NODES = ["--fsdp", "--width", 256, "--every-steps", 4, "--counting-s
 
 @pytest.fixture(scope="module")
 def fsdp_on_two_nodes(tmp_path_factory) -> SimpleNamespace:
-    """A 4-rank FSDP2 job on two "nodes" (a local folder per two ranks) trained 8 steps: its durable tier
-    (``durable``, a URL that counts the files fetched from it), the folder of that tier (``stored``) and the final
-    full weights (``saved``)."""
+    """A 4-rank FSDP2 job on two "nodes" (a local folder per two ranks) trained 8 steps, every rank told of one
+    agent socket here as an attempt's processes are: its durable tier (``durable``, a URL that counts the files
+    fetched from it), the folder of that tier (``stored``), the final full weights (``saved``) and the messages
+    the agent socket received (``messages``)."""
+    from agents.control import ControlServer
+
     where = tmp_path_factory.mktemp("fsdp-two-nodes")
     durable = f"countingfile://{where / 'durable'}"
-    torchrun(4, *FSDP_ON_TWO_NODES, "--durable-url", durable, "--ranks-per-node", 2, "--steps", 8,
-             "--local-dir", where / "old", "--out", where / "saved.pt")
-    return SimpleNamespace(durable=durable, stored=where / "durable", saved=where / "saved.pt")
+    messages: list[dict] = []
+    server = ControlServer(where / "control.sock", messages.append).start()
+    try:
+        torchrun(4, *FSDP_ON_TWO_NODES, "--durable-url", durable, "--ranks-per-node", 2, "--steps", 8,
+                 "--local-dir", where / "old", "--out", where / "saved.pt",
+                 env={"RUNNER_CONTROL": str(where / "control.sock"), "RUNNER_ATTEMPT": "1", "RUNNER_JOB_ID": "job-1"})
+        server.drain()
+    finally:
+        server.close()
+    return SimpleNamespace(durable=durable, stored=where / "durable", saved=where / "saved.pt", messages=messages)
 
 
 def test_fsdp2_state_reshards_from_four_ranks_to_two_and_one(tmp_path, fsdp_on_two_nodes):
@@ -214,25 +232,12 @@ def test_each_node_fetches_only_its_own_ranks_shards_once_and_verifies_them(tmp_
         assert got == whole - sum(stored[name] for name in not_needed)
 
 
-def test_each_nodes_first_process_tells_its_own_agent_how_long_a_commit_took(tmp_path):
-    """Two ranks on two "nodes" (a local folder each), one agent socket here: every commit of each tier reaches
-    the agents twice, once to report (the job's first rank) and once timing only (the other node's first
-    process), with the same step, so a notice on either node knows how long its emergency checkpoint takes."""
-    from agents.control import ControlServer
-
-    messages: list[dict] = []
-    server = ControlServer(tmp_path / "control.sock", messages.append).start()
-    try:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                   str(TRAINEE), "--steps", "8", "--every-steps", "4", "--ranks-per-node", "1",
-                   "--local-dir", str(tmp_path / "local"), "--durable-url", f"file://{tmp_path / 'durable'}"]
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
-               "RUNNER_CONTROL": str(tmp_path / "control.sock"), "RUNNER_ATTEMPT": "1", "RUNNER_JOB_ID": "job-1"}
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        server.drain()
-    finally:
-        server.close()
+def test_each_nodes_first_process_tells_its_own_agent_how_long_a_commit_took(fsdp_on_two_nodes):
+    """Four ranks on two "nodes" (a local folder per two ranks), one agent socket here: every commit of each tier
+    reaches the agents twice, once to report (the job's first rank) and once timing only (the other node's first
+    process), with the same step, so a notice on either node knows how long its emergency checkpoint takes; the
+    nodes' other ranks send none."""
+    messages = fsdp_on_two_nodes.messages
     commits = [(m["step"], m["durable"], m["timing_only"]) for m in messages if m["op"] == "committed"]
     expected = [(step, durable, timing_only) for step in (4, 8) for durable in (False, True)
                 for timing_only in (False, True)]

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from agents.control import ControlServer
+from runner.checkpoint import ResumableSampler
 
 from .elastic_trainee import Indexed, build
 
@@ -189,16 +191,26 @@ def distance(a: dict, b: dict) -> float:
     return float(sum((a[k].double() - b[k].double()).square().sum() for k in a) ** 0.5)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict:
-    """The final weights of the same 3-rank run with no change of world."""
-    gang = Gang(tmp_path_factory.mktemp("uninterrupted"))
-    try:
-        nodes = gang.start(3, gate=None)
-        gang.finish(nodes)
-        return gang.model(nodes[0])
-    finally:
-        gang.close()
+@pytest.fixture
+def uninterrupted() -> dict:
+    """The final weights of the same 3-rank run with no change of world, trained here as the gang trains it:
+    each of the 3 ranks' samplers hands out its batches (a new epoch when one runs out), and each step is DDP's
+    mean of their gradients (``replay``). Equal to rounding to the gang's own run, with no process to start."""
+    dataset = Indexed()
+    loaders = [DataLoader(dataset, batch_size=2, sampler=ResumableSampler(dataset, shuffle=True, seed=3,
+                                                                          num_replicas=3, rank=rank))
+               for rank in range(3)]
+    batches = [iter(loader) for loader in loaders]
+    lines = []
+    for step in range(1, STEPS + 1):
+        for rank, loader in enumerate(loaders):
+            try:
+                index = next(batches[rank])[2]
+            except StopIteration:  # as elastic_trainee.py: a new iterator starts the next epoch
+                batches[rank] = iter(loader)
+                index = next(batches[rank])[2]
+            lines.append({"step": step, "indices": index.tolist()})
+    return replay(lines)
 
 
 def test_shrink_by_notice_then_grow_back(gang, tmp_path, uninterrupted):

@@ -12,10 +12,12 @@ from pathlib import Path
 TIMEOUT = 240  # generous: a busy 2-core machine starts 4 ranks slowly; nothing here waits on a clock
 
 
-def run_ranks(ranks: int, script: Path, *args, check: bool = True, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+def run_ranks(ranks: int, script: Path, *args, check: bool = True, timeout: float = TIMEOUT,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``env``: variables added to this process's for the ranks."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                str(script), *map(str, args)]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", **(env or {})}
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)
     try:
