@@ -5,8 +5,8 @@
 The script starts itself under ``torch.distributed.run --standalone`` (gloo, CPU, OMP_NUM_THREADS=1). Every rank
 builds the same DDP model holding ``--size-mb`` of state in eight equal buffers (replicated, as a DDP model's is:
 every rank reads all of it at a restore; the gang benchmark's trainee is the same), saves it once with
-``Checkpointer`` into ``--dir`` (a tmpfs such as /dev/shm shows the reader's own cost, a disk adds the disk's),
-then restores it ``--repeat`` times by each reader, taking turns:
+``Checkpointer`` into a fresh folder under ``--dir``, removed at the end (a tmpfs such as /dev/shm shows the
+reader's own cost, a disk adds the disk's), then restores it ``--repeat`` times by each reader, taking turns:
 
 * DCP's reader: torch.distributed.checkpoint's ``FileSystemReader.read_data``, each tensor ``torch.load``-ed into
   memory of its own and copied into the model's;
@@ -22,23 +22,27 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 READERS = ("DCP's reader", "direct")
 
 
 def launch(args) -> int:
-    folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="restore-bench-"))
+    """Run this script under torchrun, one process per rank, all saving into one fresh folder under ``--dir``,
+    removed at the end (a checkpoint of ``--size-mb`` is left nowhere)."""
+    folder = tempfile.mkdtemp(prefix="restore-bench-", dir=args.dir)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
-               __file__, "--worker", "--size-mb", str(args.size_mb), "--repeat", str(args.repeat),
-               "--dir", str(folder)]
+               __file__, "--worker", "--size-mb", str(args.size_mb), "--repeat", str(args.repeat), "--dir", folder]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(command, env=env).returncode
+    try:
+        return subprocess.run(command, env=env).returncode
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def build(size_mb: float):
