@@ -3,7 +3,12 @@
 - exit 127: the shell did not find the command (a typo in ``run``, a tool not installed);
 - an ``ImportError`` / ``ModuleNotFoundError`` ending the output: a package missing from the environment;
 - a CUDA out-of-memory error (``torch.OutOfMemoryError``, ``torch.cuda.OutOfMemoryError``): the same
-  accelerator runs out of memory again at the same point.
+  accelerator runs out of memory again at the same point;
+- the checkpoint library's ``RestoreError`` ending the output: the checkpoint does not fit the job's model, and
+  every node would restore it into the same one.
+
+Under torchrun a worker's lines carry a ``[rankN]:`` prefix and the launcher's own ``ChildFailedError`` report
+comes after them: the last exception read is the worker's.
 
 A process ended by a signal (exit 128 + its number, as a shell says it) is named by its signal for the restart
 log, with what to check for SIGKILL (the kernel's out-of-memory killer sends it); it is relaunched as any
