@@ -55,7 +55,8 @@ class Client:
             except requests.ConnectionError:  # refused, reset or not connected in time: try the next one
                 continue
             except requests.Timeout:
-                raise ControllerUnreachable(f"the controller at {redact(url)} did not answer in {self.timeout:.0f}s") from None
+                raise ControllerUnreachable(
+                    f"the controller at {redact(url)} did not answer in {self.timeout:.0f}s") from None
             self.url = url
             self.last_headers = response.headers  # case-insensitive
             if response.status_code >= 400:

@@ -2,11 +2,11 @@
 
 A URL may carry a secret: the password of its user (``sftp://user:PASSWORD@host/path``,
 ``postgresql://u:PASSWORD@h/db``), a user name with no password, which is how a token is often written
-(``https://ghp_TOKEN@host/repo``, ``s3://ACCESS_KEY@bucket``), or a query parameter whose name says it is one (a presigned or SAS URL's
-``X-Amz-Signature``/``sig``, a driver's ``?token=``/``?secret=``/``?key=``, libpq's ``?password=``), and so may a
-libpq ``key=value`` string (``host=h password=...``). The controller (database URLs), the agent and the
-checkpoint library (a job's ``checkpoint.durable_url``) hide them with the same function, so this module is in
-runner.protocol: standard library only, importable from every side.
+(``https://ghp_TOKEN@host/repo``, ``s3://ACCESS_KEY@bucket``), or a query parameter whose name says it is one (a
+presigned or SAS URL's ``X-Amz-Signature``/``sig``, a driver's ``?token=``/``?secret=``/``?key=``, libpq's
+``?password=``), and so may a libpq ``key=value`` string (``host=h password=...``). The controller (database
+URLs), the agent and the checkpoint library (a job's ``checkpoint.durable_url``) hide them with the same function,
+so this module is in runner.protocol: standard library only, importable from every side.
 """
 
 from __future__ import annotations
