@@ -78,6 +78,12 @@ class Runner:
         with self._client() as client:
             return self.json("restarts", job_id) if client is None else client.get(f"/v1/jobs/{job_id}/restarts")
 
+    def events(self, job_id: str) -> list[dict]:
+        """The job's events, as the controller's API gives them (empty where no client is set up: the CLI prints
+        them only while it follows a job)."""
+        with self._client() as client:
+            return [] if client is None else client.get(f"/v1/jobs/{job_id}/events")
+
     def output(self, job_id: str, attempt: int | None = None, node: int | None = None) -> str:
         """What `runner logs JOB [--attempt N] [--node R]` prints."""
         with self._client() as client:

@@ -16,11 +16,20 @@ def world_sizes(runner: Runner, job_id: str) -> list[int]:
 
 def wait_until(condition, timeout: float, what: str, runner: Runner, job_id: str) -> None:
     """Poll ``condition`` until it holds; past ``timeout`` (a bound, not an expectation) fail naming ``what``, with
-    the restart log and the end of node 0's output."""
+    the restart log, the job's events and the end of every node's output."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; restarts: {runner.restarts(job_id)}; node 0's output ends: "
-                         f"{runner.output(job_id, node=0)[-3000:]}")
+    happened = _what_happened(runner, job_id)
+    raise AssertionError(f"timed out waiting for {what}; restarts: {runner.restarts(job_id)}; {happened}")
+
+
+def _what_happened(runner: Runner, job_id: str) -> str:
+    """The job's events (why each replacement left, among them) and the end of every node's output, for a failure's
+    message: a replacement that failed on a busy machine otherwise leaves no trace in it."""
+    events = runner.events(job_id)
+    nodes = sorted({n["rank"] for row in runner.restarts(job_id) for n in row.get("nodes") or []})
+    outputs = "; ".join(f"node {rank}'s output ends: {runner.output(job_id, node=rank)[-1500:]}" for rank in nodes)
+    return "events: " + "; ".join(f"{e['kind']}: {e['message']}" for e in events) + "; " + outputs

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from ..base import DefaultCheckpoints, DescribesInBatch, HoldsGangs, LaunchReque
 from ..errors import NoCapacityError, ProviderError
 from ..offers import Offer
 from ...local_durable import throttle_environment
+from .ports import HeldPorts
 from .processes import kill_node, process_ref
 
 log = structlog.get_logger(__name__)
@@ -65,6 +65,7 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
                                  else _non_negative_number("durable_mb_per_s", durable_mb_per_s, positive=True))
         self._children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
+        self._ports = HeldPorts(NODE_ADDRESS)
 
     def offers(self) -> list[Offer]:
         try:
@@ -90,13 +91,9 @@ class LocalProvider(Provider, DescribesInBatch, HoldsGangs, DefaultCheckpoints):
         return max(0, self.zone_capacity - live_here)
 
     def rendezvous_port(self, previous: int | None = None) -> int:
-        """A port free on this machine now (every simulated node is this machine)."""
-        while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.bind((NODE_ADDRESS, 0))
-                port = probe.getsockname()[1]
-            if port != previous:
-                return port
+        """A port free on this machine now (every simulated node is this machine), held until its node listens
+        on it (ports.py: why)."""
+        return self._ports.take(avoid=previous)
 
     def _live_in_zone(self, zone: str) -> int:
         """Simulated nodes alive in ``zone`` now (each holds its alive.lock for its whole life)."""
