@@ -20,10 +20,12 @@ metadata classes, and byte items through ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
 import pickle
+import queue
 import warnings
 from pathlib import Path
 
@@ -186,24 +188,54 @@ def files_for(items) -> int:
     return files
 
 
-def _writer(folder: Path):
+def _writer(folder: Path, on_closed=None):
     dcp, _ = _dcp()
+    from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _split_by_size_and_type
 
     class SplitWriter(dcp.FileSystemWriter):
         """DCP's file writer, with as many files (and threads) per rank as :func:`files_for` says: DCP spreads the
-        items over them by size (``thread_count``), and an empty file is never made."""
+        items over them by size (``thread_count``), and an empty file is never made. With ``on_closed``, the files
+        are written one after another, each handed to ``on_closed`` once closed and synced (early_upload.py)."""
 
         def write_data(self, plan, planner):
             self.thread_count = files_for(plan.items)
-            return super().write_data(plan, planner)
+            if on_closed is None:
+                return super().write_data(plan, planner)
+            files: queue.Queue = queue.Queue()
+            for index, bucket in enumerate(_split_by_size_and_type(self.thread_count, plan.items)):
+                name = f"{plan.storage_data.prefix}{index}{DEFAULT_SUFFIX}"
+                files.put((self.fs.concat_path(self.path, name), name, bucket))
+            self.thread_count = 1
+            return self._write_data(planner, files)
 
-    return SplitWriter(str(folder), sync_files=True, overwrite=True)
+    writer = SplitWriter(str(folder), sync_files=True, overwrite=True)
+    if on_closed is not None:
+        writer.fs = _HandsOverClosedFiles(writer.fs, on_closed, DEFAULT_SUFFIX)
+    return writer
 
 
-def write(staged: dict, folder: Path, comm) -> list[dict]:
-    """Collective: write this rank's share of ``staged`` into ``folder``; return its files with checksums."""
+class _HandsOverClosedFiles:
+    """DCP's local file system, handing every data file (``suffix``) it has closed to ``on_closed``."""
+
+    def __init__(self, fs, on_closed, suffix: str) -> None:
+        self._fs, self._on_closed, self._suffix = fs, on_closed, suffix
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with self._fs.create_stream(path, mode) as stream:
+            yield stream
+        if str(path).endswith(self._suffix):  # not the .metadata, which is written last (as a temporary file)
+            self._on_closed(Path(path))
+
+
+def write(staged: dict, folder: Path, comm, on_closed=None) -> list[dict]:
+    """Collective: write this rank's share of ``staged`` into ``folder``; return its files with checksums.
+    ``on_closed``: called with each data file once it is complete on disk (the files are then written in turn)."""
     dcp, _ = _dcp()
-    writer = _writer(folder)
+    writer = _writer(folder, on_closed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
         dcp.save(staged, storage_writer=writer, planner=_save_planner(), process_group=comm.group,

@@ -164,6 +164,11 @@ class DurableTier:
                          not_sent=len(names) - sent)
                 raise
 
+    def put_file(self, step: int, path: Path) -> None:
+        """Upload one file of a local checkpoint folder (no manifest)."""
+        self.fs.makedirs(self._path(step), exist_ok=True)
+        self.fs.put_file(str(path), self._path(step, path.name))
+
     def put_bytes(self, step: int, files: dict[str, bytes]) -> None:
         """Upload files held in memory (the local tier could not take them), in parallel (no manifest)."""
         self.fs.makedirs(self._path(step), exist_ok=True)

@@ -23,8 +23,10 @@ is handed back to staging once both the local write and the upload have read it.
 
 Under torch.distributed both threads are collective (``Ranks.writer`` / ``Ranks.uploader``): the local
 folder is committed once every rank's share is on disk, and the durable manifest is written by rank 0
-only after every rank's files have landed. When the local disk fails (full, gone) on one process, the
-staged bytes go straight to the durable tier, so the bucket keeps getting checkpoints.
+only after every rank's files have landed. An emergency's files (and a timing checkpoint's) go up one by one
+as the local write closes them (early_upload.py), and the uploader sends only what is left. When the local
+disk fails (full, gone) on one process, the staged bytes go straight to the durable tier, so the bucket keeps
+getting checkpoints.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from pathlib import Path
 from .checksum import DEFAULT_ALGORITHM, digest
 from .daemon_pool import DaemonPool
 from .durable import DurableTier
+from .early_upload import EarlyUpload
 from .errors import SupersededError
 from .local import LocalTier, fsync_file, write_file
 from .log import get_logger
-from .manifest import FLAT, MANIFEST_NAME, STATE_NAME, Manifest
+from .manifest import DCP, FLAT, MANIFEST_NAME, STATE_NAME, Manifest
 from .retention import Retention
 
 log = get_logger()
@@ -79,6 +82,7 @@ class SaveJob:
     from_buffer: bool = False  # uploaded straight from the staged buffer, beside the local write
     replicated: bool = False  # every rank holds the whole state: each rank's restore reads every file
     readers: object = None  # _BufferReaders: the local write and that upload, both reading the staged buffer
+    early: EarlyUpload | None = None  # a process group's emergency: its files sent as the local write closes them
     abandoned: threading.Event = field(default_factory=threading.Event)  # its upload was given up: stop sending
     staged_at: float | None = None  # monotonic: the state was staged and handed to the persister
 
@@ -118,15 +122,14 @@ class DcpFormat:
     """A process group: torch.distributed.checkpoint files (dcp_format.py)."""
 
     def __init__(self, comm) -> None:
-        from .manifest import DCP
-
         self.comm = comm
         self.layout = DCP
 
     def write(self, job: SaveJob, folder: Path) -> list[dict]:
         from . import dcp_format
 
-        return dcp_format.write(job.staged, folder, self.comm)
+        return dcp_format.write(job.staged, folder, self.comm,
+                                on_closed=job.early.file_closed if job.early is not None else None)
 
     def nbytes(self, job: SaveJob) -> int:
         return 0  # unknown before DCP plans it; the last checkpoint's size stands in
@@ -159,6 +162,7 @@ class Persister:
         self._pending_cond = threading.Condition()
         self._stopping = False
         self._from_buffer: list[threading.Thread] = []  # emergency uploads from the staged buffer
+        self._early: list[EarlyUpload] = []  # process groups' emergency uploads, file by file as written
         self._writer = threading.Thread(target=self._write_loop, name="runner-checkpoint-write", daemon=True)
         self._writer.start()
         self._uploader = None
@@ -172,6 +176,8 @@ class Persister:
         # Started from the caller's thread (the training's), not from the writer's: a thread inherits its
         # creator's priority, and the writer runs niced (see the module).
         job.readers = self._start_upload_from_buffer(job)
+        if self._uploads_early(job):
+            job.early = EarlyUpload(self.durable, job.step, job.abandoned)
         self._queue.put(job)
 
     def buffer_held_by_upload(self) -> bool:
@@ -223,6 +229,8 @@ class Persister:
     def _write_local(self, job: SaveJob) -> None:
         folder = self.local.folder(job.step)
         fmt = job.format or self.format
+        if job.early is not None:
+            self._open_early_upload(job)
         own, error = None, None
         try:
             if self.folder_leader:
@@ -263,6 +271,9 @@ class Persister:
 
     def _local_failed(self, job: SaveJob, folder: Path, error: BaseException) -> None:
         job.error = error
+        if job.early is not None:  # what it sent stays uncommitted: no manifest is written for this job
+            job.abandoned.set()
+            job.early.close()
         if self.folder_leader:
             self.local.discard(folder)
         fallback = (self.durable is not None and (job.format or self.format).layout == FLAT and job.staged is not None
@@ -305,6 +316,8 @@ class Persister:
             finally:
                 with self._pending_cond:
                     self._uploading = None
+                if job.early is not None:  # fenced or failed before it was waited for: its threads end
+                    job.early.close()
                 job.durable_done.set()
             if committed and self.uploader.rank == 0:  # housekeeping, after the commit is announced: a store
                 self._safely(self._prune_durable, job)  # that hangs here holds up no wait() and no close()
@@ -326,14 +339,43 @@ class Persister:
             self._pending = [j for j in self._pending if j.seq > target]
             self._uploading = chosen.step
         for job in superseded:
+            if job.early is not None:
+                job.abandoned.set()
+                job.early.close()
             job.superseded = True
             log.info("upload superseded by a newer checkpoint", step=job.step, newer=chosen.step)
             job.durable_done.set()
         return chosen
 
-    def _emergency_waiting(self) -> bool:
+    def _emergency_waiting(self, uploading: EarlyUpload | None = None) -> bool:
+        """Is an emergency checkpoint waiting for the durable tier, or being sent to it (other than ``uploading``)?"""
         with self._pending_cond:
-            return any(j.emergency for j in self._pending) or any(t.is_alive() for t in self._from_buffer)
+            return (any(j.emergency for j in self._pending) or any(t.is_alive() for t in self._from_buffer)
+                    or any(early is not uploading and early.active() for early in self._early))
+
+    # ------------------------------------------------------------------ a process group's emergency, sent early
+
+    def _uploads_early(self, job: SaveJob) -> bool:
+        """Decided alike on every rank (the same job, the same configuration): see early_upload.py."""
+        return ((job.emergency or job.upload_from_buffer) and self.durable is not None
+                and (job.format or self.format).layout == DCP)
+
+    def _open_early_upload(self, job: SaveJob) -> None:
+        """The writer's fence for an early upload (collective, before any file is written): rank 0 checks that no
+        newer attempt has started and removes the step's old manifest, so that no file of a committed checkpoint
+        is replaced under it; where it cannot, the job's files go up after the local commit, as any checkpoint's."""
+        error = self._fenced(job) if self.writer.rank == 0 else None
+        if error is None and self.writer.rank == 0:
+            try:
+                self.durable.uncommit(job.step)
+            except Exception as exc:  # noqa: BLE001 - the uploader tries again, and reports
+                error = exc
+        if self.writer.all_true(error is None):
+            with self._pending_cond:
+                self._early = [early for early in self._early if early.active()] + [job.early]
+            return
+        job.early.close()
+        job.early = None
 
     # ------------------------------------------------------------------ an emergency's upload from the buffer
 
@@ -464,8 +506,7 @@ class Persister:
         if job.in_memory is not None:
             future = pool.submit(self.durable.put_bytes, job.step, job.in_memory, what=f"upload of step {job.step}")
         else:
-            future = pool.submit(self.durable.put_files, job.step, job.local_manifest.parent, job.own_files,
-                                 abandoned=job.abandoned, what=f"upload of step {job.step}")
+            future = pool.submit(self._put_own_files, job, what=f"upload of step {job.step}")
         deadline = time.monotonic() + self.upload_timeout_s
         try:
             while True:
@@ -477,13 +518,20 @@ class Persister:
                 if time.monotonic() > deadline:
                     job.abandoned.set()
                     return TimeoutError(f"the upload took longer than {self.upload_timeout_s:.0f} s; abandoned")
-                if not job.emergency and self._emergency_waiting():
+                if not job.emergency and self._emergency_waiting(uploading=job.early):
                     job.abandoned.set()  # its files still to go would share the node's bandwidth with the emergency
                     return TimeoutError("abandoned for an emergency checkpoint")
         except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the training
             return exc
         finally:
             pool.shutdown(wait=False)  # an abandoned upload's thread stops at its next file (``abandoned``)
+
+    def _put_own_files(self, job: SaveJob) -> None:
+        names = job.own_files
+        if job.early is not None:  # what it sent as the local write went on is up already
+            sent = job.early.finish()
+            names = [name for name in names if name not in sent]
+        self.durable.put_files(job.step, job.local_manifest.parent, names, abandoned=job.abandoned)
 
     def _safely(self, fn, arg) -> None:
         try:
