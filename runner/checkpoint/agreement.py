@@ -9,10 +9,12 @@ arrived, on every rank alike.
 
 The number is one int64, reduced with bitwise OR (``Word`` below): a stop flag, a save-due flag, one bit
 per request reason (the strongest set bit wins), a world-change flag (an elastic gang leaves this group
-at this step, elastic.py), and the step's low 26 bits beside their complement. OR
+at this step, elastic.py), a timing flag (a notice's timing checkpoint, saved the emergency's way on every rank
+so that its time predicts the emergency's), and the step's low 26 bits beside their complement. OR
 gives "any rank wants it" for the flags and reasons; for the step, every rank agreeing on it is exactly "no
-bit set in both halves", so ranks that call ``step()`` at different steps are told so. Why one word: gloo's ring all-reduce costs about four times
-as much for six elements as for one at four ranks (benchmarks/distributed_checkpoint.py), and that is paid
+bit set in both halves", so ranks that call ``step()`` at different steps are told so. Why one word: gloo's
+ring all-reduce costs about four times as much for six elements as for one at four ranks
+(benchmarks/distributed_checkpoint.py), and that is paid
 on every round. The one thing OR cannot give, the earliest deadline of a stop request, is agreed by a
 second, blocking all-reduce (MAX of the negated deadline) in the round that carries a request, which every
 rank enters at the same step since every rank decoded the same word: a few times per job, not per step.
@@ -49,11 +51,13 @@ class Word:
     STEP_SHIFT = 9                           # bits 9..34: the step's low bits
     NOT_STEP_SHIFT = STEP_SHIFT + STEP_BITS  # bits 35..60: their complement
     WORLD = 1 << 61                          # a rank was told of a new world: every rank leaves this group
+    TIMING = 1 << 62                         # a timing checkpoint: saved the way an emergency one is (persist.py)
 
     @classmethod
-    def encode(cls, step: int, stop: bool, due: bool, reason: int, world: bool = False) -> int:
+    def encode(cls, step: int, stop: bool, due: bool, reason: int, world: bool = False, timing: bool = False) -> int:
         low = step & cls.STEP_MASK
-        word = (cls.STOP if stop else 0) | (cls.SAVE if due else 0) | (cls.WORLD if world else 0)
+        word = ((cls.STOP if stop else 0) | (cls.SAVE if due else 0) | (cls.WORLD if world else 0)
+                | (cls.TIMING if timing else 0))
         if reason > 0:
             word |= 1 << (cls.REASON_SHIFT + reason)
         return word | (low << cls.STEP_SHIFT) | ((~low & cls.STEP_MASK) << cls.NOT_STEP_SHIFT)
@@ -119,7 +123,7 @@ class StepAgreement:
         request = None
         if stop or reason > 0:
             deadline = self._earliest_deadline()
-            request = CheckpointRequest(REASONS[reason], stop, deadline)
+            request = CheckpointRequest(REASONS[reason], stop, deadline, timing=bool(word & Word.TIMING) and not stop)
         origin = "self" if asked or (request is None and due) else "peer"
         return Decision(save=save or request is not None, request=request, origin=origin)
 
@@ -129,7 +133,8 @@ class StepAgreement:
         self._deadline = request.deadline if request is not None and request.deadline is not None else math.inf
         reason = reason_code(request.reason) if request is not None else 0
         self._step = step
-        self._word.fill_(Word.encode(step, bool(request and request.stop), due, reason, world))
+        self._word.fill_(Word.encode(step, bool(request and request.stop), due, reason, world,
+                                     timing=bool(request and request.timing)))
         self._mine = (request is not None, due)
         self.last_request = request  # what this rank put into the round (a rank leaving an elastic gang says why)
         # The process group's own allreduce, not dist.all_reduce: its checks and logging wrapper cost about

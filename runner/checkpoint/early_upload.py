@@ -12,7 +12,8 @@ following the upload (a replacement's prefetch) gets each file as it lands.
 
 The step's old manifest is removed before any file of it is replaced (the writer's fence, in persist.py), and a
 superseded attempt starts no early upload. The threads are started from the training's thread, at its priority:
-the training waits for an emergency's upload, and the writer thread they serve runs niced.
+the training waits for an emergency's upload, and the writer thread they serve runs niced; the local write
+itself runs at that priority too (:class:`TrainingPriority`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,38 @@ from .log import get_logger
 log = get_logger()
 
 EARLY_STREAMS = 4  # files in flight at once, for a store that does not say how many streams pay
+
+
+class TrainingPriority:
+    """One call made for another thread on a thread started here, from the training's thread, so at its
+    priority: an emergency's local write is on the path of its early upload, and the writer thread that asks for
+    it runs niced (a niced thread cannot raise its priority again); beside a loaded node's other processes it got
+    a tenth of a core, and a gang's stop missed its deadline."""
+
+    def __init__(self) -> None:
+        self._call: queue.SimpleQueue = queue.SimpleQueue()
+        self._result: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="runner-checkpoint-early-write", daemon=True)
+        self._thread.start()
+
+    def run(self, fn, *args):
+        """``fn(*args)`` on this thread; its result, or its exception raised here."""
+        self._call.put((fn, args))
+        ok, value = self._result.get()
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        self._call.put(None)
+
+    def _serve(self) -> None:
+        while (call := self._call.get()) is not None:
+            fn, args = call
+            try:
+                self._result.put((True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised in its thread
+                self._result.put((False, exc))
 
 
 class EarlyUpload:
@@ -44,6 +77,7 @@ class EarlyUpload:
                          for n in range(streams)]
         for thread in self._threads:
             thread.start()
+        self.priority = TrainingPriority()  # the local write this upload follows
 
     def file_closed(self, path: Path) -> None:
         """The local write closed ``path`` (a DCP writer's thread calls this): send it."""
@@ -56,6 +90,7 @@ class EarlyUpload:
             if self._closed:
                 return
             self._closed = True
+        self.priority.close()
         for _ in self._threads:
             self._files.put(None)
 

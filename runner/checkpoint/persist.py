@@ -240,7 +240,7 @@ class Persister:
             error = exc
         if self.writer.all_true(error is None):
             try:
-                own = fmt.write(job, folder)
+                own = fmt.write(job, folder) if job.early is None else job.early.priority.run(fmt.write, job, folder)
             except Exception as exc:  # noqa: BLE001
                 error = exc
         everyone = self.writer.gather(own)

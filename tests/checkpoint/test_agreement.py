@@ -112,3 +112,43 @@ def test_world_change_flag_survives_the_or_and_leaves_the_step_check_intact():
         assert word & Word.WORLD and Word.steps_agree(word) and Word.reason(word) == 7
         assert word < (1 << 63)
     assert not Word.encode(5, True, True, 7) & Word.WORLD
+
+
+def test_the_timing_flag_survives_the_or_and_leaves_the_rest_intact():
+    """A notice's timing checkpoint asked on one rank is saved the emergency's way on every rank."""
+    for step in (0, 7, Word.STEP_MASK):
+        word = reduce_or(Word.encode(step, False, False, 7, timing=True), Word.encode(step, False, True, 0))
+        assert word & Word.TIMING and Word.steps_agree(word) and Word.reason(word) == 7 and word & Word.SAVE
+        assert not word & (Word.STOP | Word.WORLD) and word < (1 << 63)
+    assert not Word.encode(5, True, True, 7, world=True) & Word.TIMING
+
+
+def _timing_rank(rank: int, world: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        agreement = StepAgreement(types.SimpleNamespace(group=None))
+        decisions = []
+        for step in range(1, 4):
+            request = CheckpointRequest("notice", timing=True) if step == 1 and rank == 1 else None
+            decisions.append(agreement.exchange(step, request, due=False))
+        agreement.drain()
+        results.put((rank, [None if d is None else (d.save, d.request.reason, d.request.stop, d.request.timing)
+                            for d in decisions]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_timing_request_of_one_rank_is_a_timing_checkpoint_on_every_rank():
+    world, port = 2, _free_port()
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_timing_rank, args=(rank, world, port, results)) for rank in range(world)]
+    for process in processes:
+        process.start()
+    got = dict(results.get(timeout=300) for _ in processes)
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    for rank in range(world):
+        assert got[rank] == [None, (True, "notice", False, True), None], rank
