@@ -235,11 +235,20 @@ def write(staged: dict, folder: Path, comm, on_closed=None) -> list[dict]:
     """Collective: write this rank's share of ``staged`` into ``folder``; return its files with checksums.
     ``on_closed``: called with each data file once it is complete on disk (the files are then written in turn)."""
     dcp, _ = _dcp()
+    from torch.distributed.checkpoint.api import CheckpointException
+
     writer = _writer(folder, on_closed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
-        dcp.save(staged, storage_writer=writer, planner=_save_planner(), process_group=comm.group,
-                 no_dist=comm.group is None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
+            dcp.save(staged, storage_writer=writer, planner=_save_planner(), process_group=comm.group,
+                     no_dist=comm.group is None)
+    except CheckpointException as exc:  # a BaseException: it would end the persister's writer thread
+        cause = _rank_failure(exc)
+        if isinstance(cause, OSError):
+            raise cause from exc
+        raise OSError(f"{folder}: the checkpoint's files could not be written (a full or failing disk?): "
+                      f"{_first_line(cause)}") from exc
     return own_files(folder, comm.rank)
 
 
