@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import types
+from contextlib import contextmanager
 
 import pytest
 import torch.distributed as dist
@@ -58,11 +59,33 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, deadlines: dict, results) -> None:
+@contextmanager
+def _agreement_of_rank(rank: int, world: int, port: int):
+    """A StepAgreement on the default group of a gloo world of ``world`` ranks, as rank ``rank``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        agreement = StepAgreement(types.SimpleNamespace(group=None))
+        yield StepAgreement(types.SimpleNamespace(group=None))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(target, world: int, *args) -> dict:
+    """``target(rank, world, port, *args, results)`` in a process per rank; what each put in ``results``, by rank."""
+    port, context = _free_port(), mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=target, args=(rank, world, port, *args, results)) for rank in range(world)]
+    for process in processes:
+        process.start()
+    got = dict((rank, rest) for rank, *rest in (results.get(timeout=300) for _ in processes))
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    return got
+
+
+def _rank(rank: int, world: int, port: int, deadlines: dict, results) -> None:
+    with _agreement_of_rank(rank, world, port) as agreement:
         decisions = []
         for step in range(1, 5):
             request = None
@@ -79,23 +102,11 @@ def _rank(rank: int, world: int, port: int, deadlines: dict, results) -> None:
             error = str(exc)
         results.put((rank, [None if d is None else (d.save, d.request.reason, d.request.stop, d.request.deadline,
                                                      d.origin) for d in decisions], error))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_four_gloo_ranks_reach_one_decision_with_the_earliest_deadline():
-    world, port = 4, _free_port()
     deadlines = {1: 2_000_000_500.0, 2: 2_000_000_100.0}  # ranks 1 and 2 asked; rank 2's deadline is earlier
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    processes = [context.Process(target=_rank, args=(rank, world, port, deadlines, results)) for rank in range(world)]
-    for process in processes:
-        process.start()
-    got = dict((rank, (decisions, error)) for rank, decisions, error in (results.get(timeout=300) for _ in processes))
-    for process in processes:
-        process.join(60)
-        assert process.exitcode == 0
-    for rank, (decisions, error) in got.items():
+    for rank, (decisions, error) in _run_ranks(_rank, 4, deadlines).items():
         # The request of step 2 is acted on at step 3, identically on every rank; nothing before or after.
         assert decisions[0] is None and decisions[1] is None and decisions[3] is None
         save, reason, stop, deadline, origin = decisions[2]
@@ -124,10 +135,7 @@ def test_the_timing_flag_survives_the_or_and_leaves_the_rest_intact():
 
 
 def _timing_rank(rank: int, world: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        agreement = StepAgreement(types.SimpleNamespace(group=None))
+    with _agreement_of_rank(rank, world, port) as agreement:
         decisions = []
         for step in range(1, 4):
             request = CheckpointRequest("notice", timing=True) if step == 1 and rank == 1 else None
@@ -135,20 +143,9 @@ def _timing_rank(rank: int, world: int, port: int, results) -> None:
         agreement.drain()
         results.put((rank, [None if d is None else (d.save, d.request.reason, d.request.stop, d.request.timing)
                             for d in decisions]))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_timing_request_of_one_rank_is_a_timing_checkpoint_on_every_rank():
-    world, port = 2, _free_port()
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    processes = [context.Process(target=_timing_rank, args=(rank, world, port, results)) for rank in range(world)]
-    for process in processes:
-        process.start()
-    got = dict(results.get(timeout=300) for _ in processes)
-    for process in processes:
-        process.join(60)
-        assert process.exitcode == 0
-    for rank in range(world):
-        assert got[rank] == [None, (True, "notice", False, True), None], rank
+    got = _run_ranks(_timing_rank, 2)
+    for rank in range(2):
+        assert got[rank] == [[None, (True, "notice", False, True), None]], rank
