@@ -86,17 +86,26 @@ def capture(objects: dict, extra: dict, rank: int) -> dict:
 
 class Stager:
     """Copies a DCP state dict to host memory that is kept and reused while its layout stays the same
-    (pinned when CUDA tensors are staged), using DCP's own staging helpers (DTensors stay DTensors)."""
+    (pinned when CUDA tensors are staged), using DCP's own staging helpers (DTensors stay DTensors).
 
-    def __init__(self) -> None:
+    ``ranks`` (a callable: this rank and the world's size, read at each save: an elastic gang's world changes):
+    a replicated state (DDP: every rank holds all of it) is staged only in the part this rank writes
+    (:func:`owned_part`), not whole on every rank: on a node of eight GPUs that is an eighth of the host memory
+    and of the copies from the devices."""
+
+    def __init__(self, ranks=None) -> None:
         self._cache = None
         self._layout = None
+        self._ranks = ranks
 
     def stage(self, state: dict) -> dict:
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         blobs = {k: v for k, v in state.items() if isinstance(v, bytes)}
         tensors = {k: v for k, v in state.items() if k not in blobs}
+        if self._ranks is not None and replicated(tensors):
+            rank, world = self._ranks()
+            tensors = owned_part(tensors, rank, world)
         layout = _layout_of(tensors)
         on_cuda = torch.cuda.is_available() and any(t.is_cuda for t in _tensors(tensors))
         if self._cache is None or layout != self._layout:
@@ -108,6 +117,50 @@ class Stager:
             torch.cuda.synchronize()
         staged.update(blobs)
         return staged
+
+
+def owned_part(state: dict, rank: int, world: int) -> dict:
+    """The part of a replicated ``state`` that ``rank`` writes: every tensor held in a dict is written by one rank,
+    the same on every rank (they hold the same layout): one smaller than SMALL_REPLICATED_BYTES by rank 0 (as the
+    save planner places them), larger ones spread by size, each to the rank with the fewest bytes so far. The rest
+    (tensors inside lists, everything that is not a tensor) stays on every rank, for DCP's own dedup."""
+    if world <= 1:
+        return state
+    held = list(_dict_tensors(state, ()))
+    owner = {path: 0 for path, tensor in held if _nbytes(tensor) < SMALL_REPLICATED_BYTES}
+    load = [0] * world
+    large = sorted(((path, _nbytes(tensor)) for path, tensor in held if path not in owner),
+                   key=lambda item: -item[1])  # stable: equal sizes keep the state's order
+    for path, nbytes in large:
+        least = min(range(world), key=lambda r: (load[r], r))
+        owner[path] = least
+        load[least] += nbytes
+    return _pruned(state, (), lambda path: owner.get(path, rank) == rank)
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _dict_tensors(node: dict, path: tuple):
+    for key, value in node.items():
+        if isinstance(value, torch.Tensor):
+            yield path + (key,), value
+        elif isinstance(value, dict):
+            yield from _dict_tensors(value, path + (key,))
+
+
+def _pruned(node: dict, path: tuple, keep) -> dict:
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, torch.Tensor):
+            if keep(path + (key,)):
+                out[key] = value
+        elif isinstance(value, dict):
+            out[key] = _pruned(value, path + (key,), keep)
+        else:
+            out[key] = value
+    return out
 
 
 def replicated(state: dict) -> bool:

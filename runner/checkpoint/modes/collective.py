@@ -31,7 +31,7 @@ class Collective:
         self.gang = gang  # an elastic gang's rank: the Checkpointer attaches ``elastic``
         self.elastic: elastic_gang.Elastic | None = None
         self.hello = {"rank": ranks.rank, "local_rank": ranks.local_rank, "world_size": ranks.world_size}
-        self.stager = dcp_format.Stager()
+        self.stager = dcp_format.Stager(ranks=lambda: (self.ranks.rank, self.ranks.world_size))
         self.agreement = StepAgreement(ranks.steps)
         self.persister: Persister | None = None
 
