@@ -17,7 +17,9 @@ emergency checkpoint two ways, alternated in one run:
 shares a gang's stop on this machine: the next attempt's processes building their model.
 
 Figures: the slowest rank's seconds from the save's start (the state staged) to the durable commit, the
-median of ``--repeat`` trials of each path after one warm-up save each.
+median of ``--repeat`` trials of each path after one warm-up save each. Each rank stages the whole state here
+(the library stages only a rank's share, docs/checkpointing.md): the two write paths compared get the same
+staging, and the figures in docs/ were taken so.
 """
 
 from __future__ import annotations
